@@ -1,0 +1,387 @@
+// Package pipeline is the client half shared by pd3's request/response
+// protocols (memnode, page server): many goroutines issue tagged requests on
+// one connection, their bytes are combined into few writes, one reader
+// goroutine matches responses to callers by tag, and a failed connection
+// fails every call that was in flight instead of leaving it hanging.
+//
+// Ownership: a Call belongs to its issuer until Send, to the session while in
+// flight, and to the issuer again once Wait returns (Wait recycles it). A
+// caller that stops waiting because its context ended abandons the call; the
+// session then discards the late response and never touches the caller's
+// buffers again.
+//
+// The steady state allocates nothing per request: calls are pooled, headers
+// are written into a reused buffer, and payloads are read straight into the
+// caller's destination.
+package pipeline
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Header describes one decoded response header.
+type Header struct {
+	Tag        uint32
+	Status     uint16
+	PayloadLen int
+}
+
+// Protocol is what a session needs to know about a wire format.
+type Protocol interface {
+	// PutTag writes tag into the request header hdr.
+	PutTag(hdr []byte, tag uint32)
+	// ReadHeader reads and decodes one response header. An error is fatal
+	// to the connection.
+	ReadHeader(r *bufio.Reader) (Header, error)
+}
+
+const (
+	idxBits = 16
+	// MaxInFlight is the most requests one session can have outstanding.
+	MaxInFlight = 1 << idxBits
+
+	stPending   = 0
+	stReceiving = 1
+	stAbandoned = 2
+)
+
+// Call is one request in flight and, when done, its result.
+type Call struct {
+	// Dst receives the response payload after the first len(Head) bytes.
+	Dst []byte
+	// HeadLen is how many leading payload bytes go to Head instead of Dst.
+	HeadLen int
+	// Head holds the first HeadLen payload bytes (a key, a result word).
+	Head [16]byte
+	// KeepExtra asks for payload beyond Head and Dst to be kept in Extra
+	// (control responses such as lists); otherwise it is discarded.
+	KeepExtra bool
+	Extra     []byte
+
+	// Status and N are the response's status and payload length.
+	Status uint16
+	N      int
+
+	err   error
+	state atomic.Uint32
+	done  chan struct{}
+	s     *Session
+}
+
+// Options tune a session.
+type Options struct {
+	// OpTimeout: when requests are outstanding and nothing has been
+	// received for this long, the connection is declared dead and every
+	// call fails. Zero means 30s.
+	OpTimeout time.Duration
+	// MaxInFlight bounds outstanding requests (default and maximum
+	// MaxInFlight); Send blocks while the bound is reached.
+	MaxInFlight int
+	// ReadBuf is the reader's buffer size (default 256 KiB).
+	ReadBuf int
+	// MaxPending bounds the bytes waiting to be written (default 8 MiB).
+	MaxPending int
+}
+
+// ErrTimeout is wrapped by the error of calls failed by the watchdog.
+var ErrTimeout = errors.New("no response within the operation timeout")
+
+// Session runs one connection.
+type Session struct {
+	nc    net.Conn
+	proto Protocol
+	opt   Options
+	pool  sync.Pool
+
+	// tmu guards the tag table.
+	tmu     sync.Mutex
+	tcond   sync.Cond
+	slots   []*Call
+	gens    []uint16
+	free    []uint32
+	pending int
+	err     error // set once; all later calls fail with it
+
+	w *BatchWriter
+
+	lastRecv atomic.Int64 // unix nanos of the last response byte seen
+	closed   chan struct{}
+	wg       sync.WaitGroup
+}
+
+// New starts a session on nc; its reader and watchdog run until Close or a
+// connection failure.
+func New(nc net.Conn, p Protocol, opt Options) *Session {
+	if opt.OpTimeout <= 0 {
+		opt.OpTimeout = 30 * time.Second
+	}
+	if opt.MaxInFlight <= 0 || opt.MaxInFlight > MaxInFlight {
+		opt.MaxInFlight = MaxInFlight
+	}
+	if opt.ReadBuf <= 0 {
+		opt.ReadBuf = 256 << 10
+	}
+	if opt.MaxPending <= 0 {
+		opt.MaxPending = 8 << 20
+	}
+	s := &Session{
+		nc: nc, proto: p, opt: opt,
+		slots:  make([]*Call, opt.MaxInFlight),
+		gens:   make([]uint16, opt.MaxInFlight),
+		free:   make([]uint32, opt.MaxInFlight),
+		closed: make(chan struct{}),
+	}
+	for i := range s.free {
+		s.free[i] = uint32(len(s.free) - 1 - i)
+	}
+	s.tcond.L = &s.tmu
+	s.w = NewBatchWriter(nc, opt.MaxPending, func(err error) { s.fail(fmt.Errorf("writing request: %w", err)) })
+	s.pool.New = func() any { return &Call{done: make(chan struct{}, 1)} }
+	s.lastRecv.Store(time.Now().UnixNano())
+	s.wg.Add(2)
+	go s.readLoop()
+	go s.watchdog()
+	return s
+}
+
+// Get returns a clean call from the session's pool.
+func (s *Session) Get() *Call {
+	c := s.pool.Get().(*Call)
+	c.s = s
+	return c
+}
+
+func (s *Session) put(c *Call) {
+	c.Dst, c.HeadLen, c.KeepExtra, c.Extra = nil, 0, false, nil
+	c.Status, c.N, c.err = 0, 0, nil
+	c.state.Store(stPending)
+	s.pool.Put(c)
+}
+
+// Writer exposes the session's batch writer (for its counters).
+func (s *Session) Writer() *BatchWriter { return s.w }
+
+// Err reports the error that broke the session, or nil while it is healthy.
+func (s *Session) Err() error {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	return s.err
+}
+
+// Send registers c, queues hdr and payload for the writer (hdr's tag is
+// filled in), and returns without waiting. On error c has been recycled.
+func (s *Session) Send(c *Call, hdr, payload []byte) error {
+	tag, err := s.register(c)
+	if err != nil {
+		s.put(c)
+		return err
+	}
+	buf, err := s.w.Begin()
+	if err != nil {
+		return nil // the session is failing; c completes through the table
+	}
+	start := len(buf)
+	buf = append(buf, hdr...)
+	// Tag the copy, not hdr: hdr then stays on the caller's stack.
+	s.proto.PutTag(buf[start:], tag)
+	s.w.End(append(buf, payload...))
+	return nil
+}
+
+func (s *Session) register(c *Call) (uint32, error) {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	for len(s.free) == 0 && s.err == nil {
+		s.tcond.Wait()
+	}
+	if s.err != nil {
+		return 0, s.err
+	}
+	idx := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.slots[idx] = c
+	s.pending++
+	if s.pending == 1 {
+		// The watchdog measures silence from the moment work exists.
+		s.lastRecv.Store(time.Now().UnixNano())
+	}
+	return uint32(s.gens[idx])<<idxBits | idx, nil
+}
+
+// take removes the call with tag from the table; nil if no such call.
+func (s *Session) take(tag uint32) *Call {
+	idx := tag & (1<<idxBits - 1)
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if int(idx) >= len(s.slots) || s.slots[idx] == nil || uint32(s.gens[idx]) != tag>>idxBits {
+		return nil
+	}
+	c := s.slots[idx]
+	s.slots[idx] = nil
+	s.gens[idx]++
+	s.free = append(s.free, idx)
+	s.pending--
+	s.tcond.Signal()
+	return c
+}
+
+// fail breaks the session: the connection is closed and every call in flight
+// completes with err.
+func (s *Session) fail(err error) {
+	s.tmu.Lock()
+	if s.err != nil {
+		s.tmu.Unlock()
+		return
+	}
+	s.err = err
+	var calls []*Call
+	for i, c := range s.slots {
+		if c != nil {
+			calls = append(calls, c)
+			s.slots[i] = nil
+		}
+	}
+	s.pending = 0
+	s.tcond.Broadcast()
+	s.tmu.Unlock()
+	s.w.Fail(err)
+	s.nc.Close()
+	for _, c := range calls {
+		if c.state.CompareAndSwap(stPending, stReceiving) {
+			c.err = err
+			c.done <- struct{}{}
+		} else {
+			s.put(c)
+		}
+	}
+}
+
+// Close breaks the session with err (ErrClosed-like) and waits for its
+// goroutines.
+func (s *Session) Close(err error) {
+	s.fail(err)
+	select {
+	case <-s.closed:
+	default:
+		close(s.closed)
+	}
+	s.w.Close()
+	s.wg.Wait()
+}
+
+func (s *Session) readLoop() {
+	defer s.wg.Done()
+	r := bufio.NewReaderSize(s.nc, s.opt.ReadBuf)
+	for {
+		h, err := s.proto.ReadHeader(r)
+		if err != nil {
+			s.fail(fmt.Errorf("reading response: %w", err))
+			return
+		}
+		s.lastRecv.Store(time.Now().UnixNano())
+		c := s.take(h.Tag)
+		if c == nil {
+			s.fail(fmt.Errorf("response for unknown tag %#x", h.Tag))
+			return
+		}
+		if !c.state.CompareAndSwap(stPending, stReceiving) {
+			// Abandoned by its caller: drop the payload.
+			if _, err := r.Discard(h.PayloadLen); err != nil {
+				s.fail(fmt.Errorf("reading response: %w", err))
+				return
+			}
+			s.put(c)
+			continue
+		}
+		c.Status, c.N = h.Status, h.PayloadLen
+		if err := readPayload(r, c, h.PayloadLen); err != nil {
+			c.err = fmt.Errorf("reading response: %w", err)
+			c.done <- struct{}{}
+			s.fail(c.err)
+			return
+		}
+		c.done <- struct{}{}
+	}
+}
+
+func readPayload(r *bufio.Reader, c *Call, n int) error {
+	h := min(n, c.HeadLen)
+	if _, err := io.ReadFull(r, c.Head[:h]); err != nil {
+		return err
+	}
+	n -= h
+	d := min(n, len(c.Dst))
+	if _, err := io.ReadFull(r, c.Dst[:d]); err != nil {
+		return err
+	}
+	n -= d
+	if n == 0 {
+		return nil
+	}
+	if c.KeepExtra {
+		c.Extra = make([]byte, n)
+		_, err := io.ReadFull(r, c.Extra)
+		return err
+	}
+	_, err := r.Discard(n)
+	return err
+}
+
+func (s *Session) watchdog() {
+	defer s.wg.Done()
+	period := max(s.opt.OpTimeout/4, time.Millisecond)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-t.C:
+		}
+		s.tmu.Lock()
+		pending, broken := s.pending, s.err != nil
+		s.tmu.Unlock()
+		if broken {
+			return
+		}
+		if pending > 0 && time.Since(time.Unix(0, s.lastRecv.Load())) > s.opt.OpTimeout {
+			s.fail(fmt.Errorf("%w (%v, %d requests outstanding)", ErrTimeout, s.opt.OpTimeout, pending))
+			return
+		}
+	}
+}
+
+// Wait blocks until c completes or ctx ends, then recycles c. On success the
+// response fields (Status, N, Head, Dst, Extra) were read before recycling
+// by the done callback; use WaitFn to inspect them.
+func (c *Call) Wait(ctx context.Context) error {
+	return c.WaitFn(ctx, nil)
+}
+
+// WaitFn is Wait with a callback that sees the completed call before it is
+// recycled; its return value becomes Wait's when the transport succeeded.
+func (c *Call) WaitFn(ctx context.Context, fn func(*Call) error) error {
+	s := c.s
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(stPending, stAbandoned) {
+			return ctx.Err()
+		}
+		<-c.done
+	}
+	err := c.err
+	if err == nil && fn != nil {
+		err = fn(c)
+	}
+	s.put(c)
+	return err
+}

@@ -1,0 +1,108 @@
+package pipeline
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A toy protocol: request = u32 tag | u32 n; response = u32 tag | u32 n | n
+// bytes of 0xAB.
+type toy struct{}
+
+func (toy) PutTag(h []byte, tag uint32) { binary.LittleEndian.PutUint32(h, tag) }
+func (toy) ReadHeader(r *bufio.Reader) (Header, error) {
+	var b [8]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return Header{}, err
+	}
+	return Header{Tag: binary.LittleEndian.Uint32(b[:]), PayloadLen: int(binary.LittleEndian.Uint32(b[4:]))}, nil
+}
+
+// toyServer answers each request after <-release.
+func toyServer(t *testing.T, nc net.Conn, release <-chan struct{}) {
+	go func() {
+		var b [8]byte
+		for {
+			if _, err := io.ReadFull(nc, b[:]); err != nil {
+				return
+			}
+			<-release
+			n := binary.LittleEndian.Uint32(b[4:])
+			resp := append(b[:], make([]byte, n)...)
+			for i := 8; i < len(resp); i++ {
+				resp[i] = 0xAB
+			}
+			if _, err := nc.Write(resp); err != nil {
+				return
+			}
+		}
+	}()
+}
+
+func send(t *testing.T, s *Session, dst []byte) *Call {
+	c := s.Get()
+	c.Dst = dst
+	var h [8]byte
+	binary.LittleEndian.PutUint32(h[4:], uint32(len(dst)))
+	require.NoError(t, s.Send(c, h[:], nil))
+	return c
+}
+
+func TestAbandonedCallIsNeverWritten(t *testing.T) {
+	cl, sv := net.Pipe()
+	release := make(chan struct{})
+	toyServer(t, sv, release)
+	s := New(cl, toy{}, Options{})
+	defer s.Close(io.EOF)
+
+	dst := make([]byte, 64)
+	c := send(t, s, dst)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, c.Wait(ctx), context.DeadlineExceeded)
+	close(release) // the late response arrives now
+	// A second call round-trips, so the first response has been consumed.
+	dst2 := make([]byte, 8)
+	require.NoError(t, send(t, s, dst2).Wait(context.Background()))
+	assert.Equal(t, make([]byte, 64), dst, "abandoned buffer was written")
+	assert.Equal(t, []byte{0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB}, dst2)
+}
+
+func TestBrokenConnectionFailsEveryCall(t *testing.T) {
+	cl, sv := net.Pipe()
+	release := make(chan struct{})
+	toyServer(t, sv, release)
+	s := New(cl, toy{}, Options{})
+	defer s.Close(io.EOF)
+	calls := make([]*Call, 10)
+	for i := range calls {
+		calls[i] = send(t, s, make([]byte, 4))
+	}
+	sv.Close()
+	for _, c := range calls {
+		err := c.Wait(context.Background())
+		assert.Error(t, err)
+	}
+	assert.Error(t, s.Err())
+	c := s.Get()
+	assert.Error(t, s.Send(c, make([]byte, 8), nil), "a broken session refuses new calls")
+}
+
+func TestWatchdogTimesOut(t *testing.T) {
+	cl, sv := net.Pipe()
+	defer sv.Close()
+	go io.Copy(io.Discard, sv) // swallows requests, never answers
+	s := New(cl, toy{}, Options{OpTimeout: 50 * time.Millisecond})
+	defer s.Close(io.EOF)
+	c := send(t, s, make([]byte, 4))
+	err := c.Wait(context.Background())
+	assert.ErrorIs(t, err, ErrTimeout)
+}

@@ -1,0 +1,75 @@
+package memnode
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/pd3-go/pd3/internal/pipeline"
+)
+
+// BenchmarkRead4K keeps 256 4 KiB READs in flight on one connection to an
+// in-process node over loopback TCP.
+func BenchmarkRead4K(b *testing.B) {
+	_, addr := startNode(b, "", 0)
+	c := dialT(b, addr, "")
+	ctx := context.Background()
+	const region = 64 << 20
+	v, err := c.Create(ctx, "b", region)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, ChunkSize)
+	for off := uint64(0); off < region; off += ChunkSize {
+		if err := c.WriteAt(ctx, v.ID, off, chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const depth = 256
+	bufs := make([][]byte, depth)
+	calls := make([]Call, depth)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range bufs {
+		bufs[i] = make([]byte, PageSize)
+		calls[i] = c.ReadAsync(ctx, v.ID, rng.Uint64N(region/PageSize)*PageSize, bufs[i])
+	}
+	b.SetBytes(PageSize)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s := i % depth
+		if err := calls[s].Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+		calls[s] = c.ReadAsync(ctx, v.ID, rng.Uint64N(region/PageSize)*PageSize, bufs[s])
+	}
+	for i := range calls {
+		calls[i].Wait(ctx)
+	}
+	w := benchHook(c)
+	b.ReportMetric(float64(w.Bytes.Load())/float64(w.Writes.Load()), "req-bytes/write")
+}
+
+var benchHook func(*Client) *pipeline.BatchWriter
+
+func init() { benchHook = func(c *Client) *pipeline.BatchWriter { return c.sess.Writer() } }
+
+// BenchmarkReadLatency is one 4 KiB READ at a time: the round trip a
+// blocked worker waits for on a cache miss.
+func BenchmarkReadLatency(b *testing.B) {
+	_, addr := startNode(b, "", 0)
+	c := dialT(b, addr, "")
+	ctx := context.Background()
+	v, err := c.Create(ctx, "b", ChunkSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, PageSize)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := c.ReadAt(ctx, v.ID, uint64(i%256)*PageSize, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,385 @@
+package memnode
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/pipeline"
+)
+
+// ClientOptions configure a Client.
+type ClientOptions struct {
+	// Token is sent in HELLO.
+	Token string
+	// DialTimeout bounds connecting and the HELLO exchange (default 5s).
+	DialTimeout time.Duration
+	// OpTimeout: a connection with requests outstanding and no response for
+	// this long is declared dead and its requests fail (default 30s).
+	OpTimeout time.Duration
+	// MaxInFlight bounds outstanding requests (default 16384).
+	MaxInFlight int
+}
+
+// Client talks to one memory node. It is safe for concurrent use: requests
+// from all goroutines are pipelined on one connection. When the connection
+// breaks, requests in flight fail with ErrConnLost and the next request
+// redials.
+type Client struct {
+	addr string
+	opt  ClientOptions
+
+	mu     sync.Mutex // guards sess and closed; held while redialling
+	sess   *pipeline.Session
+	closed bool
+}
+
+// wireProto adapts the memnode response format to the pipeline.
+type wireProto struct{}
+
+func (wireProto) PutTag(hdr []byte, tag uint32) { binary.LittleEndian.PutUint64(hdr[8:], uint64(tag)) }
+
+func (wireProto) ReadHeader(r *bufio.Reader) (pipeline.Header, error) {
+	b, err := r.Peek(RespHeaderSize)
+	if err != nil {
+		return pipeline.Header{}, err
+	}
+	var h RespHeader
+	if err := h.Decode(b); err != nil {
+		return pipeline.Header{}, err
+	}
+	r.Discard(RespHeaderSize)
+	if h.Tag > 0xffffffff {
+		return pipeline.Header{}, fmt.Errorf("%w: tag %#x", ErrProtocol, h.Tag)
+	}
+	return pipeline.Header{Tag: uint32(h.Tag), Status: uint16(h.Status), PayloadLen: int(h.PayloadLen)}, nil
+}
+
+// Dial connects to the node at addr ("host:port", or "unix:/path") and
+// performs HELLO.
+func Dial(ctx context.Context, addr string, opt ClientOptions) (*Client, error) {
+	if opt.DialTimeout <= 0 {
+		opt.DialTimeout = 5 * time.Second
+	}
+	if opt.MaxInFlight <= 0 {
+		opt.MaxInFlight = 16384
+	}
+	c := &Client{addr: addr, opt: opt}
+	s, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.sess = s
+	return c, nil
+}
+
+// Addr returns the node's address.
+func (c *Client) Addr() string { return c.addr }
+
+func splitAddr(addr string) (network, a string) {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return "unix", p
+	}
+	return "tcp", addr
+}
+
+func (c *Client) dial(ctx context.Context) (*pipeline.Session, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opt.DialTimeout)
+	defer cancel()
+	network, a := splitAddr(c.addr)
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, network, a)
+	if err != nil {
+		return nil, fmt.Errorf("dialling memory node %s: %w: %w", c.addr, ErrConnLost, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight})
+	hello := make([]byte, 4+len(c.opt.Token))
+	binary.LittleEndian.PutUint32(hello, Version)
+	copy(hello[4:], c.opt.Token)
+	call := s.Get()
+	call.HeadLen = 8
+	var hdr [ReqHeaderSize]byte
+	(&ReqHeader{Op: OpHello, PayloadLen: uint32(len(hello))}).Encode(hdr[:])
+	if err := s.Send(call, hdr[:], hello); err != nil {
+		s.Close(err)
+		return nil, fmt.Errorf("HELLO to %s: %w", c.addr, err)
+	}
+	err = call.WaitFn(ctx, statusCheck)
+	if err != nil {
+		s.Close(ErrClosed)
+		return nil, fmt.Errorf("HELLO to %s: %w", c.addr, err)
+	}
+	return s, nil
+}
+
+func statusCheck(call *pipeline.Call) error { return Status(call.Status).Err() }
+
+// session returns a healthy session, redialling if the last one broke.
+func (c *Client) session(ctx context.Context) (*pipeline.Session, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.sess != nil && c.sess.Err() == nil {
+		return c.sess, nil
+	}
+	if c.sess != nil {
+		c.sess.Close(ErrConnLost)
+		c.sess = nil
+	}
+	s, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.sess = s
+	return s, nil
+}
+
+// Close closes the connection; requests in flight fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.sess != nil {
+		c.sess.Close(ErrClosed)
+	}
+	return nil
+}
+
+// Call is an asynchronous request; Wait must be called exactly once.
+type Call struct {
+	pc   *pipeline.Call
+	err  error
+	what Op
+}
+
+// Wait blocks for the response and returns the request's error.
+func (c Call) Wait(ctx context.Context) error {
+	if c.err != nil {
+		return c.err
+	}
+	return wrapErr(c.what, c.pc.WaitFn(ctx, statusCheck))
+}
+
+// wrapErr names the op and marks transport failures with ErrConnLost, so
+// callers can tell "the node said no" from "the node could not be reached".
+func wrapErr(op Op, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case isNodeErr(err), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, ErrClosed), errors.Is(err, ErrConnLost), errors.Is(err, ErrProtocol):
+		return fmt.Errorf("memnode %v: %w", op, err)
+	default:
+		return fmt.Errorf("memnode %v: %w: %w", op, ErrConnLost, err)
+	}
+}
+
+func isNodeErr(err error) bool {
+	for _, e := range statusErrs {
+		if e != nil && errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Client) start(ctx context.Context, h *ReqHeader, payload []byte, setup func(*pipeline.Call)) Call {
+	s, err := c.session(ctx)
+	if err != nil {
+		return Call{err: fmt.Errorf("memnode %v: %w", h.Op, err), what: h.Op}
+	}
+	pc := s.Get()
+	if setup != nil {
+		setup(pc)
+	}
+	h.PayloadLen = uint32(len(payload))
+	var hdr [ReqHeaderSize]byte
+	h.Encode(hdr[:])
+	if err := s.Send(pc, hdr[:], payload); err != nil {
+		return Call{err: wrapErr(h.Op, err), what: h.Op}
+	}
+	return Call{pc: pc, what: h.Op}
+}
+
+// ReadAsync starts reading len(p) bytes at off of volume vol into p.
+func (c *Client) ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) Call {
+	if len(p) > MaxIO {
+		return Call{err: fmt.Errorf("memnode READ: %w: %d bytes", ErrTooLarge, len(p)), what: OpRead}
+	}
+	h := ReqHeader{Op: OpRead, Volume: vol, Offset: off, Count: uint32(len(p))}
+	return c.start(ctx, &h, nil, func(pc *pipeline.Call) { pc.Dst = p })
+}
+
+// ReadAt reads len(p) bytes at off of volume vol.
+func (c *Client) ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	return c.ReadAsync(ctx, vol, off, p).Wait(ctx)
+}
+
+// WriteAsync starts writing p at off of volume vol. p is copied before the
+// call returns.
+func (c *Client) WriteAsync(ctx context.Context, vol uint16, off uint64, p []byte) Call {
+	if len(p) > MaxIO {
+		return Call{err: fmt.Errorf("memnode WRITE: %w: %d bytes", ErrTooLarge, len(p)), what: OpWrite}
+	}
+	return c.start(ctx, &ReqHeader{Op: OpWrite, Volume: vol, Offset: off}, p, nil)
+}
+
+// WriteAt writes p at off of volume vol; it returns once the node has applied it.
+func (c *Client) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	return c.WriteAsync(ctx, vol, off, p).Wait(ctx)
+}
+
+// PrefetchAsync starts reading the page with key k into page (PageSize bytes).
+func (c *Client) PrefetchAsync(ctx context.Context, k Key, page []byte) Call {
+	h := ReqHeader{Op: OpPrefetch, Offset: uint64(k), Count: PageSize}
+	return c.start(ctx, &h, nil, func(pc *pipeline.Call) { pc.HeadLen, pc.Dst = 8, page[:PageSize] })
+}
+
+// Prefetch reads the page with key k into page.
+func (c *Client) Prefetch(ctx context.Context, k Key, page []byte) error {
+	return c.PrefetchAsync(ctx, k, page).Wait(ctx)
+}
+
+// Trim zeroes n bytes at off of volume vol, freeing whole chunks.
+func (c *Client) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	if n > 0xffffffff {
+		for n > 0 {
+			m := min(n, 1<<30)
+			if err := c.Trim(ctx, vol, off, m); err != nil {
+				return err
+			}
+			off, n = off+m, n-m
+		}
+		return nil
+	}
+	return c.start(ctx, &ReqHeader{Op: OpTrim, Volume: vol, Offset: off, Count: uint32(n)}, nil, nil).Wait(ctx)
+}
+
+func (c *Client) word(ctx context.Context, h *ReqHeader, payload []byte) (uint64, error) {
+	var w uint64
+	call := c.start(ctx, h, payload, func(pc *pipeline.Call) { pc.HeadLen = 8 })
+	if call.err != nil {
+		return 0, call.err
+	}
+	err := call.pc.WaitFn(ctx, func(pc *pipeline.Call) error {
+		if err := statusCheck(pc); err != nil {
+			return err
+		}
+		if pc.N != 8 {
+			return fmt.Errorf("%w: %v response of %d bytes", ErrProtocol, h.Op, pc.N)
+		}
+		w = binary.LittleEndian.Uint64(pc.Head[:8])
+		return nil
+	})
+	return w, wrapErr(h.Op, err)
+}
+
+// FetchAndAddAsync starts a FetchAndAdd whose previous value is not needed.
+func (c *Client) FetchAndAddAsync(ctx context.Context, vol uint16, off, delta uint64) Call {
+	var p [8]byte
+	binary.LittleEndian.PutUint64(p[:], delta)
+	return c.start(ctx, &ReqHeader{Op: OpFAA, Volume: vol, Offset: off}, p[:], func(pc *pipeline.Call) { pc.HeadLen = 8 })
+}
+
+// CompareAndSwap sets the 8-byte word at off to new if it equals old and
+// returns its previous value.
+func (c *Client) CompareAndSwap(ctx context.Context, vol uint16, off, old, new uint64) (uint64, error) {
+	var p [16]byte
+	binary.LittleEndian.PutUint64(p[:], old)
+	binary.LittleEndian.PutUint64(p[8:], new)
+	return c.word(ctx, &ReqHeader{Op: OpCAS, Volume: vol, Offset: off}, p[:])
+}
+
+// FetchAndAdd adds delta to the 8-byte word at off and returns its previous value.
+func (c *Client) FetchAndAdd(ctx context.Context, vol uint16, off, delta uint64) (uint64, error) {
+	var p [8]byte
+	binary.LittleEndian.PutUint64(p[:], delta)
+	return c.word(ctx, &ReqHeader{Op: OpFAA, Volume: vol, Offset: off}, p[:])
+}
+
+func (c *Client) control(ctx context.Context, h *ReqHeader, payload []byte) ([]byte, error) {
+	var out []byte
+	call := c.start(ctx, h, payload, func(pc *pipeline.Call) { pc.KeepExtra = true })
+	if call.err != nil {
+		return nil, call.err
+	}
+	err := call.pc.WaitFn(ctx, func(pc *pipeline.Call) error {
+		out = pc.Extra
+		return statusCheck(pc)
+	})
+	return out, wrapErr(h.Op, err)
+}
+
+func (c *Client) info(ctx context.Context, op Op, name string, size uint64) (VolumeInfo, error) {
+	if err := validName(name); err != nil {
+		return VolumeInfo{}, err
+	}
+	b, err := c.control(ctx, &ReqHeader{Op: op, Offset: size}, []byte(name))
+	if err != nil {
+		return VolumeInfo{}, fmt.Errorf("volume %q: %w", name, err)
+	}
+	v, _, err := decodeVolumeInfo(b)
+	return v, err
+}
+
+// Create makes volume name of size bytes.
+func (c *Client) Create(ctx context.Context, name string, size uint64) (VolumeInfo, error) {
+	return c.info(ctx, OpCreate, name, size)
+}
+
+// Open looks up volume name.
+func (c *Client) Open(ctx context.Context, name string) (VolumeInfo, error) {
+	return c.info(ctx, OpOpen, name, 0)
+}
+
+// OpenOrCreate opens name, creating it with size bytes when missing.
+func (c *Client) OpenOrCreate(ctx context.Context, name string, size uint64) (VolumeInfo, error) {
+	v, err := c.Open(ctx, name)
+	if errors.Is(err, ErrNoVolume) {
+		v, err = c.Create(ctx, name, size)
+		if errors.Is(err, ErrExists) {
+			return c.Open(ctx, name)
+		}
+	}
+	return v, err
+}
+
+// List returns all volumes.
+func (c *Client) List(ctx context.Context) ([]VolumeInfo, error) {
+	b, err := c.control(ctx, &ReqHeader{Op: OpList}, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []VolumeInfo
+	for len(b) > 0 {
+		var v VolumeInfo
+		if v, b, err = decodeVolumeInfo(b); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// Delete removes volume name.
+func (c *Client) Delete(ctx context.Context, name string) error {
+	_, err := c.control(ctx, &ReqHeader{Op: OpDelete}, []byte(name))
+	return err
+}
+
+var _ io.Closer = (*Client)(nil)

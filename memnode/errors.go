@@ -1,0 +1,96 @@
+package memnode
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Per-request errors. The server returns them as a Status in the response and
+// the client turns the Status back into the same sentinel, so callers branch
+// with errors.Is whichever side of the wire they are on.
+var (
+	// ErrOutOfRange is returned when a request touches bytes past the end of
+	// its volume.
+	ErrOutOfRange = errors.New("memnode: out of range")
+	// ErrNoVolume is returned when a volume id or name does not exist.
+	ErrNoVolume = errors.New("memnode: no such volume")
+	// ErrUnauthorised is returned when HELLO carries a wrong token or a
+	// request arrives before HELLO. The connection is closed afterwards.
+	ErrUnauthorised = errors.New("memnode: unauthorised")
+	// ErrNoMemory is returned when the node has no room for a new chunk.
+	ErrNoMemory = errors.New("memnode: out of memory")
+	// ErrUnknownOp is returned for an operation code the node does not know.
+	ErrUnknownOp = errors.New("memnode: unknown operation")
+	// ErrBadRequest is returned for a well-framed request whose fields make
+	// no sense (bad name, wrong payload size for the op).
+	ErrBadRequest = errors.New("memnode: bad request")
+	// ErrTooLarge is returned when a request moves more than MaxIO bytes.
+	ErrTooLarge = errors.New("memnode: request too large")
+	// ErrExists is returned when creating a volume whose name is taken.
+	ErrExists = errors.New("memnode: volume exists")
+	// ErrVersion is returned when HELLO names a protocol version the node
+	// does not speak.
+	ErrVersion = errors.New("memnode: protocol version mismatch")
+	// ErrMisaligned is returned when CAS/FAA target a word that is not
+	// 8-byte aligned.
+	ErrMisaligned = errors.New("memnode: misaligned atomic")
+)
+
+// Connection-level errors.
+var (
+	// ErrFraming is returned when a byte stream does not decode as frames;
+	// the connection carrying it is closed.
+	ErrFraming = errors.New("memnode: framing violation")
+	// ErrProtocol is returned when a response does not match its request.
+	ErrProtocol = errors.New("memnode: protocol error")
+	// ErrConnLost is returned for requests that were in flight, or are
+	// issued, while the connection to the node is broken. The client
+	// redials on the next request.
+	ErrConnLost = errors.New("memnode: connection to memory node lost")
+	// ErrClosed is returned after Client.Close.
+	ErrClosed = errors.New("memnode: client closed")
+)
+
+var statusErrs = [...]error{
+	StatusOutOfRange:   ErrOutOfRange,
+	StatusNoVolume:     ErrNoVolume,
+	StatusUnauthorised: ErrUnauthorised,
+	StatusNoMemory:     ErrNoMemory,
+	StatusUnknownOp:    ErrUnknownOp,
+	StatusBadRequest:   ErrBadRequest,
+	StatusTooLarge:     ErrTooLarge,
+	StatusExists:       ErrExists,
+	StatusVersion:      ErrVersion,
+	StatusMisaligned:   ErrMisaligned,
+}
+
+// Err returns the sentinel for s, or nil for StatusOK.
+func (s Status) Err() error {
+	if s == StatusOK {
+		return nil
+	}
+	if int(s) < len(statusErrs) && statusErrs[s] != nil {
+		return statusErrs[s]
+	}
+	return fmt.Errorf("%w: unknown status %d", ErrProtocol, uint8(s))
+}
+
+func (s Status) String() string {
+	if s == StatusOK {
+		return "OK"
+	}
+	return s.Err().Error()
+}
+
+// statusOf is the one place that maps errors to wire status codes.
+func statusOf(err error) Status {
+	if err == nil {
+		return StatusOK
+	}
+	for s, e := range statusErrs {
+		if e != nil && errors.Is(err, e) {
+			return Status(s)
+		}
+	}
+	return StatusBadRequest
+}

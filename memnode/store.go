@@ -1,0 +1,355 @@
+package memnode
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// Store is the memory of a node: named volumes of lazily allocated chunks.
+// It is safe for concurrent use; the server calls it from one goroutine per
+// connection.
+type Store struct {
+	capacity uint64 // bytes of chunk memory allowed; 0 = unlimited
+	used     atomic.Uint64
+
+	// mu guards the volume tables; chunk data has its own locks.
+	mu     sync.RWMutex
+	byName map[string]*volume
+	byID   map[uint16]*volume
+	nextID uint16
+}
+
+type volume struct {
+	info   VolumeInfo
+	chunks []chunk
+	// deleted is set when the volume is removed, so that requests that
+	// looked it up before the delete do not resurrect chunks.
+	deleted atomic.Bool
+}
+
+// chunk is ChunkSize bytes allocated on first write. Its lock makes one
+// request's bytes atomic with respect to another's, as an RDMA NIC does for
+// a single verb on one cache line; across chunks there is no atomicity.
+type chunk struct {
+	mu   sync.RWMutex
+	data []byte // nil until written
+}
+
+// NewStore returns an empty store that allocates at most capacity bytes of
+// chunk memory (0: no limit).
+func NewStore(capacity uint64) *Store {
+	return &Store{
+		capacity: capacity,
+		byName:   make(map[string]*volume),
+		byID:     make(map[uint16]*volume),
+		nextID:   1,
+	}
+}
+
+// Used reports the bytes of chunk memory allocated.
+func (s *Store) Used() uint64 { return s.used.Load() }
+
+// Create makes a new volume of size bytes (rounded up to a page).
+func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
+	if err := validName(name); err != nil {
+		return VolumeInfo{}, err
+	}
+	size = (size + PageSize - 1) &^ (PageSize - 1)
+	if size == 0 || size/PageSize >= 1<<PageBits {
+		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.byName[name]; ok {
+		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, ErrExists)
+	}
+	id, ok := s.freeID()
+	if !ok {
+		return VolumeInfo{}, fmt.Errorf("creating %q: %w: all volume ids in use", name, ErrNoMemory)
+	}
+	v := &volume{
+		info:   VolumeInfo{ID: id, Size: size, Name: name},
+		chunks: make([]chunk, (size+ChunkSize-1)/ChunkSize),
+	}
+	s.byName[name] = v
+	s.byID[id] = v
+	return v.info, nil
+}
+
+// freeID finds an unused volume id; ids are never 0. Called with mu held.
+func (s *Store) freeID() (uint16, bool) {
+	for i := 0; i < 1<<16; i++ {
+		id := s.nextID
+		s.nextID++
+		if s.nextID == 0 {
+			s.nextID = 1
+		}
+		if _, used := s.byID[id]; !used && id != 0 {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+func validName(name string) error {
+	if name == "" || len(name) > MaxNameLen {
+		return fmt.Errorf("%w: volume name length %d", ErrBadRequest, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 0x21 || c > 0x7e || c == '/' {
+			return fmt.Errorf("%w: volume name %q has byte %#x", ErrBadRequest, name, c)
+		}
+	}
+	return nil
+}
+
+// Open returns the volume called name.
+func (s *Store) Open(name string) (VolumeInfo, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	v, ok := s.byName[name]
+	if !ok {
+		return VolumeInfo{}, fmt.Errorf("opening %q: %w", name, ErrNoVolume)
+	}
+	return v.info, nil
+}
+
+// List returns all volumes ordered by id.
+func (s *Store) List() []VolumeInfo {
+	s.mu.RLock()
+	out := make([]VolumeInfo, 0, len(s.byID))
+	for _, v := range s.byID {
+		out = append(out, v.info)
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Delete removes a volume and frees its memory.
+func (s *Store) Delete(name string) error {
+	s.mu.Lock()
+	v, ok := s.byName[name]
+	if ok {
+		delete(s.byName, name)
+		delete(s.byID, v.info.ID)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("deleting %q: %w", name, ErrNoVolume)
+	}
+	v.deleted.Store(true)
+	for i := range v.chunks {
+		s.freeChunk(&v.chunks[i])
+	}
+	return nil
+}
+
+func (s *Store) volume(id uint16) (*volume, error) {
+	s.mu.RLock()
+	v, ok := s.byID[id]
+	s.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("volume %d: %w", id, ErrNoVolume)
+	}
+	return v, nil
+}
+
+func (v *volume) check(off, n uint64) error {
+	if n > MaxIO {
+		return fmt.Errorf("%w: %d bytes", ErrTooLarge, n)
+	}
+	if off > v.info.Size || n > v.info.Size-off {
+		return fmt.Errorf("%w: %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, v.info.Size)
+	}
+	return nil
+}
+
+// span runs fn on each chunk-sized piece of the n bytes at off of volume
+// id, after checking the range.
+func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chunk, co uint64, q []byte) error) error {
+	v, err := s.volume(id)
+	if err != nil {
+		return err
+	}
+	if err := v.check(off, uint64(len(p))); err != nil {
+		return err
+	}
+	for len(p) > 0 {
+		co := off % ChunkSize
+		n := min(uint64(len(p)), ChunkSize-co)
+		if err := fn(v, &v.chunks[off/ChunkSize], co, p[:n]); err != nil {
+			return fmt.Errorf("%d bytes at %d of volume %q: %w", len(p), off, v.info.Name, err)
+		}
+		p = p[n:]
+		off += n
+	}
+	return nil
+}
+
+// ReadAt copies len(p) bytes at off of volume id into p. Unwritten bytes
+// read as zeroes.
+func (s *Store) ReadAt(id uint16, off uint64, p []byte) error {
+	return s.span(id, off, p, func(_ *volume, c *chunk, co uint64, q []byte) error {
+		c.mu.RLock()
+		if c.data == nil {
+			clear(q)
+		} else {
+			copy(q, c.data[co:])
+		}
+		c.mu.RUnlock()
+		return nil
+	})
+}
+
+// WriteAt copies p to off of volume id, allocating chunks as needed.
+func (s *Store) WriteAt(id uint16, off uint64, p []byte) error {
+	return s.span(id, off, p, func(v *volume, c *chunk, co uint64, q []byte) error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err := s.allocLocked(v, c); err != nil {
+			return err
+		}
+		copy(c.data[co:], q)
+		return nil
+	})
+}
+
+// allocLocked gives c its memory; c.mu must be held for writing.
+func (s *Store) allocLocked(v *volume, c *chunk) error {
+	if c.data != nil {
+		return nil
+	}
+	if v.deleted.Load() {
+		return ErrNoVolume
+	}
+	for {
+		u := s.used.Load()
+		if s.capacity != 0 && u+ChunkSize > s.capacity {
+			return ErrNoMemory
+		}
+		if s.used.CompareAndSwap(u, u+ChunkSize) {
+			break
+		}
+	}
+	c.data = make([]byte, ChunkSize)
+	return nil
+}
+
+func (s *Store) freeChunk(c *chunk) {
+	c.mu.Lock()
+	if c.data != nil {
+		c.data = nil
+		s.used.Add(^uint64(ChunkSize - 1))
+	}
+	c.mu.Unlock()
+}
+
+// Trim zeroes n bytes at off; chunks covered entirely are freed.
+func (s *Store) Trim(id uint16, off, n uint64) error {
+	v, err := s.volume(id)
+	if err != nil {
+		return err
+	}
+	if off > v.info.Size || n > v.info.Size-off {
+		return fmt.Errorf("%w: trim %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, v.info.Size)
+	}
+	end := off + n
+	for off < end {
+		c := &v.chunks[off/ChunkSize]
+		co := off % ChunkSize
+		m := min(end-off, ChunkSize-co)
+		// The last chunk of a volume may be short; covering up to the
+		// volume's end counts as covering the chunk.
+		chunkEnd := min(ChunkSize, v.info.Size-(off-co))
+		if co == 0 && m >= chunkEnd {
+			s.freeChunk(c)
+		} else {
+			c.mu.Lock()
+			if c.data != nil {
+				clear(c.data[co : co+m])
+			}
+			c.mu.Unlock()
+		}
+		off += m
+	}
+	return nil
+}
+
+// atomic8 runs f on the 8-byte little-endian word at off and returns the
+// word's previous value.
+func (s *Store) atomic8(id uint16, off uint64, f func(old uint64) uint64) (uint64, error) {
+	v, err := s.volume(id)
+	if err != nil {
+		return 0, err
+	}
+	if off%8 != 0 {
+		return 0, fmt.Errorf("%w: offset %d", ErrMisaligned, off)
+	}
+	if err := v.check(off, 8); err != nil {
+		return 0, err
+	}
+	c := &v.chunks[off/ChunkSize]
+	co := off % ChunkSize
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var old uint64
+	if c.data != nil {
+		old = binary.LittleEndian.Uint64(c.data[co:])
+	}
+	nw := f(old)
+	if nw == old {
+		return old, nil
+	}
+	if err := s.allocLocked(v, c); err != nil {
+		return 0, err
+	}
+	binary.LittleEndian.PutUint64(c.data[co:], nw)
+	return old, nil
+}
+
+// CompareAndSwap stores new at off if the word there equals old; it returns
+// the word's previous value either way.
+func (s *Store) CompareAndSwap(id uint16, off, old, new uint64) (uint64, error) {
+	return s.atomic8(id, off, func(cur uint64) uint64 {
+		if cur == old {
+			return new
+		}
+		return cur
+	})
+}
+
+// FetchAndAdd adds delta to the word at off and returns its previous value.
+func (s *Store) FetchAndAdd(id uint16, off, delta uint64) (uint64, error) {
+	return s.atomic8(id, off, func(cur uint64) uint64 { return cur + delta })
+}
+
+// Check verifies the store's accounting; tests call it in cleanup.
+func (s *Store) Check() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var n uint64
+	for id, v := range s.byID {
+		if v.info.ID != id || s.byName[v.info.Name] != v {
+			return fmt.Errorf("memnode: volume tables disagree on %d/%q", id, v.info.Name)
+		}
+		for i := range v.chunks {
+			c := &v.chunks[i]
+			c.mu.RLock()
+			if c.data != nil {
+				n += ChunkSize
+			}
+			c.mu.RUnlock()
+		}
+	}
+	if len(s.byName) != len(s.byID) {
+		return fmt.Errorf("memnode: %d names for %d ids", len(s.byName), len(s.byID))
+	}
+	if u := s.used.Load(); u != n {
+		return fmt.Errorf("memnode: used=%d but chunks hold %d", u, n)
+	}
+	return nil
+}

@@ -1,0 +1,257 @@
+package memnode
+
+// Wire format of the memory-node protocol. Everything is little-endian and
+// fixed-size so that a decoder never allocates and a batch of requests can be
+// parsed straight out of a read buffer.
+//
+// Request frame: a 32-byte header followed by PayloadLen bytes.
+//
+//	off size field
+//	0   1    magic       0xD3
+//	1   1    op          Op
+//	2   2    volume      volume id (0 for volume-management ops)
+//	4   4    payloadLen  bytes that follow the header
+//	8   8    tag         chosen by the client, echoed in the response
+//	16  8    offset      byte offset; PREFETCH: page key; CREATE: volume size
+//	24  4    count       READ/PREFETCH/TRIM: bytes concerned
+//	28  4    reserved    must be zero
+//
+// Response frame: a 16-byte header followed by PayloadLen bytes.
+//
+//	off size field
+//	0   1    magic       0x3D
+//	1   1    op          Op of the request
+//	2   1    status      Status
+//	3   1    reserved
+//	4   4    payloadLen  bytes that follow the header
+//	8   8    tag         the request's tag
+//
+// Protocol flow: the client sends HELLO (payload: u32 version, then the access
+// token) and waits for its response; any other request before a successful
+// HELLO is refused with StatusUnauthorised and the connection is closed. After
+// that the client pipelines requests freely. The server executes the requests
+// of one connection in order and answers them in order, so a WRITE followed by
+// a READ of the same bytes on one connection always sees the write.
+//
+// Framing errors (bad magic, non-zero reserved field, payload larger than
+// MaxPayload) close the connection after a best-effort error response; every
+// other error is per request and the connection goes on.
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+const (
+	// Version is the protocol version exchanged in HELLO.
+	Version = 1
+	// PageSize is the unit of PREFETCH-by-key.
+	PageSize = 4096
+	// ChunkSize is the allocation unit of volume memory: chunks are allocated
+	// on first write and freed when a TRIM covers them entirely.
+	ChunkSize = 1 << 20
+	// MaxIO is the largest READ, WRITE or PREFETCH a single request may move.
+	MaxIO = ChunkSize
+	// MaxPayload bounds the payload of any request; larger is a framing error.
+	MaxPayload = MaxIO
+	// MaxNameLen bounds volume names.
+	MaxNameLen = 255
+
+	reqMagic  = 0xD3
+	respMagic = 0x3D
+
+	// ReqHeaderSize and RespHeaderSize are the fixed header lengths.
+	ReqHeaderSize  = 32
+	RespHeaderSize = 16
+)
+
+// Op is a memory-node operation code.
+type Op uint8
+
+// Operations. READ/WRITE/CAS/FAA play the part of one-sided RDMA verbs on a
+// volume; PREFETCH reads a page by key (the node maps key → address itself, as
+// PD3 §6.2 asks of the memory server).
+const (
+	OpHello    Op = 1
+	OpRead     Op = 2
+	OpWrite    Op = 3
+	OpPrefetch Op = 4
+	OpCAS      Op = 5
+	OpFAA      Op = 6
+	OpTrim     Op = 7
+	OpCreate   Op = 8
+	OpOpen     Op = 9
+	OpList     Op = 10
+	OpDelete   Op = 11
+)
+
+var opNames = [...]string{
+	OpHello: "HELLO", OpRead: "READ", OpWrite: "WRITE", OpPrefetch: "PREFETCH",
+	OpCAS: "CAS", OpFAA: "FAA", OpTrim: "TRIM", OpCreate: "CREATE",
+	OpOpen: "OPEN", OpList: "LIST", OpDelete: "DELETE",
+}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// Status is the per-request result code carried in a response.
+type Status uint8
+
+// Status codes; each maps to one error sentinel (see errors.go).
+const (
+	StatusOK           Status = 0
+	StatusOutOfRange   Status = 1
+	StatusNoVolume     Status = 2
+	StatusUnauthorised Status = 3
+	StatusNoMemory     Status = 4
+	StatusUnknownOp    Status = 5
+	StatusBadRequest   Status = 6
+	StatusTooLarge     Status = 7
+	StatusExists       Status = 8
+	StatusVersion      Status = 9
+	StatusMisaligned   Status = 10
+)
+
+// ReqHeader is a decoded request header.
+type ReqHeader struct {
+	Op         Op
+	Volume     uint16
+	PayloadLen uint32
+	Tag        uint64
+	Offset     uint64
+	Count      uint32
+}
+
+// RespHeader is a decoded response header.
+type RespHeader struct {
+	Op         Op
+	Status     Status
+	PayloadLen uint32
+	Tag        uint64
+}
+
+// Encode writes h into b, which must hold ReqHeaderSize bytes.
+func (h *ReqHeader) Encode(b []byte) {
+	_ = b[ReqHeaderSize-1]
+	b[0] = reqMagic
+	b[1] = byte(h.Op)
+	binary.LittleEndian.PutUint16(b[2:], h.Volume)
+	binary.LittleEndian.PutUint32(b[4:], h.PayloadLen)
+	binary.LittleEndian.PutUint64(b[8:], h.Tag)
+	binary.LittleEndian.PutUint64(b[16:], h.Offset)
+	binary.LittleEndian.PutUint32(b[24:], h.Count)
+	binary.LittleEndian.PutUint32(b[28:], 0)
+}
+
+// Decode parses b (at least ReqHeaderSize bytes). An error means the byte
+// stream cannot be trusted any more: it is a framing violation.
+func (h *ReqHeader) Decode(b []byte) error {
+	if len(b) < ReqHeaderSize {
+		return fmt.Errorf("%w: short request header (%d bytes)", ErrFraming, len(b))
+	}
+	if b[0] != reqMagic {
+		return fmt.Errorf("%w: bad request magic %#x", ErrFraming, b[0])
+	}
+	if r := binary.LittleEndian.Uint32(b[28:]); r != 0 {
+		return fmt.Errorf("%w: reserved field is %#x", ErrFraming, r)
+	}
+	h.Op = Op(b[1])
+	h.Volume = binary.LittleEndian.Uint16(b[2:])
+	h.PayloadLen = binary.LittleEndian.Uint32(b[4:])
+	h.Tag = binary.LittleEndian.Uint64(b[8:])
+	h.Offset = binary.LittleEndian.Uint64(b[16:])
+	h.Count = binary.LittleEndian.Uint32(b[24:])
+	if h.PayloadLen > MaxPayload {
+		return fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrFraming, h.PayloadLen, MaxPayload)
+	}
+	return nil
+}
+
+// Encode writes h into b, which must hold RespHeaderSize bytes.
+func (h *RespHeader) Encode(b []byte) {
+	_ = b[RespHeaderSize-1]
+	b[0] = respMagic
+	b[1] = byte(h.Op)
+	b[2] = byte(h.Status)
+	b[3] = 0
+	binary.LittleEndian.PutUint32(b[4:], h.PayloadLen)
+	binary.LittleEndian.PutUint64(b[8:], h.Tag)
+}
+
+// Decode parses a response header; an error is a framing violation.
+func (h *RespHeader) Decode(b []byte) error {
+	if len(b) < RespHeaderSize {
+		return fmt.Errorf("%w: short response header (%d bytes)", ErrFraming, len(b))
+	}
+	if b[0] != respMagic {
+		return fmt.Errorf("%w: bad response magic %#x", ErrFraming, b[0])
+	}
+	h.Op = Op(b[1])
+	h.Status = Status(b[2])
+	h.PayloadLen = binary.LittleEndian.Uint32(b[4:])
+	h.Tag = binary.LittleEndian.Uint64(b[8:])
+	if h.PayloadLen > MaxPayload+RespHeaderSize {
+		return fmt.Errorf("%w: response payload of %d bytes", ErrFraming, h.PayloadLen)
+	}
+	return nil
+}
+
+// VolumeInfo describes a volume. On the wire (CREATE/OPEN response payload and
+// each LIST entry): u16 id, u16 name length, u32 reserved, u64 size, name.
+type VolumeInfo struct {
+	ID   uint16
+	Size uint64
+	Name string
+}
+
+const volumeInfoFixed = 16
+
+func appendVolumeInfo(b []byte, v VolumeInfo) []byte {
+	var f [volumeInfoFixed]byte
+	binary.LittleEndian.PutUint16(f[0:], v.ID)
+	binary.LittleEndian.PutUint16(f[2:], uint16(len(v.Name)))
+	binary.LittleEndian.PutUint64(f[8:], v.Size)
+	b = append(b, f[:]...)
+	return append(b, v.Name...)
+}
+
+// decodeVolumeInfo parses one entry and returns the rest of b.
+func decodeVolumeInfo(b []byte) (VolumeInfo, []byte, error) {
+	if len(b) < volumeInfoFixed {
+		return VolumeInfo{}, nil, fmt.Errorf("%w: short volume entry", ErrProtocol)
+	}
+	n := int(binary.LittleEndian.Uint16(b[2:]))
+	if len(b) < volumeInfoFixed+n {
+		return VolumeInfo{}, nil, fmt.Errorf("%w: volume name overruns entry", ErrProtocol)
+	}
+	v := VolumeInfo{
+		ID:   binary.LittleEndian.Uint16(b[0:]),
+		Size: binary.LittleEndian.Uint64(b[8:]),
+		Name: string(b[volumeInfoFixed : volumeInfoFixed+n]),
+	}
+	return v, b[volumeInfoFixed+n:], nil
+}
+
+// Key is a page key: volume id in the top 16 bits, page number in the low 48.
+// It is the 8-byte page id of the PD3 page server.
+type Key uint64
+
+// PageBits is the width of the page-number part of a Key.
+const PageBits = 48
+
+// MakeKey builds the key of page pageNo of volume vol.
+func MakeKey(vol uint16, pageNo uint64) Key {
+	return Key(uint64(vol)<<PageBits | pageNo&(1<<PageBits-1))
+}
+
+// Volume returns the volume id of k.
+func (k Key) Volume() uint16 { return uint16(k >> PageBits) }
+
+// Page returns the page number of k.
+func (k Key) Page() uint64 { return uint64(k) & (1<<PageBits - 1) }
+
+func (k Key) String() string { return fmt.Sprintf("%d:%d", k.Volume(), k.Page()) }

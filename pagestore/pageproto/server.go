@@ -1,0 +1,279 @@
+package pageproto
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Backend is what the server executes requests against; *pagestore.Store
+// implements it.
+type Backend interface {
+	Get(ctx context.Context, k memnode.Key, dst []byte) error
+	Put(ctx context.Context, k memnode.Key, src []byte) error
+	Flush(ctx context.Context) error
+}
+
+var _ Backend = (*pagestore.Store)(nil)
+
+// Server serves the page protocol. Requests from all connections wait in
+// one queue for a fixed pool of workers; each worker runs one request at a
+// time and blocks on its own cache misses, like the application threads of
+// the PD3 page server. One reader and one writer goroutine own each
+// connection; replies leave in completion order.
+type Server struct {
+	Backend Backend
+	// Workers is the size of the worker pool (default GOMAXPROCS).
+	Workers int
+	// MaxInFlight bounds requests queued or running per connection
+	// (default 256); the reader stops reading while it is reached.
+	MaxInFlight int
+	Log         *slog.Logger
+
+	queue   chan *request
+	startMu sync.Once
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu     sync.Mutex
+	lns    map[net.Listener]struct{}
+	conns  map[*conn]struct{}
+	closed bool
+	wg     sync.WaitGroup // connections
+	wwg    sync.WaitGroup // workers
+
+	// Counters.
+	Requests, Errors atomic.Uint64
+}
+
+type request struct {
+	hdr  Header
+	c    *conn
+	data [PageSize]byte
+}
+
+type conn struct {
+	nc   net.Conn
+	free chan *request // requests not in flight
+	out  chan *request // completed, waiting for the writer
+	dead atomic.Bool
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+func (s *Server) start() {
+	s.startMu.Do(func() {
+		if s.Workers <= 0 {
+			s.Workers = runtime.GOMAXPROCS(0)
+		}
+		if s.MaxInFlight <= 0 {
+			s.MaxInFlight = 256
+		}
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+		s.queue = make(chan *request, 4096)
+		s.lns = make(map[net.Listener]struct{})
+		s.conns = make(map[*conn]struct{})
+		for i := 0; i < s.Workers; i++ {
+			s.wwg.Add(1)
+			go s.worker()
+		}
+	})
+}
+
+// Serve accepts connections on ln until ctx ends or Close is called.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.start()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return net.ErrClosed
+	}
+	s.lns[ln] = struct{}{}
+	s.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			delete(s.lns, ln)
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("pageproto: accepting: %w", err)
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			tc.SetNoDelay(true)
+		}
+		c := &conn{nc: nc, free: make(chan *request, s.MaxInFlight), out: make(chan *request, s.MaxInFlight)}
+		for i := 0; i < s.MaxInFlight; i++ {
+			c.free <- &request{c: c}
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(2)
+		s.mu.Unlock()
+		go s.writeLoop(c)
+		go s.readLoop(c)
+	}
+}
+
+// Close stops listeners, connections and workers.
+func (s *Server) Close() error {
+	s.start()
+	s.mu.Lock()
+	s.closed = true
+	for ln := range s.lns {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.cancel()
+	close(s.queue)
+	s.wwg.Wait()
+	return nil
+}
+
+func (s *Server) readLoop(c *conn) {
+	defer s.wg.Done()
+	err := s.read(c)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		s.log().Warn("pageproto: closing connection", "remote", c.nc.RemoteAddr().String(), "err", err)
+	}
+	// Wait for every request to come back, then let the writer finish.
+	for i := 0; i < s.MaxInFlight; i++ {
+		<-c.free
+	}
+	close(c.out)
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+func (s *Server) read(c *conn) error {
+	r := bufio.NewReaderSize(c.nc, 128<<10)
+	var h Header
+	for {
+		b, err := r.Peek(HeaderSize)
+		if err != nil {
+			if len(b) > 0 && errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w: connection closed inside a header", ErrFraming)
+			}
+			return err
+		}
+		if err := h.DecodeRequest(b); err != nil {
+			// Replies already owed are still sent; readLoop then closes.
+			return err
+		}
+		r.Discard(HeaderSize)
+		req := <-c.free
+		req.hdr = h
+		if n := h.Op.PayloadLen(); n > 0 {
+			if _, err := io.ReadFull(r, req.data[:n]); err != nil {
+				c.free <- req
+				return fmt.Errorf("reading %v payload: %w", h.Op, err)
+			}
+		}
+		s.queue <- req
+	}
+}
+
+func (s *Server) worker() {
+	defer s.wwg.Done()
+	for req := range s.queue {
+		s.execute(req)
+		req.c.out <- req
+	}
+}
+
+func (s *Server) execute(req *request) {
+	s.Requests.Add(1)
+	var err error
+	switch req.hdr.Op {
+	case OpGet:
+		err = s.Backend.Get(s.ctx, req.hdr.ID, req.data[:])
+	case OpPut:
+		err = s.Backend.Put(s.ctx, req.hdr.ID, req.data[:])
+	case OpSync:
+		err = s.Backend.Flush(s.ctx)
+	default:
+		err = ErrUnknownOp
+	}
+	req.hdr.Status = statusOf(err)
+	if err != nil {
+		s.Errors.Add(1)
+		if req.hdr.Status == StatusIO || req.hdr.Status == StatusInternal {
+			s.log().Warn("pageproto: request failed", "op", req.hdr.Op.String(), "id", req.hdr.ID.String(), "err", err)
+		}
+	}
+}
+
+// statusOf is the one place that maps errors to page-protocol statuses.
+func statusOf(err error) Status {
+	switch {
+	case err == nil:
+		return StatusOK
+	case errors.Is(err, pagestore.ErrNoVolume), errors.Is(err, memnode.ErrNoVolume):
+		return StatusNoVolume
+	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange):
+		return StatusOutOfRange
+	case errors.Is(err, ErrUnknownOp):
+		return StatusUnknownOp
+	case errors.Is(err, pagestore.ErrBadPage):
+		return StatusInternal
+	}
+	return StatusIO
+}
+
+func (s *Server) writeLoop(c *conn) {
+	defer s.wg.Done()
+	w := bufio.NewWriterSize(c.nc, 128<<10)
+	var hb [HeaderSize]byte
+	for req := range c.out {
+		if !c.dead.Load() {
+			req.hdr.EncodeResponse(hb[:])
+			w.Write(hb[:])
+			if n := req.hdr.ResponsePayloadLen(); n > 0 {
+				w.Write(req.data[:n])
+			}
+			if len(c.out) == 0 {
+				if err := w.Flush(); err != nil {
+					c.dead.Store(true)
+					c.nc.Close()
+				}
+			}
+		}
+		c.free <- req
+	}
+	w.Flush()
+	c.nc.Close()
+}

@@ -1,0 +1,42 @@
+package pagestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// MemnodeRemote reads and writes pages directly on a memory node: one READ
+// per miss, write-backs pipelined on the client's connection.
+type MemnodeRemote struct {
+	C *memnode.Client
+}
+
+var _ Remote = MemnodeRemote{}
+
+// ReadPage implements Remote.
+func (r MemnodeRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
+	return r.C.ReadAt(ctx, k.Volume(), k.Page()*PageSize, dst)
+}
+
+// WritePages implements Remote: all writes are sent before any is awaited,
+// so a batch costs about one round trip.
+func (r MemnodeRemote) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
+	var calls [flushBatch]memnode.Call
+	var errs error
+	for len(keys) > 0 {
+		n := min(len(keys), len(calls))
+		for i := 0; i < n; i++ {
+			calls[i] = r.C.WriteAsync(ctx, keys[i].Volume(), keys[i].Page()*PageSize, pages[i])
+		}
+		for i := 0; i < n; i++ {
+			if err := calls[i].Wait(ctx); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("page %v: %w", keys[i], err))
+			}
+		}
+		keys, pages = keys[n:], pages[n:]
+	}
+	return errs
+}

@@ -1,0 +1,586 @@
+package pagestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// Key is the 8-byte page id: volume (16 bits) | page number (48 bits).
+type Key = memnode.Key
+
+// PageSize is the size of every page.
+const PageSize = memnode.PageSize
+
+// Errors callers branch on.
+var (
+	// ErrNoVolume is returned for a key whose volume is not served.
+	ErrNoVolume = errors.New("pagestore: no such volume")
+	// ErrOutOfRange is returned for a page past the end of its volume.
+	ErrOutOfRange = errors.New("pagestore: page out of range")
+	// ErrBadPage is returned when a buffer is not exactly one page.
+	ErrBadPage = errors.New("pagestore: buffer is not one page")
+	// ErrCacheFull is returned when no frame can be freed: every frame is
+	// in use or dirty and its write-back failed.
+	ErrCacheFull = errors.New("pagestore: no evictable page in cache")
+)
+
+// Remote is where pages live when they are not cached. Implementations:
+// MemnodeRemote (direct, the "sync" baseline and the fallback when the DPU
+// agent is down) and, with the DPU agent, the shared-memory ring path.
+type Remote interface {
+	// ReadPage fills dst (one page) with page k.
+	ReadPage(ctx context.Context, k Key, dst []byte) error
+	// WritePages stores pages[i] as keys[i] and returns once all of them
+	// are at the remote.
+	WritePages(ctx context.Context, keys []Key, pages [][]byte) error
+}
+
+// Prefetched is the Loading Zone as the miss path sees it: pages fetched
+// ahead of need. CheckAndReturn copies page k into dst and returns
+// PageSize on a hit, 0 on a miss; it never blocks.
+type Prefetched interface {
+	CheckAndReturn(k Key, dst []byte) int
+}
+
+// Options configure a Store.
+type Options struct {
+	// CacheBytes is the local cache capacity (default 64 MiB).
+	CacheBytes int64
+	// Policy is the eviction policy: "s3fifo" (default) or "clock".
+	Policy string
+	// Prefetched, if set, is consulted on every miss before the remote.
+	Prefetched Prefetched
+	// OnEvict, if set, receives keys of pages leaving the cache (called
+	// with no locks held by the store, possibly concurrently).
+	OnEvict func(Key)
+}
+
+// DefaultCacheBytes is the default cache capacity.
+const DefaultCacheBytes = 64 << 20
+
+// Stats are cumulative counters.
+type Stats struct {
+	Hits, Misses        uint64
+	PrefetchHits        uint64 // misses served by Prefetched
+	RemoteReads         uint64
+	Evictions           uint64
+	WriteBacks          uint64 // pages written to the remote
+	DirtyPages, Frames  int
+	ResidentPages       int
+	SharedMissesWaiting uint64 // readers that waited for another's miss
+}
+
+// Store serves pages of volumes through a bounded local cache. It is safe
+// for concurrent use.
+//
+// Lock order: frame.mu → shard.mu → evictMu; evictMu may only TryLock a
+// frame. A frame's key and valid fields change only with its mu held for
+// writing, so a reader that finds a frame through the index re-checks the
+// key under the frame's read lock.
+type Store struct {
+	remote Remote
+	opt    Options
+
+	frames []frame
+	data   []byte
+	shards [nShards]shard
+
+	evictMu sync.Mutex
+	pol     policy
+	free    []int32
+	claim   func(int32) bool // TryLock of a frame, made once to avoid a closure per eviction
+
+	flushMu  sync.Mutex // serialises Flush
+	flushBuf []byte     // guarded by flushMu
+
+	vmu     sync.RWMutex
+	volumes map[uint16]memnode.VolumeInfo
+
+	hits, misses, lzHits, remoteReads atomic.Uint64
+	evictions, writeBacks, waits      atomic.Uint64
+}
+
+const nShards = 64
+
+type shard struct {
+	mu sync.Mutex
+	m  map[Key]int32
+	_  [40]byte // keep shards on separate cache lines
+}
+
+type frame struct {
+	mu    sync.RWMutex
+	key   Key
+	valid bool
+	ver   uint64      // bumped by every write; guarded by mu
+	dirty atomic.Bool // set with mu held for writing
+	// wb marks a Flush write-back in flight: the frame may not be evicted
+	// until it is acknowledged, so an eviction's write-back of a newer
+	// version can never be overtaken by the flush's older one.
+	wb atomic.Bool
+}
+
+// New returns a store whose misses go to remote.
+func New(remote Remote, opt Options) (*Store, error) {
+	if opt.CacheBytes == 0 {
+		opt.CacheBytes = DefaultCacheBytes
+	}
+	n := int(opt.CacheBytes / PageSize)
+	if n < 4 {
+		return nil, fmt.Errorf("pagestore: cache of %d bytes holds fewer than 4 pages", opt.CacheBytes)
+	}
+	pol, err := newPolicy(opt.Policy, n)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		remote:  remote,
+		opt:     opt,
+		frames:  make([]frame, n),
+		data:    make([]byte, n*PageSize),
+		pol:     pol,
+		free:    make([]int32, n),
+		volumes: make(map[uint16]memnode.VolumeInfo),
+	}
+	for i := range s.free {
+		s.free[i] = int32(n - 1 - i)
+	}
+	s.claim = func(f int32) bool {
+		fr := &s.frames[f]
+		if fr.wb.Load() || !fr.mu.TryLock() {
+			return false
+		}
+		if fr.wb.Load() {
+			fr.mu.Unlock()
+			return false
+		}
+		return true
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[Key]int32, n/nShards*2)
+	}
+	return s, nil
+}
+
+// AddVolume makes the store serve pages of v.
+func (s *Store) AddVolume(v memnode.VolumeInfo) {
+	s.vmu.Lock()
+	s.volumes[v.ID] = v
+	s.vmu.Unlock()
+}
+
+// Volumes returns the served volumes ordered by id.
+func (s *Store) Volumes() []memnode.VolumeInfo {
+	s.vmu.RLock()
+	out := make([]memnode.VolumeInfo, 0, len(s.volumes))
+	for _, v := range s.volumes {
+		out = append(out, v)
+	}
+	s.vmu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Volume returns the volume called name.
+func (s *Store) Volume(name string) (memnode.VolumeInfo, bool) {
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	for _, v := range s.volumes {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return memnode.VolumeInfo{}, false
+}
+
+// CheckKey validates k against the served volumes.
+func (s *Store) CheckKey(k Key) error {
+	s.vmu.RLock()
+	v, ok := s.volumes[k.Volume()]
+	s.vmu.RUnlock()
+	if !ok {
+		return fmt.Errorf("page %v: %w", k, ErrNoVolume)
+	}
+	if k.Page() >= v.Size/PageSize {
+		return fmt.Errorf("page %v of %q (%d pages): %w", k, v.Name, v.Size/PageSize, ErrOutOfRange)
+	}
+	return nil
+}
+
+func (s *Store) shardOf(k Key) *shard {
+	h := uint64(k) * 0x9E3779B97F4A7C15
+	return &s.shards[h>>58]
+}
+
+func (s *Store) page(f int32) []byte {
+	o := int(f) * PageSize
+	return s.data[o : o+PageSize : o+PageSize]
+}
+
+func (s *Store) lookup(k Key) (int32, bool) {
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	f, ok := sh.m[k]
+	sh.mu.Unlock()
+	return f, ok
+}
+
+// Get copies page k into dst.
+func (s *Store) Get(ctx context.Context, k Key, dst []byte) error {
+	if len(dst) != PageSize {
+		return ErrBadPage
+	}
+	if err := s.CheckKey(k); err != nil {
+		return err
+	}
+	for {
+		if f, ok := s.lookup(k); ok {
+			fr := &s.frames[f]
+			if !fr.mu.TryRLock() {
+				// Being loaded or evicted: wait for whoever holds it.
+				s.waits.Add(1)
+				fr.mu.RLock()
+			}
+			if fr.key == k && fr.valid {
+				copy(dst, s.page(f))
+				fr.mu.RUnlock()
+				s.pol.hit(f)
+				s.hits.Add(1)
+				return nil
+			}
+			fr.mu.RUnlock()
+			runtime.Gosched()
+			continue
+		}
+		f, err := s.claimFrame(ctx)
+		if err != nil {
+			return fmt.Errorf("reading page %v: %w", k, err)
+		}
+		if !s.publish(k, f) {
+			continue // someone else is loading k; go wait for them
+		}
+		s.misses.Add(1)
+		fr := &s.frames[f]
+		if err := s.load(ctx, k, s.page(f)); err != nil {
+			s.unpublish(k, f)
+			return fmt.Errorf("reading page %v: %w", k, err)
+		}
+		fr.valid = true
+		copy(dst, s.page(f))
+		fr.mu.Unlock()
+		s.track(f, k)
+		return nil
+	}
+}
+
+func (s *Store) load(ctx context.Context, k Key, p []byte) error {
+	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, p) == PageSize {
+		s.lzHits.Add(1)
+		return nil
+	}
+	s.remoteReads.Add(1)
+	return s.remote.ReadPage(ctx, k, p)
+}
+
+// Put stores src as page k. The page is written back to the remote on
+// eviction or Flush.
+func (s *Store) Put(ctx context.Context, k Key, src []byte) error {
+	if len(src) != PageSize {
+		return ErrBadPage
+	}
+	if err := s.CheckKey(k); err != nil {
+		return err
+	}
+	for {
+		if f, ok := s.lookup(k); ok {
+			fr := &s.frames[f]
+			fr.mu.Lock()
+			if fr.key == k && fr.valid {
+				copy(s.page(f), src)
+				fr.ver++
+				fr.dirty.Store(true)
+				fr.mu.Unlock()
+				s.pol.hit(f)
+				s.hits.Add(1)
+				return nil
+			}
+			fr.mu.Unlock()
+			runtime.Gosched()
+			continue
+		}
+		f, err := s.claimFrame(ctx)
+		if err != nil {
+			return fmt.Errorf("writing page %v: %w", k, err)
+		}
+		if !s.publish(k, f) {
+			continue
+		}
+		s.misses.Add(1)
+		fr := &s.frames[f]
+		copy(s.page(f), src)
+		fr.valid = true
+		fr.ver++
+		fr.dirty.Store(true)
+		fr.mu.Unlock()
+		s.track(f, k)
+		return nil
+	}
+}
+
+// publish enters the claimed, write-locked frame f into the index as k. If
+// k is already present it releases f and reports false.
+func (s *Store) publish(k Key, f int32) bool {
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	if _, ok := sh.m[k]; ok {
+		sh.mu.Unlock()
+		s.releaseFrame(f)
+		return false
+	}
+	sh.m[k] = f
+	sh.mu.Unlock()
+	s.frames[f].key = k
+	return true
+}
+
+// unpublish undoes publish after a failed load.
+func (s *Store) unpublish(k Key, f int32) {
+	s.unindex(k, f)
+	s.releaseFrame(f)
+}
+
+func (s *Store) unindex(k Key, f int32) {
+	sh := s.shardOf(k)
+	sh.mu.Lock()
+	if g, ok := sh.m[k]; ok && g == f {
+		delete(sh.m, k)
+	}
+	sh.mu.Unlock()
+}
+
+// releaseFrame returns a write-locked, unindexed frame to the free list.
+func (s *Store) releaseFrame(f int32) {
+	fr := &s.frames[f]
+	fr.key, fr.valid = 0, false
+	fr.dirty.Store(false)
+	fr.mu.Unlock()
+	s.evictMu.Lock()
+	s.free = append(s.free, f)
+	s.evictMu.Unlock()
+}
+
+// track hands a loaded frame to the eviction policy.
+func (s *Store) track(f int32, k Key) {
+	s.evictMu.Lock()
+	s.pol.insert(f, k)
+	s.evictMu.Unlock()
+}
+
+// claimFrame returns a frame that is write-locked, unindexed and empty,
+// evicting (and writing back) a page if no frame is free.
+func (s *Store) claimFrame(ctx context.Context) (int32, error) {
+	var waited time.Duration
+	for attempt := 0; ; attempt++ {
+		s.evictMu.Lock()
+		if n := len(s.free); n > 0 {
+			f := s.free[n-1]
+			s.free = s.free[:n-1]
+			s.evictMu.Unlock()
+			s.frames[f].mu.Lock()
+			return f, nil
+		}
+		f := s.pol.victim(s.claim)
+		s.evictMu.Unlock()
+		if f < 0 {
+			// Every frame is busy (being loaded, read, or flushed). That
+			// passes within a round trip; wait with backoff, bounded.
+			if attempt < 8 {
+				runtime.Gosched()
+				continue
+			}
+			d := min(time.Duration(attempt)*20*time.Microsecond, 5*time.Millisecond)
+			if waited += d; waited > maxClaimWait {
+				return -1, ErrCacheFull
+			}
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return -1, ctx.Err()
+			}
+			continue
+		}
+		fr := &s.frames[f]
+		k := fr.key
+		if fr.dirty.Load() {
+			pg := s.page(f)
+			if err := s.remote.WritePages(ctx, []Key{k}, [][]byte{pg}); err != nil {
+				// Keep the page: it is the only copy of an acknowledged write.
+				fr.mu.Unlock()
+				s.track(f, k)
+				return -1, fmt.Errorf("writing back page %v: %w", k, err)
+			}
+			s.writeBacks.Add(1)
+			fr.dirty.Store(false)
+		}
+		s.unindex(k, f)
+		fr.key, fr.valid = 0, false
+		s.evictions.Add(1)
+		if s.opt.OnEvict != nil {
+			s.opt.OnEvict(k)
+		}
+		return f, nil
+	}
+}
+
+// flushBatch is how many dirty pages Flush sends to the remote at once.
+const flushBatch = 64
+
+// maxClaimWait bounds how long a miss waits for a frame to become evictable.
+const maxClaimWait = 10 * time.Second
+
+// Flush returns once every page that was dirty when it was called is at the
+// remote. Dirty pages are copied out in batches, so reads and writes go on
+// while the batch travels; a page rewritten meanwhile stays dirty. Flushes
+// run one at a time.
+func (s *Store) Flush(ctx context.Context) error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	if s.flushBuf == nil {
+		s.flushBuf = make([]byte, flushBatch*PageSize)
+	}
+	var (
+		keys  [flushBatch]Key
+		pages [flushBatch][]byte
+		held  [flushBatch]int32
+		vers  [flushBatch]uint64
+		n     int
+	)
+	send := func() error {
+		err := s.remote.WritePages(ctx, keys[:n], pages[:n])
+		for i := 0; i < n; i++ {
+			fr := &s.frames[held[i]]
+			if err == nil {
+				fr.mu.Lock()
+				if fr.key == keys[i] && fr.ver == vers[i] {
+					fr.dirty.Store(false)
+				}
+				fr.mu.Unlock()
+			}
+			fr.wb.Store(false)
+		}
+		if err == nil {
+			s.writeBacks.Add(uint64(n))
+		}
+		n = 0
+		return err
+	}
+	for i := range s.frames {
+		fr := &s.frames[i]
+		if !fr.dirty.Load() {
+			continue
+		}
+		fr.mu.RLock()
+		if !fr.valid || !fr.dirty.Load() {
+			fr.mu.RUnlock()
+			continue
+		}
+		fr.wb.Store(true)
+		keys[n], held[n], vers[n] = fr.key, int32(i), fr.ver
+		pages[n] = s.flushBuf[n*PageSize : (n+1)*PageSize]
+		copy(pages[n], s.page(int32(i)))
+		fr.mu.RUnlock()
+		n++
+		if n == flushBatch {
+			if err := send(); err != nil {
+				return fmt.Errorf("flushing: %w", err)
+			}
+		}
+	}
+	if n > 0 {
+		if err := send(); err != nil {
+			return fmt.Errorf("flushing: %w", err)
+		}
+	}
+	return nil
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Hits: s.hits.Load(), Misses: s.misses.Load(), PrefetchHits: s.lzHits.Load(),
+		RemoteReads: s.remoteReads.Load(), Evictions: s.evictions.Load(),
+		WriteBacks: s.writeBacks.Load(), SharedMissesWaiting: s.waits.Load(),
+		Frames: len(s.frames),
+	}
+	for i := range s.frames {
+		if s.frames[i].dirty.Load() {
+			st.DirtyPages++
+		}
+	}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.ResidentPages += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// Check verifies the cache's internal consistency: every indexed frame
+// holds its key, indexed + free + loading frames account for all frames.
+// Call it when the store is quiescent (tests call it in cleanup).
+func (s *Store) Check() error {
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+	seen := make([]bool, len(s.frames))
+	indexed := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, f := range sh.m {
+			fr := &s.frames[f]
+			if fr.key != k || !fr.valid {
+				sh.mu.Unlock()
+				return fmt.Errorf("pagestore: index maps %v to frame %d holding %v (valid=%v)", k, f, fr.key, fr.valid)
+			}
+			if seen[f] {
+				sh.mu.Unlock()
+				return fmt.Errorf("pagestore: frame %d indexed twice", f)
+			}
+			seen[f] = true
+			indexed++
+		}
+		sh.mu.Unlock()
+	}
+	for i := range s.frames {
+		if s.frames[i].wb.Load() {
+			return fmt.Errorf("pagestore: frame %d still marked as being flushed", i)
+		}
+	}
+	for _, f := range s.free {
+		if seen[f] {
+			return fmt.Errorf("pagestore: frame %d both free and indexed", f)
+		}
+		if s.frames[f].dirty.Load() {
+			return fmt.Errorf("pagestore: free frame %d is dirty", f)
+		}
+		seen[f] = true
+	}
+	if indexed+len(s.free) != len(s.frames) {
+		return fmt.Errorf("pagestore: %d indexed + %d free != %d frames", indexed, len(s.free), len(s.frames))
+	}
+	if n := s.pol.size(); n != indexed {
+		return fmt.Errorf("pagestore: policy tracks %d frames, index holds %d", n, indexed)
+	}
+	return nil
+}

@@ -1,0 +1,225 @@
+package pagestore
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// seed returns a logged, overridable seed (PD3_SEED=n to replay).
+func seed(t testing.TB) uint64 {
+	t.Helper()
+	s := uint64(time.Now().UnixNano())
+	if v := os.Getenv("PD3_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err)
+		s = n
+	}
+	t.Logf("seed %d (PD3_SEED=%d to replay)", s, s)
+	return s
+}
+
+func newTestStore(t testing.TB, remote Remote, pages int, policy string, volPages uint64) *Store {
+	t.Helper()
+	s, err := New(remote, Options{CacheBytes: int64(pages) * PageSize, Policy: policy})
+	require.NoError(t, err)
+	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: volPages * PageSize})
+	t.Cleanup(func() { assert.NoError(t, s.Check()) })
+	return s
+}
+
+func fill(k Key, version uint64) []byte {
+	p := make([]byte, PageSize)
+	binary.LittleEndian.PutUint64(p, uint64(k))
+	binary.LittleEndian.PutUint64(p[8:], version)
+	p[PageSize-1] = byte(version)
+	return p
+}
+
+func TestGetPutAndBounds(t *testing.T) {
+	for _, pol := range PolicyNames {
+		t.Run(pol, func(t *testing.T) {
+			rem := NewMemRemote()
+			s := newTestStore(t, rem, 8, pol, 100)
+			ctx := context.Background()
+			buf := make([]byte, PageSize)
+			require.NoError(t, s.Get(ctx, memnode.MakeKey(1, 5), buf))
+			assert.Equal(t, make([]byte, PageSize), buf)
+			require.NoError(t, s.Put(ctx, memnode.MakeKey(1, 5), fill(5, 1)))
+			require.NoError(t, s.Get(ctx, memnode.MakeKey(1, 5), buf))
+			assert.Equal(t, fill(5, 1), buf)
+			assert.ErrorIs(t, s.Get(ctx, memnode.MakeKey(1, 100), buf), ErrOutOfRange)
+			assert.ErrorIs(t, s.Get(ctx, memnode.MakeKey(2, 0), buf), ErrNoVolume)
+			assert.ErrorIs(t, s.Put(ctx, memnode.MakeKey(1, 0), buf[:10]), ErrBadPage)
+			// Nothing reached the remote before Flush.
+			assert.Equal(t, make([]byte, PageSize), rem.Page(memnode.MakeKey(1, 5)))
+			require.NoError(t, s.Flush(ctx))
+			assert.Equal(t, fill(5, 1), rem.Page(memnode.MakeKey(1, 5)))
+			assert.Zero(t, s.Stats().DirtyPages)
+		})
+	}
+}
+
+// TestEvictionKeepsDirtyWrites writes far more pages than the cache holds,
+// from several goroutines, with remote failures injected part of the time:
+// every acknowledged write must be readable afterwards.
+func TestEvictionKeepsDirtyWrites(t *testing.T) {
+	for _, pol := range PolicyNames {
+		t.Run(pol, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed(t), 1))
+			rem := NewMemRemote()
+			const volPages = 512
+			s := newTestStore(t, rem, 16, pol, volPages)
+			ctx := context.Background()
+			var mu sync.Mutex
+			acked := make(map[Key]uint64)
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			flipSeed := rng.Uint64()
+			go func() { // flip remote failures on and off
+				r := rand.New(rand.NewPCG(flipSeed, 2))
+				for {
+					select {
+					case <-stop:
+						rem.Fail.Store(false)
+						return
+					case <-time.After(time.Duration(r.IntN(2000)) * time.Microsecond):
+						rem.Fail.Store(r.IntN(4) == 0)
+					}
+				}
+			}()
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				r := rand.New(rand.NewPCG(rng.Uint64(), uint64(w)))
+				go func() {
+					defer wg.Done()
+					buf := make([]byte, PageSize)
+					for i := 0; i < 2000; i++ {
+						// Each writer owns pages ≡ w mod 4, so its model is exact.
+						k := memnode.MakeKey(1, uint64(r.IntN(volPages/4)*4+w))
+						if r.IntN(3) == 0 {
+							if err := s.Get(ctx, k, buf); err != nil {
+								continue
+							}
+							mu.Lock()
+							want := acked[k]
+							mu.Unlock()
+							if got := binary.LittleEndian.Uint64(buf[8:]); want != 0 && got != want {
+								t.Errorf("page %v: read version %d, acknowledged %d", k, got, want)
+								return
+							}
+							continue
+						}
+						v := uint64(i + 1)
+						if err := s.Put(ctx, k, fill(k, v)); err != nil {
+							assert.ErrorIs(t, err, ErrInjected)
+							continue
+						}
+						mu.Lock()
+						acked[k] = v
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			time.Sleep(time.Millisecond)
+			rem.Fail.Store(false)
+			require.NoError(t, s.Flush(ctx))
+			st := s.Stats()
+			assert.Greater(t, st.Evictions, uint64(100), "test must evict under pressure")
+			for k, v := range acked {
+				assert.Equal(t, fill(k, v), rem.Page(k), "page %v lost its acknowledged write", k)
+			}
+		})
+	}
+}
+
+// countingRemote delays reads so concurrent misses overlap.
+type countingRemote struct {
+	*MemRemote
+	gate chan struct{}
+}
+
+func (c countingRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
+	<-c.gate
+	return c.MemRemote.ReadPage(ctx, k, dst)
+}
+
+func TestConcurrentMissesShareOneRead(t *testing.T) {
+	rem := countingRemote{NewMemRemote(), make(chan struct{})}
+	s := newTestStore(t, rem, 8, "", 16)
+	k := memnode.MakeKey(1, 3)
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, PageSize)
+			assert.NoError(t, s.Get(context.Background(), k, buf))
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // let all 16 reach the miss path
+	close(rem.gate)
+	wg.Wait()
+	assert.Equal(t, uint64(1), rem.Reads.Load())
+}
+
+func TestFailedLoadIsRetried(t *testing.T) {
+	rem := NewMemRemote()
+	s := newTestStore(t, rem, 8, "", 16)
+	ctx := context.Background()
+	buf := make([]byte, PageSize)
+	rem.Fail.Store(true)
+	assert.ErrorIs(t, s.Get(ctx, memnode.MakeKey(1, 1), buf), ErrInjected)
+	rem.Fail.Store(false)
+	require.NoError(t, rem.WritePages(ctx, []Key{memnode.MakeKey(1, 1)}, [][]byte{fill(1, 7)}))
+	require.NoError(t, s.Get(ctx, memnode.MakeKey(1, 1), buf))
+	assert.Equal(t, fill(1, 7), buf)
+}
+
+// TestModel runs a random single-threaded workload against a map model,
+// with the cache far smaller than the data.
+func TestModel(t *testing.T) {
+	for _, pol := range PolicyNames {
+		t.Run(pol, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed(t), 3))
+			rem := NewMemRemote()
+			s := newTestStore(t, rem, 8, pol, 64)
+			ctx := context.Background()
+			model := make(map[Key][]byte)
+			buf := make([]byte, PageSize)
+			for i := 0; i < 5000; i++ {
+				k := memnode.MakeKey(1, uint64(rng.IntN(64)))
+				switch rng.IntN(10) {
+				case 0:
+					require.NoError(t, s.Flush(ctx))
+					for mk, mv := range model {
+						require.Equal(t, mv, rem.Page(mk), "after flush, step %d", i)
+					}
+				case 1, 2, 3, 4:
+					p := fill(k, uint64(i))
+					require.NoError(t, s.Put(ctx, k, p))
+					model[k] = p
+				default:
+					require.NoError(t, s.Get(ctx, k, buf))
+					want, ok := model[k]
+					if !ok {
+						want = make([]byte, PageSize)
+					}
+					require.Equal(t, want, buf, fmt.Sprintf("step %d page %v", i, k))
+				}
+			}
+		})
+	}
+}

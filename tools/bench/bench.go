@@ -1,0 +1,239 @@
+// Package bench is pd3's benchmark harness. Every benchmark measures the
+// systems it compares back to back in one run and reports ratios, because
+// these machines are noisy; the memory node and the host run as separate
+// child processes (the pd3 binary itself) so that memory and CPU are
+// reported per role.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/procstat"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Result is one system's measurement. Fields that do not apply are zero
+// and omitted from JSON.
+type Result struct {
+	System        string  `json:"system"`
+	Config        string  `json:"config,omitempty"`
+	Ops           uint64  `json:"ops"`
+	OpsPerSec     float64 `json:"ops_per_sec"`
+	GBytesPerSec  float64 `json:"gbytes_per_sec,omitempty"`
+	P50us         float64 `json:"p50_us,omitempty"`
+	P99us         float64 `json:"p99_us,omitempty"`
+	HostCPUusOp   float64 `json:"host_cpu_us_per_op,omitempty"`
+	HostRSS       uint64  `json:"host_rss_bytes,omitempty"`
+	MemnodeRSS    uint64  `json:"memnode_rss_bytes,omitempty"`
+	MemnodeStored uint64  `json:"memnode_stored_bytes,omitempty"`
+	Errors        uint64  `json:"errors"`
+}
+
+// Report is what a benchmark prints.
+type Report struct {
+	Bench   string             `json:"bench"`
+	Machine string             `json:"machine"`
+	Results []Result           `json:"results"`
+	Ratios  map[string]float64 `json:"ratios"`
+	Notes   []string           `json:"notes,omitempty"`
+}
+
+// Machine describes where the benchmark ran.
+func Machine() string {
+	host, _ := os.Hostname()
+	cpu := "unknown cpu"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				if _, v, ok := strings.Cut(l, ":"); ok {
+					cpu = strings.TrimSpace(v)
+				}
+				break
+			}
+		}
+	}
+	n := 0
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		n = strings.Count(string(b), "processor\t:")
+	}
+	return fmt.Sprintf("%s, %d cpus, %s", host, n, cpu)
+}
+
+// Print writes r as JSON or as a table.
+func (r *Report) Print(w io.Writer, asJSON bool) error {
+	if asJSON {
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(r)
+	}
+	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\terrors\t")
+	for _, x := range r.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%d\t\n",
+			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp,
+			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), x.Errors)
+	}
+	tw.Flush()
+	keys := make([]string, 0, len(r.Ratios))
+	for k := range r.Ratios {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "ratio %-28s %.3f\n", k, r.Ratios[k])
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+	return nil
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// Child is a pd3 process started by a benchmark.
+type Child struct {
+	cmd   *exec.Cmd
+	Addrs map[string]string // "memory node", "page server" → address
+	Pid   int
+}
+
+// StartChild runs exe with args and waits until it has printed a
+// "listening on ADDR" line for every role in want.
+func StartChild(ctx context.Context, exe string, want []string, args ...string) (*Child, error) {
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s %v: %w", exe, args, err)
+	}
+	c := &Child{cmd: cmd, Addrs: map[string]string{}, Pid: cmd.Process.Pid}
+	found := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		reported := false
+		for sc.Scan() {
+			line := sc.Text()
+			for _, role := range want {
+				if rest, ok := strings.CutPrefix(line, "pd3: "+role+" listening on "); ok {
+					c.Addrs[role] = strings.Fields(rest)[0]
+				}
+			}
+			if !reported && len(c.Addrs) == len(want) {
+				reported = true
+				found <- nil
+			}
+		}
+		if !reported {
+			found <- fmt.Errorf("%s %v exited before listening", exe, args)
+		}
+	}()
+	select {
+	case err := <-found:
+		if err != nil {
+			cmd.Wait()
+			return nil, err
+		}
+	case <-time.After(2 * time.Minute):
+		c.Stop()
+		return nil, fmt.Errorf("%s %v did not start within 2 minutes", exe, args)
+	case <-ctx.Done():
+		c.Stop()
+		return nil, ctx.Err()
+	}
+	return c, nil
+}
+
+// RSS is the child's resident memory.
+func (c *Child) RSS() uint64 { n, _ := procstat.RSS(c.Pid); return n }
+
+// CPU is the child's CPU time so far.
+func (c *Child) CPU() time.Duration { d, _ := procstat.CPU(c.Pid); return d }
+
+// Stop ends the child with SIGTERM (SIGKILL after 30s) and reaps it.
+func (c *Child) Stop() {
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// FillPage writes the benchmark pattern of page k into p: its key in the
+// first 8 bytes, so readers can check they got the right page.
+func FillPage(k memnode.Key, p []byte) {
+	clear(p)
+	binary.LittleEndian.PutUint64(p, uint64(k))
+}
+
+// CheckPage reports whether p carries the pattern of page k.
+func CheckPage(k memnode.Key, p []byte) bool { return binary.LittleEndian.Uint64(p) == uint64(k) }
+
+// Populate writes the pattern to every page of vol at the memory node,
+// a chunk per request with several in flight.
+func Populate(ctx context.Context, c *memnode.Client, vol memnode.VolumeInfo) error {
+	const depth = 8
+	bufs := make([][]byte, depth)
+	calls := make([]memnode.Call, depth)
+	for i := range bufs {
+		bufs[i] = make([]byte, memnode.ChunkSize)
+	}
+	n := 0
+	for off := uint64(0); off < vol.Size; off += memnode.ChunkSize {
+		slot := n % depth
+		if n >= depth {
+			if err := calls[slot].Wait(ctx); err != nil {
+				return fmt.Errorf("populating %s: %w", vol.Name, err)
+			}
+		}
+		b := bufs[slot][:min(memnode.ChunkSize, vol.Size-off)]
+		for p := 0; p < len(b); p += memnode.PageSize {
+			FillPage(memnode.MakeKey(vol.ID, (off+uint64(p))/memnode.PageSize), b[p:p+memnode.PageSize])
+		}
+		calls[slot] = c.WriteAsync(ctx, vol.ID, off, b)
+		n++
+	}
+	for i := max(0, n-depth); i < n; i++ {
+		if err := calls[i%depth].Wait(ctx); err != nil {
+			return fmt.Errorf("populating %s: %w", vol.Name, err)
+		}
+	}
+	return nil
+}
+
+// PrewarmStore writes the pattern of every page of the store's volumes
+// into the store itself (the local baseline, whose data never leaves host
+// memory).
+func PrewarmStore(ctx context.Context, st *pagestore.Store) error {
+	p := make([]byte, pagestore.PageSize)
+	for _, v := range st.Volumes() {
+		for pg := uint64(0); pg < v.Size/pagestore.PageSize; pg++ {
+			k := memnode.MakeKey(v.ID, pg)
+			FillPage(k, p)
+			if err := st.Put(ctx, k, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

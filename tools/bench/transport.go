@@ -1,0 +1,200 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/procstat"
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// TransportOptions configure the transport benchmark.
+type TransportOptions struct {
+	Exe      string        // the pd3 binary
+	Duration time.Duration // per system
+	Depth    int           // requests in flight
+	Region   uint64        // bytes read from at random
+}
+
+type waiter interface{ Wait(context.Context) error }
+
+// ring keeps depth requests in flight for d and returns how many completed.
+func ring[C waiter](ctx context.Context, d time.Duration, depth int, issue func() C) (uint64, time.Duration, error) {
+	calls := make([]C, depth)
+	for i := range calls {
+		calls[i] = issue()
+	}
+	var n uint64
+	start := time.Now()
+	deadline := start.Add(d)
+	for i := 0; ; i = (i + 1) % depth {
+		if err := calls[i].Wait(ctx); err != nil {
+			return n, time.Since(start), err
+		}
+		n++
+		if n%1024 == 0 && time.Now().After(deadline) {
+			for j := 1; j < depth; j++ {
+				calls[(i+j)%depth].Wait(ctx)
+			}
+			return n, time.Since(start), nil
+		}
+		calls[i] = issue()
+	}
+}
+
+// Transport compares 4 KB READs through the memnode protocol with a raw TCP
+// stream of the same bytes, and measures the 8-byte FAA rate.
+func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
+	if opt.Depth <= 0 {
+		opt.Depth = 256
+	}
+	if opt.Region == 0 {
+		opt.Region = 64 << 20
+	}
+	rep := &Report{Bench: "transport", Machine: Machine(), Ratios: map[string]float64{}}
+	node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer node.Stop()
+	c, err := memnode.Dial(ctx, node.Addrs["memory node"], memnode.ClientOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	vol, err := c.Create(ctx, "transport", opt.Region)
+	if err != nil {
+		return nil, err
+	}
+	if err := Populate(ctx, c, vol); err != nil {
+		return nil, err
+	}
+	pages := opt.Region / memnode.PageSize
+	rng := rand.New(rand.NewPCG(1, 2))
+	bufs := make([][]byte, opt.Depth)
+	for i := range bufs {
+		bufs[i] = make([]byte, memnode.PageSize)
+	}
+	slot := 0
+	n, el, err := ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
+		slot = (slot + 1) % len(bufs)
+		return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[slot])
+	})
+	if err != nil {
+		return nil, fmt.Errorf("memnode reads: %w", err)
+	}
+	hostRSS, _ := procstat.RSS(0)
+	mn := Result{System: "memnode", Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
+		MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, HostRSS: hostRSS}
+
+	raw, err := rawStream(ctx, opt, false)
+	if err != nil {
+		return nil, fmt.Errorf("raw stream: %w", err)
+	}
+	rawRandom, err := rawStream(ctx, opt, true)
+	if err != nil {
+		return nil, fmt.Errorf("raw stream of random pages: %w", err)
+	}
+
+	n, el, err = ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
+		return c.FetchAndAddAsync(ctx, vol.ID, rng.Uint64N(opt.Region/8)*8, 1)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("memnode FAA: %w", err)
+	}
+	faa := Result{System: "memnode", Config: "8B FAA", Ops: n, OpsPerSec: float64(n) / el.Seconds()}
+
+	rep.Results = []Result{mn, raw, rawRandom, faa}
+	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
+	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
+	rep.Ratios["memnode_rss/stored"] = float64(mn.MemnodeRSS) / float64(mn.MemnodeStored)
+	rep.Notes = append(rep.Notes, fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's unavoidable copy)", opt.Depth, opt.Duration, units.FormatSize(opt.Region)))
+	return rep, nil
+}
+
+func rawStream(ctx context.Context, opt TransportOptions, random bool) (Result, error) {
+	args := []string{"bench", "raw-server", "--listen", "127.0.0.1:0"}
+	sys := "raw"
+	if random {
+		args = append(args, "--random-region", strconv.FormatUint(opt.Region, 10))
+		sys = "raw-random"
+	}
+	srv, err := StartChild(ctx, opt.Exe, []string{"raw server"}, args...)
+	if err != nil {
+		return Result{}, err
+	}
+	defer srv.Stop()
+	nc, err := net.Dial("tcp", srv.Addrs["raw server"])
+	if err != nil {
+		return Result{}, err
+	}
+	defer nc.Close()
+	r := bufio.NewReaderSize(nc, 256<<10)
+	buf := make([]byte, memnode.PageSize)
+	var n uint64
+	start := time.Now()
+	deadline := start.Add(opt.Duration)
+	for {
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return Result{}, err
+		}
+		n++
+		if n%1024 == 0 && time.Now().After(deadline) {
+			break
+		}
+	}
+	el := time.Since(start)
+	return Result{System: sys, Config: "4KiB stream", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}, nil
+}
+
+// ServeRaw streams 4 KiB blocks to every connection on ln, batched into
+// 256 KiB writes like the memory node's responses, until ctx ends. With
+// region > 0 each block is first copied from a random page of a region of
+// that many bytes, as the memory node copies pages into its responses.
+func ServeRaw(ctx context.Context, ln net.Listener, region uint64) error {
+	context.AfterFunc(ctx, func() { ln.Close() })
+	var mem []byte
+	if region > 0 {
+		mem = make([]byte, region)
+		for i := 0; i < len(mem); i += memnode.PageSize {
+			FillPage(memnode.Key(i/memnode.PageSize), mem[i:i+memnode.PageSize])
+		}
+	}
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go func() {
+			defer nc.Close()
+			buf := make([]byte, 256<<10)
+			for i := 0; i < len(buf); i += memnode.PageSize {
+				FillPage(memnode.Key(i/memnode.PageSize), buf[i:i+memnode.PageSize])
+			}
+			rng := rand.New(rand.NewPCG(3, 4))
+			for {
+				if mem != nil {
+					for i := 0; i < len(buf); i += memnode.PageSize {
+						o := rng.Uint64N(region/memnode.PageSize) * memnode.PageSize
+						copy(buf[i:i+memnode.PageSize], mem[o:o+memnode.PageSize])
+					}
+				}
+				if _, err := nc.Write(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}

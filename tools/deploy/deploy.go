@@ -1,0 +1,226 @@
+// Package deploy assembles pd3's pieces into running processes: a memory
+// node, and a host (memnode client → page store → page server). The pd3
+// command, the benchmarks and the integration tests all start pd3 through
+// it, so there is one way to wire the system.
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
+)
+
+// VolumeSpec names a volume and its size.
+type VolumeSpec struct {
+	Name string
+	Size uint64
+}
+
+// ParseVolume reads NAME:SIZE (e.g. disk0:1GiB).
+func ParseVolume(s string) (VolumeSpec, error) {
+	name, size, ok := strings.Cut(s, ":")
+	if !ok || name == "" {
+		return VolumeSpec{}, fmt.Errorf("bad volume %q: want NAME:SIZE, e.g. disk0:1GiB", s)
+	}
+	n, err := units.ParseSize(size)
+	if err != nil {
+		return VolumeSpec{}, fmt.Errorf("volume %q: %w", name, err)
+	}
+	if n == 0 {
+		return VolumeSpec{}, fmt.Errorf("volume %q: size must be positive", name)
+	}
+	return VolumeSpec{Name: name, Size: n}, nil
+}
+
+// Listen opens "host:port" or "unix:/path" (removing a stale socket file).
+func Listen(addr string) (net.Listener, error) {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			os.Remove(p)
+		}
+		return net.Listen("unix", p)
+	}
+	return net.Listen("tcp", addr)
+}
+
+func addrString(ln net.Listener) string {
+	if ln.Addr().Network() == "unix" {
+		return "unix:" + ln.Addr().String()
+	}
+	return ln.Addr().String()
+}
+
+// MemnodeConfig configures a memory node.
+type MemnodeConfig struct {
+	Listen   string // default 127.0.0.1:0
+	Token    string
+	Capacity uint64 // bytes of page memory; 0 = unlimited
+	Log      *slog.Logger
+}
+
+// Memnode is a running memory node.
+type Memnode struct {
+	Server *memnode.Server
+	Addr   string
+	done   chan error
+}
+
+// StartMemnode listens and serves in the background.
+func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	ln, err := Listen(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("memory node: %w", err)
+	}
+	m := &Memnode{
+		Server: &memnode.Server{Store: memnode.NewStore(cfg.Capacity), Token: cfg.Token, Log: cfg.Log},
+		Addr:   addrString(ln),
+		done:   make(chan error, 1),
+	}
+	go func() { m.done <- m.Server.Serve(ctx, ln) }()
+	return m, nil
+}
+
+// Close stops the node; its memory is gone.
+func (m *Memnode) Close() error {
+	m.Server.Close()
+	return <-m.done
+}
+
+// HostConfig configures a host.
+type HostConfig struct {
+	Memnode string // memory node address (required unless Local)
+	// Local keeps the volumes in host memory (pagestore.MemRemote) with a
+	// cache as large as all of them: the "local" baseline of the benchmarks.
+	Local      bool
+	Token      string
+	Volumes    []VolumeSpec // created when missing, reopened when present
+	CacheBytes int64
+	Policy     string
+	PageListen string // page-protocol address; "" = no page server
+	Workers    int
+	OpTimeout  time.Duration
+	Log        *slog.Logger
+}
+
+// Host is a running host: cache, remote client and frontends.
+type Host struct {
+	Client   *memnode.Client
+	Store    *pagestore.Store
+	Page     *pageproto.Server
+	PageAddr string
+	Volumes  []memnode.VolumeInfo
+
+	closeOnce sync.Once
+	done      chan error
+	closers   []func() error
+}
+
+// StartHost connects to the memory node, opens the volumes and serves.
+func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
+	if len(cfg.Volumes) == 0 {
+		return nil, errors.New("host: no volumes")
+	}
+	if cfg.Local {
+		return startLocal(ctx, cfg)
+	}
+	if cfg.Memnode == "" {
+		return nil, errors.New("host: no memory node address")
+	}
+	c, err := memnode.Dial(ctx, cfg.Memnode, memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	h := &Host{Client: c, done: make(chan error, 1)}
+	st, err := pagestore.New(pagestore.MemnodeRemote{C: c}, pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	h.Store = st
+	h.closers = append(h.closers, c.Close)
+	for _, vs := range cfg.Volumes {
+		v, err := c.OpenOrCreate(ctx, vs.Name, vs.Size)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("host: volume %q: %w", vs.Name, err)
+		}
+		if v.Size != (vs.Size+pagestore.PageSize-1)&^(pagestore.PageSize-1) {
+			slog.Default().Info("volume exists with another size; using the node's", "volume", v.Name, "size", units.FormatSize(v.Size))
+		}
+		st.AddVolume(v)
+		h.Volumes = append(h.Volumes, v)
+	}
+	if err := h.serve(ctx, cfg); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
+	var total uint64
+	for _, vs := range cfg.Volumes {
+		total += (vs.Size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
+	}
+	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: int64(total) + 16*pagestore.PageSize, Policy: cfg.Policy})
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	h := &Host{Store: st, done: make(chan error, 1)}
+	for i, vs := range cfg.Volumes {
+		v := memnode.VolumeInfo{ID: uint16(i + 1), Name: vs.Name, Size: (vs.Size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)}
+		st.AddVolume(v)
+		h.Volumes = append(h.Volumes, v)
+	}
+	return h, h.serve(ctx, cfg)
+}
+
+func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
+	if cfg.PageListen == "" {
+		h.done <- nil
+		return nil
+	}
+	ln, err := Listen(cfg.PageListen)
+	if err != nil {
+		return fmt.Errorf("host: page server: %w", err)
+	}
+	h.PageAddr = addrString(ln)
+	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log}
+	go func() { h.done <- h.Page.Serve(ctx, ln) }()
+	return nil
+}
+
+// Close stops the frontends, writes dirty pages back and disconnects.
+func (h *Host) Close(ctx context.Context) error {
+	var err error
+	h.closeOnce.Do(func() {
+		if h.Page != nil {
+			h.Page.Close()
+		}
+		serveErr := <-h.done
+		flushErr := h.Store.Flush(ctx)
+		if flushErr != nil {
+			flushErr = fmt.Errorf("host: writing back dirty pages: %w", flushErr)
+		}
+		errs := []error{serveErr, flushErr}
+		for _, c := range h.closers {
+			errs = append(errs, c())
+		}
+		err = errors.Join(errs...)
+	})
+	return err
+}

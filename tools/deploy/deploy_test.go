@@ -1,0 +1,45 @@
+package deploy
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestUnixSockets(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{Listen: "unix:" + filepath.Join(dir, "mem.sock")})
+	require.NoError(t, err)
+	defer node.Close()
+	h, err := StartHost(ctx, HostConfig{
+		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
+		CacheBytes: 16 * 4096, PageListen: "unix:" + filepath.Join(dir, "page.sock"),
+	})
+	require.NoError(t, err)
+	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
+	require.NoError(t, err)
+	p := make([]byte, 4096)
+	p[0] = 42
+	require.NoError(t, c.Put(ctx, memnode.MakeKey(1, 3), p))
+	c.Close()
+	require.NoError(t, h.Close(ctx)) // writes the page back
+	got := make([]byte, 4096)
+	require.NoError(t, node.Server.Store.ReadAt(1, 3*4096, got))
+	assert.Equal(t, p, got)
+}
+
+func TestParseVolume(t *testing.T) {
+	v, err := ParseVolume("disk0:1GiB")
+	require.NoError(t, err)
+	assert.Equal(t, VolumeSpec{"disk0", 1 << 30}, v)
+	for _, bad := range []string{"disk0", ":1G", "d:0", "d:x"} {
+		_, err := ParseVolume(bad)
+		assert.Error(t, err, bad)
+	}
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/tools/bench"
+	"github.com/pd3-go/pd3/tools/deploy"
+	"github.com/spf13/cobra"
+)
+
+func benchCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{Use: "bench", Short: "Measure pd3 against baselines in one run (ratios)"}
+	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	exe := func() (string, error) {
+		e, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("finding the pd3 binary: %w", err)
+		}
+		return e, nil
+	}
+	sigctx := func(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+		return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	}
+
+	var topt bench.TransportOptions
+	transport := &cobra.Command{
+		Use:   "transport",
+		Short: "4 KiB READs through the memnode protocol vs a raw TCP stream; FAA rate",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if topt.Exe, err = exe(); err != nil {
+				return err
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.Transport(ctx, topt)
+			if err != nil {
+				return err
+			}
+			return rep.Print(os.Stdout, asJSON)
+		},
+	}
+	transport.Flags().DurationVar(&topt.Duration, "duration", 5*time.Second, "measurement time per system")
+	transport.Flags().IntVar(&topt.Depth, "depth", 1024, "requests in flight")
+
+	var popt bench.PageOptions
+	var systems, dataset, cache, dists, workers string
+	page := &cobra.Command{
+		Use:   "page",
+		Short: "Random page GETs over the page protocol, per system",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if popt.Exe, err = exe(); err != nil {
+				return err
+			}
+			popt.Systems = strings.Split(systems, ",")
+			popt.Dists = strings.Split(dists, ",")
+			if popt.Dataset, err = units.ParseSize(dataset); err != nil {
+				return fmt.Errorf("--dataset: %w", err)
+			}
+			if popt.Cache, err = units.ParseSize(cache); err != nil {
+				return fmt.Errorf("--cache: %w", err)
+			}
+			popt.Workers = nil
+			for _, w := range strings.Split(workers, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(w))
+				if err != nil || n < 0 {
+					return fmt.Errorf("--workers: bad value %q", w)
+				}
+				popt.Workers = append(popt.Workers, n)
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.Page(ctx, popt)
+			if err != nil {
+				return err
+			}
+			return rep.Print(os.Stdout, asJSON)
+		},
+	}
+	fl := page.Flags()
+	fl.StringVar(&systems, "systems", "local,sync", "systems to compare: "+strings.Join(bench.PageSystems, ","))
+	fl.StringVar(&dataset, "dataset", "1GiB", "bytes of pages")
+	fl.StringVar(&cache, "cache", "64MiB", "host cache")
+	fl.IntVar(&popt.Clients, "clients", 4, "client connections")
+	fl.IntVar(&popt.Depth, "depth", 8, "requests in flight per connection")
+	fl.DurationVar(&popt.Duration, "duration", 10*time.Second, "measurement time per system")
+	fl.DurationVar(&popt.Warmup, "warmup", 3*time.Second, "unmeasured load before each measurement")
+	fl.StringVar(&dists, "dist", "uniform", "key distributions, comma-separated: uniform, zipf:THETA")
+	fl.StringVar(&workers, "workers", "0", "server worker counts, comma-separated (0 = GOMAXPROCS)")
+
+	var listen string
+	var region uint64
+	raw := &cobra.Command{
+		Use: "raw-server", Hidden: true, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ln, err := deploy.Listen(listen)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("pd3: raw server listening on %s\n", ln.Addr())
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			return bench.ServeRaw(ctx, ln, region)
+		},
+	}
+	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
+	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
+	cmd.AddCommand(transport, page, raw)
+	return cmd
+}

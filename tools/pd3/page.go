@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
+	"github.com/spf13/cobra"
+)
+
+func parseID(s string) (memnode.Key, error) {
+	v, p, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, fmt.Errorf("bad page id %q: want VOLUME:PAGE, e.g. 1:0", s)
+	}
+	vol, err := strconv.ParseUint(v, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("bad volume id in %q", s)
+	}
+	pg, err := strconv.ParseUint(p, 10, 48)
+	if err != nil {
+		return 0, fmt.Errorf("bad page number in %q", s)
+	}
+	return memnode.MakeKey(uint16(vol), pg), nil
+}
+
+func pageCmd() *cobra.Command {
+	var addr string
+	var timeout time.Duration
+	dial := func(ctx context.Context) (*pageproto.Client, error) {
+		return pageproto.Dial(ctx, addr, pageproto.ClientOptions{OpTimeout: timeout})
+	}
+	cmd := &cobra.Command{Use: "page", Short: "Read and write pages over the page protocol"}
+	cmd.PersistentFlags().StringVar(&addr, "page", "127.0.0.1:7000", "page server address")
+	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	cmd.AddCommand(&cobra.Command{
+		Use: "get VOLUME:PAGE", Short: "Write a page to stdout", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			c, err := dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			buf := make([]byte, pageproto.PageSize)
+			if err := c.Get(ctx, id, buf); err != nil {
+				return err
+			}
+			_, err = os.Stdout.Write(buf)
+			return err
+		},
+	}, &cobra.Command{
+		Use: "put VOLUME:PAGE", Short: "Store stdin (up to one page, zero-padded) as a page", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			buf := make([]byte, pageproto.PageSize+1)
+			n, err := io.ReadFull(os.Stdin, buf)
+			if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+				return err
+			}
+			if n > pageproto.PageSize {
+				return fmt.Errorf("stdin holds more than one page (%d bytes)", pageproto.PageSize)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			c, err := dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return c.Put(ctx, id, buf[:pageproto.PageSize])
+		},
+	}, &cobra.Command{
+		Use: "sync", Short: "Wait until acknowledged writes are at the memory node", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			c, err := dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return c.Sync(ctx)
+		},
+	})
+	return cmd
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/tools/bench"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var pd3Bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pd3-bin-")
+	if err != nil {
+		panic(err)
+	}
+	pd3Bin = filepath.Join(dir, "pd3")
+	out, err := exec.Command("go", "build", "-o", pd3Bin, ".").CombinedOutput()
+	if err != nil {
+		os.RemoveAll(dir)
+		panic("building pd3: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func start(t *testing.T, want []string, args ...string) *bench.Child {
+	t.Helper()
+	c, err := bench.StartChild(context.Background(), pd3Bin, want, args...)
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	return c
+}
+
+func run(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, pd3Bin, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if err != nil {
+		return out.String() + errb.String(), err
+	}
+	return out.String(), nil
+}
+
+func TestUpServesAndStopsCleanly(t *testing.T) {
+	up := start(t, []string{"memory node", "page server"}, "up", "--page", "127.0.0.1:0", "--volume", "disk0:64MiB", "--cache", "1MiB")
+	addr := up.Addrs["page server"]
+	_, err := run(t, "hello pd3", "page", "put", "--page", addr, "1:7")
+	require.NoError(t, err)
+	out, err := run(t, "", "page", "get", "--page", addr, "1:7")
+	require.NoError(t, err)
+	assert.Len(t, out, 4096)
+	assert.True(t, strings.HasPrefix(out, "hello pd3\x00"))
+	_, err = run(t, "", "page", "sync", "--page", addr)
+	require.NoError(t, err)
+
+	out, err = run(t, "", "page", "get", "--page", addr, "1:999999")
+	require.Error(t, err)
+	assert.Contains(t, out, "out of range")
+
+	// SIGINT: a clean exit with status 0.
+	p, err := os.FindProcess(up.Pid)
+	require.NoError(t, err)
+	require.NoError(t, p.Signal(syscall.SIGINT))
+	done := make(chan error, 1)
+	go func() { _, err := p.Wait(); done <- err }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("pd3 up did not stop on SIGINT")
+	}
+}
+
+func TestServeReopensVolumesAtTheNode(t *testing.T) {
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--token", "s3cret")
+	args := []string{"serve", "--memnode", node.Addrs["memory node"], "--token", "s3cret", "--page", "127.0.0.1:0", "--volume", "disk0:16MiB", "--volume", "logs:4MiB"}
+	host := start(t, []string{"page server"}, args...)
+	_, err := run(t, "persisted at the node", "page", "put", "--page", host.Addrs["page server"], "2:3")
+	require.NoError(t, err)
+	host.Stop() // SIGTERM writes dirty pages back
+
+	host = start(t, []string{"page server"}, args...)
+	out, err := run(t, "", "page", "get", "--page", host.Addrs["page server"], "2:3")
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(out, "persisted at the node\x00"))
+
+	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "wrong", "--page", "127.0.0.1:0")
+	require.Error(t, err)
+	assert.Contains(t, out, "unauthorised")
+}
+
+func TestBadFlagsSayWhy(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"up", "--cache", "banana"}, "--cache: bad size"},
+		{[]string{"up", "--volume", "disk0"}, "want NAME:SIZE"},
+		{[]string{"serve"}, "--memnode ADDR is required"},
+		{[]string{"page", "get", "nope"}, "want VOLUME:PAGE"},
+		{[]string{"up", "--policy", "random"}, "unknown eviction policy"},
+	} {
+		out, err := run(t, "", tc.args...)
+		assert.Error(t, err, tc.args)
+		assert.Contains(t, out, tc.want, tc.args)
+	}
+}
+
+// TestBenchSmoke runs both benchmarks briefly: they must produce their JSON
+// shape with ratios; the numbers themselves are not judged here.
+func TestBenchSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	out, err := run(t, "", "bench", "transport", "--duration", "200ms", "--json")
+	require.NoError(t, err, out)
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Contains(t, rep.Ratios, "memnode/raw")
+	assert.Len(t, rep.Results, 4)
+
+	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms", "--dist", "uniform,zipf:0.99", "--json")
+	require.NoError(t, err, out)
+	rep = bench.Report{}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Len(t, rep.Results, 4)
+	assert.Contains(t, rep.Ratios, "local/sync@dist=zipf:0.99 T=GOMAXPROCS")
+	for _, r := range rep.Results {
+		assert.Zero(t, r.Errors)
+		assert.Positive(t, r.OpsPerSec)
+	}
+}

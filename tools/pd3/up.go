@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/tools/bench"
+	"github.com/pd3-go/pd3/tools/deploy"
+	"github.com/spf13/cobra"
+)
+
+type hostFlags struct {
+	volumes   []string
+	page      string
+	cache     string
+	policy    string
+	memnode   string
+	token     string
+	workers   int
+	opTimeout time.Duration
+	local     bool
+}
+
+func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.volumes, "volume", []string{"disk0:1GiB"}, "volume NAME:SIZE to serve (repeatable); created at the node when missing")
+	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
+	fl.StringVar(&f.cache, "cache", "64MiB", "host page-cache capacity")
+	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
+	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
+	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
+	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default GOMAXPROCS)")
+	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
+	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
+	fl.MarkHidden("local")
+}
+
+func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
+	cfg := deploy.HostConfig{
+		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
+		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local,
+	}
+	cache, err := units.ParseSize(f.cache)
+	if err != nil {
+		return cfg, fmt.Errorf("--cache: %w", err)
+	}
+	cfg.CacheBytes = int64(cache)
+	for _, v := range f.volumes {
+		vs, err := deploy.ParseVolume(v)
+		if err != nil {
+			return cfg, fmt.Errorf("--volume: %w", err)
+		}
+		cfg.Volumes = append(cfg.Volumes, vs)
+	}
+	return cfg, nil
+}
+
+func logger() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, nil)) }
+
+func upCmd() *cobra.Command {
+	var f hostFlags
+	var listen string
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run memory node and host in one process",
+		Long: `Run a memory node and a host in one process: every volume is served over the
+page protocol. Stop with Ctrl-C (SIGINT) or SIGTERM; dirty pages are written
+back to the memory node first.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(logger())
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			var node *deploy.Memnode
+			if cfg.Memnode == "" && !cfg.Local {
+				node, err = deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log})
+				if err != nil {
+					return err
+				}
+				defer node.Close()
+				cfg.Memnode = node.Addr
+				fmt.Printf("pd3: memory node listening on %s (embedded)\n", node.Addr)
+			}
+			return runHost(ctx, cfg)
+		},
+	}
+	f.add(cmd, "use the memory node at ADDR instead of an embedded one")
+	cmd.Flags().StringVar(&listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
+	return cmd
+}
+
+func serveCmd() *cobra.Command {
+	var f hostFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a host against a separate memory node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(logger())
+			if err != nil {
+				return err
+			}
+			if cfg.Memnode == "" && !cfg.Local {
+				return errors.New("--memnode ADDR is required (start one with: pd3 memnode --listen 127.0.0.1:7100)")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runHost(ctx, cfg)
+		},
+	}
+	f.add(cmd, "memory node address (host:port or unix:/path)")
+	return cmd
+}
+
+func runHost(ctx context.Context, cfg deploy.HostConfig) error {
+	h, err := deploy.StartHost(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Local {
+		if err := bench.PrewarmStore(ctx, h.Store); err != nil {
+			return err
+		}
+	}
+	for _, v := range h.Volumes {
+		fmt.Printf("pd3: volume %s id %d size %s\n", v.Name, v.ID, units.FormatSize(v.Size))
+	}
+	if h.PageAddr != "" {
+		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)
+		fmt.Printf("pd3: try: echo hello | pd3 page put --page %s %d:0 && pd3 page get --page %s %d:0 | head -c 6\n",
+			h.PageAddr, h.Volumes[0].ID, h.PageAddr, h.Volumes[0].ID)
+	}
+	<-ctx.Done()
+	fmt.Println("pd3: stopping; writing back dirty pages")
+	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return h.Close(cctx)
+}
+
+func memnodeCmd() *cobra.Command {
+	var listen, token, capacity string
+	cmd := &cobra.Command{
+		Use:   "memnode",
+		Short: "Run a memory node alone",
+		Long: `Run a memory node. Its memory is volatile: stopping it loses every volume,
+as powering off RAM would.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			capBytes, err := units.ParseSize(capacity)
+			if err != nil {
+				return fmt.Errorf("--capacity: %w", err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Capacity: capBytes, Log: logger()})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("pd3: memory node listening on %s\n", node.Addr)
+			<-ctx.Done()
+			return node.Close()
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
+	cmd.Flags().StringVar(&token, "token", os.Getenv("PD3_TOKEN"), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
+	cmd.Flags().StringVar(&capacity, "capacity", "0", "page memory limit (0 = unlimited)")
+	return cmd
+}
