@@ -3,10 +3,10 @@ package pageproto
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"testing"
-	"time"
+
+	"github.com/pd3-go/pd3/internal/testnet"
 
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
@@ -52,18 +52,6 @@ func FuzzServerStream(f *testing.F) {
 	go srv.Serve(context.Background(), ln)
 	f.Cleanup(func() { srv.Close() })
 	f.Fuzz(func(t *testing.T, in []byte) {
-		nc, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		go func() {
-			nc.Write(in)
-			nc.(*net.TCPConn).CloseWrite()
-		}()
-		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := io.Copy(io.Discard, nc); err != nil {
-			t.Fatalf("server neither answered nor hung up: %v", err)
-		}
+		testnet.Exchange(t, ln.Addr().String(), in)
 	})
 }

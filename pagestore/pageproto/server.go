@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -45,12 +46,8 @@ type Server struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
-	mu     sync.Mutex
-	lns    map[net.Listener]struct{}
-	conns  map[*conn]struct{}
-	closed bool
-	wg     sync.WaitGroup // connections
-	wwg    sync.WaitGroup // workers
+	group netsrv.Group
+	wwg   sync.WaitGroup // workers
 
 	// Counters.
 	Requests, Errors atomic.Uint64
@@ -86,8 +83,6 @@ func (s *Server) start() {
 		}
 		s.ctx, s.cancel = context.WithCancel(context.Background())
 		s.queue = make(chan *request, 4096)
-		s.lns = make(map[net.Listener]struct{})
-		s.conns = make(map[*conn]struct{})
 		for i := 0; i < s.Workers; i++ {
 			s.wwg.Add(1)
 			go s.worker()
@@ -98,73 +93,34 @@ func (s *Server) start() {
 // Serve accepts connections on ln until ctx ends or Close is called.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.start()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return net.ErrClosed
-	}
-	s.lns[ln] = struct{}{}
-	s.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			delete(s.lns, ln)
-			closed := s.closed
-			s.mu.Unlock()
-			if closed || ctx.Err() != nil {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return fmt.Errorf("pageproto: accepting: %w", err)
-		}
-		if tc, ok := nc.(*net.TCPConn); ok {
-			tc.SetNoDelay(true)
-		}
-		c := &conn{nc: nc, free: make(chan *request, s.MaxInFlight), out: make(chan *request, s.MaxInFlight)}
-		for i := 0; i < s.MaxInFlight; i++ {
-			c.free <- &request{c: c}
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			nc.Close()
-			return nil
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(2)
-		s.mu.Unlock()
-		go s.writeLoop(c)
-		go s.readLoop(c)
-	}
+	return s.group.Serve(ctx, ln, s.serveConn)
 }
 
 // Close stops listeners, connections and workers.
 func (s *Server) Close() error {
 	s.start()
-	s.mu.Lock()
-	s.closed = true
-	for ln := range s.lns {
-		ln.Close()
-	}
-	for c := range s.conns {
-		c.nc.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	s.cancel()
+	s.cancel() // requests still running fail fast instead of holding Close
+	s.group.Close()
 	close(s.queue)
 	s.wwg.Wait()
 	return nil
 }
 
+func (s *Server) serveConn(nc net.Conn) {
+	c := &conn{nc: nc, free: make(chan *request, s.MaxInFlight), out: make(chan *request, s.MaxInFlight)}
+	for i := 0; i < s.MaxInFlight; i++ {
+		c.free <- &request{c: c}
+	}
+	done := make(chan struct{})
+	go func() {
+		s.writeLoop(c)
+		close(done)
+	}()
+	s.readLoop(c)
+	<-done
+}
+
 func (s *Server) readLoop(c *conn) {
-	defer s.wg.Done()
 	err := s.read(c)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		s.log().Warn("pageproto: closing connection", "remote", c.nc.RemoteAddr().String(), "err", err)
@@ -174,9 +130,6 @@ func (s *Server) readLoop(c *conn) {
 		<-c.free
 	}
 	close(c.out)
-	s.mu.Lock()
-	delete(s.conns, c)
-	s.mu.Unlock()
 }
 
 func (s *Server) read(c *conn) error {
@@ -255,7 +208,6 @@ func statusOf(err error) Status {
 }
 
 func (s *Server) writeLoop(c *conn) {
-	defer s.wg.Done()
 	w := bufio.NewWriterSize(c.nc, 128<<10)
 	var hb [HeaderSize]byte
 	for req := range c.out {
