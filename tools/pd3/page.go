@@ -33,8 +33,16 @@ func parseID(s string) (memnode.Key, error) {
 func pageCmd() *cobra.Command {
 	var addr string
 	var timeout time.Duration
-	dial := func(ctx context.Context) (*pageproto.Client, error) {
-		return pageproto.Dial(ctx, addr, pageproto.ClientOptions{OpTimeout: timeout})
+	// with runs fn with a connected client under the --timeout deadline.
+	with := func(cmd *cobra.Command, fn func(context.Context, *pageproto.Client) error) error {
+		ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+		defer cancel()
+		c, err := pageproto.Dial(ctx, addr, pageproto.ClientOptions{OpTimeout: timeout})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return fn(ctx, c)
 	}
 	cmd := &cobra.Command{Use: "page", Short: "Read and write pages over the page protocol"}
 	cmd.PersistentFlags().StringVar(&addr, "page", "127.0.0.1:7000", "page server address")
@@ -46,19 +54,14 @@ func pageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			c, err := dial(ctx)
-			if err != nil {
+			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
+				buf := make([]byte, pageproto.PageSize)
+				if err := c.Get(ctx, id, buf); err != nil {
+					return err
+				}
+				_, err := os.Stdout.Write(buf)
 				return err
-			}
-			defer c.Close()
-			buf := make([]byte, pageproto.PageSize)
-			if err := c.Get(ctx, id, buf); err != nil {
-				return err
-			}
-			_, err = os.Stdout.Write(buf)
-			return err
+			})
 		},
 	}, &cobra.Command{
 		Use: "put VOLUME:PAGE", Short: "Store stdin (up to one page, zero-padded) as a page", Args: cobra.ExactArgs(1),
@@ -75,26 +78,16 @@ func pageCmd() *cobra.Command {
 			if n > pageproto.PageSize {
 				return fmt.Errorf("stdin holds more than one page (%d bytes)", pageproto.PageSize)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			c, err := dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			return c.Put(ctx, id, buf[:pageproto.PageSize])
+			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
+				return c.Put(ctx, id, buf[:pageproto.PageSize])
+			})
 		},
 	}, &cobra.Command{
 		Use: "sync", Short: "Wait until acknowledged writes are at the memory node", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			c, err := dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			return c.Sync(ctx)
+			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
+				return c.Sync(ctx)
+			})
 		},
 	})
 	return cmd
