@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -109,6 +110,16 @@ type Child struct {
 	cmd   *exec.Cmd
 	Addrs map[string]string // "memory node", "page server" → address
 	Pid   int
+
+	mu  sync.Mutex
+	out strings.Builder // stdout so far
+}
+
+// Output returns what the child has printed on stdout so far.
+func (c *Child) Output() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.String()
 }
 
 // StartChild runs exe with args and waits until it has printed a
@@ -130,6 +141,9 @@ func StartChild(ctx context.Context, exe string, want []string, args ...string) 
 		reported := false
 		for sc.Scan() {
 			line := sc.Text()
+			c.mu.Lock()
+			c.out.WriteString(line + "\n")
+			c.mu.Unlock()
 			for _, role := range want {
 				if rest, ok := strings.CutPrefix(line, "pd3: "+role+" listening on "); ok {
 					c.Addrs[role] = strings.Fields(rest)[0]

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -199,6 +200,9 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: page server: %w", err)
 	}
 	h.PageAddr = addrString(ln)
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
 	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,6 +63,9 @@ func run(t *testing.T, stdin string, args ...string) (string, error) {
 func TestUpServesAndStopsCleanly(t *testing.T) {
 	up := start(t, []string{"memory node", "page server"}, "up", "--page", "127.0.0.1:0", "--volume", "disk0:64MiB", "--cache", "1MiB")
 	addr := up.Addrs["page server"]
+	assert.Contains(t, up.Output(), "workers "+strconv.Itoa(runtime.GOMAXPROCS(0)))
+	assert.Eventually(t, func() bool { return strings.Contains(up.Output(), "try: echo hello | "+pd3Bin+" page put") },
+		10*time.Second, 10*time.Millisecond, "the suggested command names the binary as invoked")
 	_, err := run(t, "hello pd3", "page", "put", "--page", addr, "1:7")
 	require.NoError(t, err)
 	out, err := run(t, "", "page", "get", "--page", addr, "1:7")

@@ -137,8 +137,11 @@ func runHost(ctx context.Context, cfg deploy.HostConfig) error {
 	}
 	if h.PageAddr != "" {
 		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)
-		fmt.Printf("pd3: try: echo hello | pd3 page put --page %s %d:0 && pd3 page get --page %s %d:0 | head -c 6\n",
-			h.PageAddr, h.Volumes[0].ID, h.PageAddr, h.Volumes[0].ID)
+		// Suggest the binary as it was invoked: after `make run` it is
+		// ./bin/pd3, not on PATH.
+		self := os.Args[0]
+		fmt.Printf("pd3: try: echo hello | %s page put --page %s %d:0 && %s page get --page %s %d:0 | head -c 6\n",
+			self, h.PageAddr, h.Volumes[0].ID, self, h.PageAddr, h.Volumes[0].ID)
 	}
 	<-ctx.Done()
 	fmt.Println("pd3: stopping; writing back dirty pages")
