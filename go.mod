@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/spf13/cobra v1.10.2
 	github.com/stretchr/testify v1.12.1
+	golang.org/x/sys v0.49.0
 )
 
 require (

@@ -100,6 +100,24 @@ func benchCmd() *cobra.Command {
 	fl.StringVar(&dists, "dist", "uniform", "key distributions, comma-separated: uniform, zipf:THETA")
 	fl.StringVar(&workers, "workers", "0", "server worker counts, comma-separated (0 = GOMAXPROCS)")
 
+	var hvopt bench.HostViewOptions
+	hv := &cobra.Command{
+		Use:   "hostview",
+		Short: "Host View lookups: the PD3 Fig. 4 ladder vs Go's map (lookups/s, bytes per key)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.HostView(ctx, hvopt)
+			if err != nil {
+				return err
+			}
+			return rep.Print(os.Stdout, asJSON)
+		},
+	}
+	hv.Flags().IntVar(&hvopt.Keys, "keys", 100_000_000, "keys in the set")
+	hv.Flags().IntVar(&hvopt.Lookups, "lookups", 20_000_000, "lookups per row")
+
 	var listen string
 	var region uint64
 	raw := &cobra.Command{
@@ -117,6 +135,6 @@ func benchCmd() *cobra.Command {
 	}
 	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
-	cmd.AddCommand(transport, page, raw)
+	cmd.AddCommand(transport, page, hv, raw)
 	return cmd
 }
