@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
@@ -40,6 +41,9 @@ type Server struct {
 	// (default 256); the reader stops reading while it is reached.
 	MaxInFlight int
 	Log         *slog.Logger
+	// Mirror, if set, is shown every connection's request bytes as they
+	// are read (the DPU agent's tap).
+	Mirror mirror.Mirror
 
 	queue   chan *request
 	startMu sync.Once
@@ -61,6 +65,7 @@ type request struct {
 
 type conn struct {
 	nc   net.Conn
+	rd   io.Reader     // nc, or nc tapped by the mirror
 	free chan *request // requests not in flight
 	out  chan *request // completed, waiting for the writer
 	dead atomic.Bool
@@ -107,7 +112,13 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) serveConn(nc net.Conn) {
-	c := &conn{nc: nc, free: make(chan *request, s.MaxInFlight), out: make(chan *request, s.MaxInFlight)}
+	var rd io.Reader = nc
+	if s.Mirror != nil {
+		st := s.Mirror.NewStream()
+		defer st.Close()
+		rd = mirror.Conn{Conn: nc, S: st}
+	}
+	c := &conn{nc: nc, rd: rd, free: make(chan *request, s.MaxInFlight), out: make(chan *request, s.MaxInFlight)}
 	for i := 0; i < s.MaxInFlight; i++ {
 		c.free <- &request{c: c}
 	}
@@ -133,7 +144,7 @@ func (s *Server) readLoop(c *conn) {
 }
 
 func (s *Server) read(c *conn) error {
-	r := bufio.NewReaderSize(c.nc, 128<<10)
+	r := bufio.NewReaderSize(c.rd, 128<<10)
 	var h Header
 	for {
 		b, err := r.Peek(HeaderSize)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,10 +29,13 @@ type PageOptions struct {
 	Warmup   time.Duration
 	Dists    []string
 	Workers  []int
+	LZ       uint64 // Loading Zone bytes for pd3
 }
 
-// PageSystems lists the systems Page knows.
-var PageSystems = []string{"local", "sync"}
+// PageSystems lists the systems Page knows: local (all data in host
+// memory), sync (cache + direct memory-node reads), pd3 (cache + embedded
+// DPU agent prefetching into the Loading Zone).
+var PageSystems = []string{"local", "sync", "pd3"}
 
 // Page runs random page GETs against each system and configuration.
 func Page(ctx context.Context, opt PageOptions) (*Report, error) {
@@ -48,7 +52,7 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 		opt.Workers = []int{0}
 	}
 	for _, s := range opt.Systems {
-		if s != "local" && s != "sync" {
+		if !slices.Contains(PageSystems, s) {
 			return nil, fmt.Errorf("unknown system %q (have %v)", s, PageSystems)
 		}
 	}
@@ -82,9 +86,17 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 					}
 				}
 			}
-			if r, ok := byName["sync"]; ok {
-				rep.Ratios["memnode_rss/stored"+suffix] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
-				rep.Ratios["host_rss/(cache+64MiB)"+suffix] = float64(r.HostRSS) / float64(opt.Cache+64<<20)
+			for _, sys := range []string{"sync", "pd3"} {
+				r, ok := byName[sys]
+				if !ok {
+					continue
+				}
+				lz := uint64(0)
+				if sys == "pd3" {
+					lz = opt.LZ
+				}
+				rep.Ratios["memnode_rss/stored:"+sys+suffix] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
+				rep.Ratios["host_rss/(cache+lz+64MiB):"+sys+suffix] = float64(r.HostRSS) / float64(opt.Cache+lz+64<<20)
 			}
 		}
 	}
@@ -104,7 +116,13 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	vol := "disk0:" + strconv.FormatUint(opt.Dataset, 10)
 	args := []string{"serve", "--page", "127.0.0.1:0", "--volume", vol, "--cache", strconv.FormatUint(opt.Cache, 10), "--workers", strconv.Itoa(workers)}
 	var node *Child
-	if sys == "sync" {
+	switch sys {
+	case "sync":
+		args = append(args, "--dpu", "none")
+	case "pd3":
+		args = append(args, "--dpu", "embedded", "--lz", strconv.FormatUint(opt.LZ, 10))
+	}
+	if sys != "local" {
 		var err error
 		node, err = StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
 		if err != nil {
@@ -125,7 +143,7 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 		}
 		args = append(args, "--memnode", node.Addrs["memory node"])
 	} else {
-		args = append(args, "--local")
+		args = append(args, "--local", "--dpu", "none")
 	}
 	host, err := StartChild(ctx, opt.Exe, []string{"page server"}, args...)
 	if err != nil {

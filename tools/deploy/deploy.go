@@ -16,7 +16,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -112,9 +116,14 @@ type HostConfig struct {
 	CacheBytes int64
 	Policy     string
 	PageListen string // page-protocol address; "" = no page server
-	Workers    int
-	OpTimeout  time.Duration
-	Log        *slog.Logger
+	// DPU selects the agent: "embedded" (goroutines in this process) or
+	// "none"/"" (every miss is a direct memory-node read).
+	DPU string
+	// LZBytes is the Loading Zone size with an agent (default 16 MiB).
+	LZBytes   int64
+	Workers   int
+	OpTimeout time.Duration
+	Log       *slog.Logger
 }
 
 // Host is a running host: cache, remote client and frontends.
@@ -124,6 +133,10 @@ type Host struct {
 	Page     *pageproto.Server
 	PageAddr string
 	Volumes  []memnode.VolumeInfo
+	Agent    *dpu.Agent  // nil without an agent
+	Engine   *dpu.Engine // nil without an agent
+	Zone     *loadingzone.Zone
+	HostView *hostview.Set
 
 	closeOnce sync.Once
 	done      chan error
@@ -146,8 +159,23 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	h := &Host{Client: c, done: make(chan error, 1)}
-	st, err := pagestore.New(pagestore.MemnodeRemote{C: c}, pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy})
+	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy}
+	var remote pagestore.Remote = pagestore.MemnodeRemote{C: c}
+	switch cfg.DPU {
+	case "", "none":
+	case "embedded":
+		if err := h.startAgent(cfg, &opt); err != nil {
+			c.Close()
+			return nil, err
+		}
+		remote = h.Engine
+	default:
+		c.Close()
+		return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded or none)", cfg.DPU)
+	}
+	st, err := pagestore.New(remote, opt)
 	if err != nil {
+		h.stopAgent()
 		c.Close()
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -204,6 +232,9 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
 	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log}
+	if h.Agent != nil {
+		h.Page.Mirror = h.Agent
+	}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil
 }
@@ -220,6 +251,7 @@ func (h *Host) Close(ctx context.Context) error {
 		if flushErr != nil {
 			flushErr = fmt.Errorf("host: writing back dirty pages: %w", flushErr)
 		}
+		h.stopAgent()
 		errs := []error{serveErr, flushErr}
 		for _, c := range h.closers {
 			errs = append(errs, c())
@@ -227,4 +259,47 @@ func (h *Host) Close(ctx context.Context) error {
 		err = errors.Join(errs...)
 	})
 	return err
+}
+
+// startAgent builds Host View, the Loading Zone (in an anonymous shared
+// region), the transfer engine and the agent, and points the store's miss
+// path and eviction notices at them.
+func (h *Host) startAgent(cfg HostConfig, opt *pagestore.Options) error {
+	lzBytes := cfg.LZBytes
+	if lzBytes == 0 {
+		lzBytes = 16 << 20
+	}
+	records := int(lzBytes / loadingzone.PageSize)
+	if records < 1 {
+		return fmt.Errorf("host: Loading Zone of %d bytes holds no page", lzBytes)
+	}
+	region, err := shm.Create("", loadingzone.Size(records))
+	if err != nil {
+		return fmt.Errorf("host: Loading Zone: %w", err)
+	}
+	z, err := loadingzone.Format(region.Bytes(), records, 1)
+	if err != nil {
+		region.Close()
+		return fmt.Errorf("host: %w", err)
+	}
+	cache := cfg.CacheBytes
+	if cache == 0 {
+		cache = pagestore.DefaultCacheBytes
+	}
+	hv := hostview.New(int(cache/pagestore.PageSize)+records+1024, 2)
+	z.OnDrop = func(k uint64) { hv.Delete(k) }
+	e := dpu.NewEngine(h.Client, hv, z, 1024)
+	a := dpu.NewAgent(hv, z, e, func() dpu.Parser { return new(dpu.PageParser) })
+	h.Agent, h.Engine, h.Zone, h.HostView = a, e, z, hv
+	h.closers = append(h.closers, region.Close)
+	opt.Prefetched = dpu.Prefetched{Z: z}
+	opt.OnEvict = a.Evicted
+	return nil
+}
+
+func (h *Host) stopAgent() {
+	if h.Agent != nil {
+		h.Agent.Close()
+		h.Engine.Close()
+	}
 }

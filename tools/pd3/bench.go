@@ -54,7 +54,7 @@ func benchCmd() *cobra.Command {
 	transport.Flags().IntVar(&topt.Depth, "depth", 1024, "requests in flight")
 
 	var popt bench.PageOptions
-	var systems, dataset, cache, dists, workers string
+	var systems, dataset, cache, dists, workers, lzs string
 	page := &cobra.Command{
 		Use:   "page",
 		Short: "Random page GETs over the page protocol, per system",
@@ -71,6 +71,9 @@ func benchCmd() *cobra.Command {
 			}
 			if popt.Cache, err = units.ParseSize(cache); err != nil {
 				return fmt.Errorf("--cache: %w", err)
+			}
+			if popt.LZ, err = units.ParseSize(lzs); err != nil {
+				return fmt.Errorf("--lz: %w", err)
 			}
 			popt.Workers = nil
 			for _, w := range strings.Split(workers, ",") {
@@ -90,9 +93,10 @@ func benchCmd() *cobra.Command {
 		},
 	}
 	fl := page.Flags()
-	fl.StringVar(&systems, "systems", "local,sync", "systems to compare: "+strings.Join(bench.PageSystems, ","))
+	fl.StringVar(&systems, "systems", "local,sync,pd3", "systems to compare: "+strings.Join(bench.PageSystems, ","))
 	fl.StringVar(&dataset, "dataset", "1GiB", "bytes of pages")
 	fl.StringVar(&cache, "cache", "64MiB", "host cache")
+	fl.StringVar(&lzs, "lz", "16MiB", "Loading Zone size for pd3")
 	fl.IntVar(&popt.Clients, "clients", 4, "client connections")
 	fl.IntVar(&popt.Depth, "depth", 8, "requests in flight per connection")
 	fl.DurationVar(&popt.Duration, "duration", 10*time.Second, "measurement time per system")

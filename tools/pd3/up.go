@@ -26,6 +26,8 @@ type hostFlags struct {
 	workers   int
 	opTimeout time.Duration
 	local     bool
+	dpu       string
+	lz        string
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -38,6 +40,8 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default GOMAXPROCS)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
+	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process) or none (direct memory-node reads)")
+	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent)")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
 }
@@ -45,8 +49,13 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
-		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local,
+		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu,
 	}
+	lz, err := units.ParseSize(f.lz)
+	if err != nil {
+		return cfg, fmt.Errorf("--lz: %w", err)
+	}
+	cfg.LZBytes = int64(lz)
 	cache, err := units.ParseSize(f.cache)
 	if err != nil {
 		return cfg, fmt.Errorf("--cache: %w", err)
@@ -135,6 +144,9 @@ func runHost(ctx context.Context, cfg deploy.HostConfig) error {
 	for _, v := range h.Volumes {
 		fmt.Printf("pd3: volume %s id %d size %s\n", v.Name, v.ID, units.FormatSize(v.Size))
 	}
+	if h.Agent != nil {
+		fmt.Printf("pd3: DPU agent embedded (Loading Zone %d pages)\n", h.Zone.Records())
+	}
 	if h.PageAddr != "" {
 		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)
 		// Suggest the binary as it was invoked: after `make run` it is
@@ -145,6 +157,11 @@ func runHost(ctx context.Context, cfg deploy.HostConfig) error {
 	}
 	<-ctx.Done()
 	fmt.Println("pd3: stopping; writing back dirty pages")
+	if h.Agent != nil {
+		fmt.Printf("pd3: agent: parsed %d, prefetched %d (placed %d, consumed %d, dropped unconsumed %d, stale %d), skipped as cached %d\n",
+			h.Agent.Parsed.Load(), h.Engine.Issued.Load(), h.Engine.Placed.Load(), h.Zone.Hits.Load(),
+			h.Zone.DroppedUnconsumed.Load(), h.Engine.Stale.Load(), h.Agent.Skipped.Load())
+	}
 	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return h.Close(cctx)

@@ -1,0 +1,159 @@
+package dpu
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/loadingzone"
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// Agent is the DPU agent: it parses mirrored requests, asks Host View which
+// pages will miss, and has the Engine prefetch those into the Loading Zone.
+// Host cache evictions arrive through Evicted.
+type Agent struct {
+	hv     *hostview.Set
+	lz     *loadingzone.Zone
+	engine *Engine
+	parser func() Parser
+
+	mu      sync.Mutex // guards pending
+	pending []Access
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+
+	// Counters.
+	Parsed, Prefetches, Skipped, LostStreams, QueueDrops atomic.Uint64
+	Evictions                                            atomic.Uint64
+}
+
+// maxPending bounds parsed accesses waiting for the prefetcher; past it
+// new ones are dropped (the host is never slowed by a lagging agent).
+const maxPending = 1 << 16
+
+// NewAgent starts the prefetcher goroutine. parser makes the parser for
+// each mirrored connection.
+func NewAgent(hv *hostview.Set, lz *loadingzone.Zone, engine *Engine, parser func() Parser) *Agent {
+	a := &Agent{
+		hv: hv, lz: lz, engine: engine, parser: parser,
+		pending: make([]Access, 0, 4096),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go a.loop()
+	return a
+}
+
+// Close stops the prefetcher.
+func (a *Agent) Close() {
+	close(a.stop)
+	<-a.done
+}
+
+type stream struct {
+	a    *Agent
+	p    Parser
+	buf  []Access
+	dead bool
+}
+
+var _ mirror.Mirror = (*Agent)(nil)
+
+// NewStream implements mirror.Mirror.
+func (a *Agent) NewStream() mirror.Stream {
+	return &stream{a: a, p: a.parser(), buf: make([]Access, 0, 256)}
+}
+
+func (s *stream) Observe(b []byte) {
+	if s.dead {
+		return
+	}
+	out, err := s.p.Feed(b, s.buf[:0])
+	if err != nil {
+		s.dead = true
+		s.a.LostStreams.Add(1)
+	}
+	if len(out) > 0 {
+		s.a.enqueue(out)
+	}
+	s.buf = out[:0]
+}
+
+func (s *stream) Close() {}
+
+// Evicted tells the agent the host cache dropped page k (PD3 leaves this
+// unreflected; pd3 removes the key from Host View so it is prefetched again).
+func (a *Agent) Evicted(k memnode.Key) {
+	a.Evictions.Add(1)
+	a.enqueue([]Access{{k, Delete}})
+}
+
+func (a *Agent) enqueue(acc []Access) {
+	a.mu.Lock()
+	if len(a.pending)+len(acc) > maxPending {
+		a.mu.Unlock()
+		a.QueueDrops.Add(uint64(len(acc)))
+		return
+	}
+	a.pending = append(a.pending, acc...)
+	a.mu.Unlock()
+	a.Parsed.Add(uint64(len(acc)))
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) loop() {
+	defer close(a.done)
+	var work []Access
+	keys := make([]uint64, 0, 64)
+	idx := make([]int, 0, 64)
+	found := make([]bool, 64)
+	for {
+		select {
+		case <-a.kick:
+		case <-a.stop:
+			return
+		}
+		a.mu.Lock()
+		work, a.pending = a.pending, work[:0]
+		a.mu.Unlock()
+		for start := 0; start < len(work); start += 64 {
+			batch := work[start:min(start+64, len(work))]
+			keys, idx = keys[:0], idx[:0]
+			for i, acc := range batch {
+				switch acc.Kind {
+				case Read:
+					keys = append(keys, uint64(acc.Key))
+					idx = append(idx, i)
+				case Write:
+					a.hv.Add(uint64(acc.Key))
+				case Delete:
+					a.hv.Delete(uint64(acc.Key))
+				}
+			}
+			a.hv.ContainsBatch(keys, found[:len(keys)])
+			for j, k := range keys {
+				if found[j] {
+					a.Skipped.Add(1)
+					continue
+				}
+				a.Prefetches.Add(1)
+				a.engine.Prefetch(memnode.Key(k))
+			}
+		}
+	}
+}
+
+// Prefetched adapts the Loading Zone to pagestore.Prefetched.
+type Prefetched struct{ Z *loadingzone.Zone }
+
+// CheckAndReturn implements pagestore.Prefetched.
+func (p Prefetched) CheckAndReturn(k memnode.Key, dst []byte) int {
+	return p.Z.CheckAndReturn(uint64(k), dst)
+}

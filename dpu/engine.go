@@ -1,0 +1,178 @@
+package dpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/loadingzone"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Engine is the transfer engine: it owns the connection to the memory node
+// in PD3 mode and carries the host's remote reads and write-backs as well
+// as the agent's prefetches, applying PD3 Table 2:
+//
+//   - a write-back deletes its key from Host View, invalidates the key's
+//     Loading Zone record and any prefetch of it in flight, and only then
+//     is queued to the node;
+//   - a read response adds its key to Host View before it is delivered;
+//   - a prefetch response is placed in the Loading Zone (and its key added
+//     to Host View) only if no write-back of the key was queued since the
+//     prefetch was issued.
+//
+// All traffic shares one memnode connection, whose requests the node
+// executes in order, and a write-back's WRITE is queued under the same lock
+// that issues prefetches: a prefetch issued after a write-back therefore
+// reads what the write-back wrote (JUNE BERRY's same-queue rule).
+type Engine struct {
+	c  *memnode.Client
+	hv *hostview.Set
+	lz *loadingzone.Zone
+
+	mu       sync.Mutex // orders invalidation, write queueing and prefetch issue
+	inflight map[memnode.Key]uint64
+	gen      uint64
+
+	bufs  chan []byte  // free prefetch buffers; bounds prefetches in flight
+	compl chan pending // prefetches in issue order, for the completion loop
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// Counters.
+	Issued, Placed, Deduped, Throttled, Stale, Failed atomic.Uint64
+	HostReads, WriteBacks                             atomic.Uint64
+}
+
+type pending struct {
+	k    memnode.Key
+	gen  uint64
+	call memnode.Call
+	buf  []byte
+}
+
+var _ pagestore.Remote = (*Engine)(nil)
+
+// NewEngine starts an engine with at most maxInFlight prefetches
+// outstanding.
+func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) *Engine {
+	if maxInFlight <= 0 {
+		maxInFlight = 1024
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Engine{
+		c: c, hv: hv, lz: lz,
+		inflight: make(map[memnode.Key]uint64, maxInFlight),
+		bufs:     make(chan []byte, maxInFlight),
+		compl:    make(chan pending, maxInFlight),
+		ctx:      ctx, cancel: cancel,
+		done: make(chan struct{}),
+	}
+	for i := 0; i < maxInFlight; i++ {
+		e.bufs <- make([]byte, memnode.PageSize)
+	}
+	go e.completions()
+	return e
+}
+
+// Close stops the completion loop; prefetches in flight are abandoned.
+func (e *Engine) Close() {
+	e.cancel()
+	close(e.compl)
+	<-e.done
+}
+
+// Prefetch fetches page k into the Loading Zone unless a prefetch of k is
+// already in flight or too many are. It does not wait.
+func (e *Engine) Prefetch(k memnode.Key) {
+	var buf []byte
+	select {
+	case buf = <-e.bufs:
+	default:
+		e.Throttled.Add(1)
+		return
+	}
+	e.mu.Lock()
+	if _, ok := e.inflight[k]; ok {
+		e.mu.Unlock()
+		e.bufs <- buf
+		e.Deduped.Add(1)
+		return
+	}
+	e.gen++
+	g := e.gen
+	e.inflight[k] = g
+	call := e.c.PrefetchAsync(e.ctx, k, buf)
+	e.mu.Unlock()
+	e.Issued.Add(1)
+	e.compl <- pending{k, g, call, buf}
+}
+
+func (e *Engine) completions() {
+	defer close(e.done)
+	for p := range e.compl {
+		err := p.call.Wait(e.ctx)
+		e.mu.Lock()
+		if e.inflight[p.k] != p.gen {
+			// A write-back of the key was queued meanwhile: this page may
+			// predate it and must not be served.
+			e.Stale.Add(1)
+		} else {
+			delete(e.inflight, p.k)
+			if err != nil {
+				e.Failed.Add(1)
+			} else {
+				e.lz.Place(uint64(p.k), p.buf)
+				e.hv.Add(uint64(p.k))
+				e.Placed.Add(1)
+			}
+		}
+		e.mu.Unlock()
+		e.bufs <- p.buf
+	}
+}
+
+// ReadPage implements pagestore.Remote: the host's own miss.
+func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+	e.HostReads.Add(1)
+	if err := e.c.ReadAt(ctx, k.Volume(), k.Page()*memnode.PageSize, dst); err != nil {
+		return err
+	}
+	e.hv.Add(uint64(k))
+	return nil
+}
+
+// WritePages implements pagestore.Remote: write-backs, invalidating first.
+func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+	const batch = 64
+	var calls [batch]memnode.Call
+	var errs error
+	for len(keys) > 0 {
+		n := min(len(keys), batch)
+		e.mu.Lock()
+		for i := 0; i < n; i++ {
+			k := keys[i]
+			e.hv.Delete(uint64(k))
+			e.lz.Invalidate(uint64(k))
+			// Its completion will find no entry (or a newer prefetch's
+			// generation) and drop the page it read.
+			delete(e.inflight, k)
+			calls[i] = e.c.WriteAsync(ctx, k.Volume(), k.Page()*memnode.PageSize, pages[i])
+		}
+		e.mu.Unlock()
+		for i := 0; i < n; i++ {
+			if err := calls[i].Wait(ctx); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("page %v: %w", keys[i], err))
+			}
+		}
+		e.WriteBacks.Add(uint64(n))
+		keys, pages = keys[n:], pages[n:]
+	}
+	return errs
+}
