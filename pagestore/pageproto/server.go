@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/internal/netsrv"
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -67,8 +68,7 @@ type conn struct {
 	nc   net.Conn
 	rd   io.Reader     // nc, or nc tapped by the mirror
 	free chan *request // requests not in flight
-	out  chan *request // completed, waiting for the writer
-	dead atomic.Bool
+	bw   *pipeline.BatchWriter
 }
 
 func (s *Server) log() *slog.Logger {
@@ -118,29 +118,22 @@ func (s *Server) serveConn(nc net.Conn) {
 		defer st.Close()
 		rd = mirror.Conn{Conn: nc, S: st}
 	}
-	c := &conn{nc: nc, rd: rd, free: make(chan *request, s.MaxInFlight), out: make(chan *request, s.MaxInFlight)}
+	c := &conn{nc: nc, rd: rd, free: make(chan *request, s.MaxInFlight)}
+	// Replies are appended by the workers; the writer goroutine writes
+	// whatever accumulated during its previous write.
+	c.bw = pipeline.NewBatchWriter(nc, 512<<10, func(error) { nc.Close() })
 	for i := 0; i < s.MaxInFlight; i++ {
 		c.free <- &request{c: c}
 	}
-	done := make(chan struct{})
-	go func() {
-		s.writeLoop(c)
-		close(done)
-	}()
-	s.readLoop(c)
-	<-done
-}
-
-func (s *Server) readLoop(c *conn) {
 	err := s.read(c)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		s.log().Warn("pageproto: closing connection", "remote", c.nc.RemoteAddr().String(), "err", err)
+		s.log().Warn("pageproto: closing connection", "remote", nc.RemoteAddr().String(), "err", err)
 	}
-	// Wait for every request to come back, then let the writer finish.
+	// Wait for every request to come back, then flush the replies owed.
 	for i := 0; i < s.MaxInFlight; i++ {
 		<-c.free
 	}
-	close(c.out)
+	c.bw.Close()
 }
 
 func (s *Server) read(c *conn) error {
@@ -155,7 +148,7 @@ func (s *Server) read(c *conn) error {
 			return err
 		}
 		if err := h.DecodeRequest(b); err != nil {
-			// Replies already owed are still sent; readLoop then closes.
+			// Replies already owed are still sent; serveConn then closes.
 			return err
 		}
 		r.Discard(HeaderSize)
@@ -173,9 +166,15 @@ func (s *Server) read(c *conn) error {
 
 func (s *Server) worker() {
 	defer s.wwg.Done()
+	var hb [HeaderSize]byte
 	for req := range s.queue {
 		s.execute(req)
-		req.c.out <- req
+		req.hdr.EncodeResponse(hb[:])
+		if buf, err := req.c.bw.Begin(); err == nil {
+			buf = append(buf, hb[:]...)
+			req.c.bw.End(append(buf, req.data[:req.hdr.ResponsePayloadLen()]...))
+		}
+		req.c.free <- req
 	}
 }
 
@@ -216,27 +215,4 @@ func statusOf(err error) Status {
 		return StatusInternal
 	}
 	return StatusIO
-}
-
-func (s *Server) writeLoop(c *conn) {
-	w := bufio.NewWriterSize(c.nc, 128<<10)
-	var hb [HeaderSize]byte
-	for req := range c.out {
-		if !c.dead.Load() {
-			req.hdr.EncodeResponse(hb[:])
-			w.Write(hb[:])
-			if n := req.hdr.ResponsePayloadLen(); n > 0 {
-				w.Write(req.data[:n])
-			}
-			if len(c.out) == 0 {
-				if err := w.Flush(); err != nil {
-					c.dead.Store(true)
-					c.nc.Close()
-				}
-			}
-		}
-		c.free <- req
-	}
-	w.Flush()
-	c.nc.Close()
 }
