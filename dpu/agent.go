@@ -25,9 +25,16 @@ type Agent struct {
 	stop    chan struct{}
 	done    chan struct{}
 
+	// Resident, if set, tells whether the host cache holds a page (only
+	// an agent inside the host process can ask); it is used to count
+	// Host View false negatives, never to decide.
+	Resident func(memnode.Key) bool
+
 	// Counters.
 	Parsed, Prefetches, Skipped, LostStreams, QueueDrops atomic.Uint64
 	Evictions                                            atomic.Uint64
+	// FalseNegatives counts prefetches of pages the host cache held.
+	FalseNegatives atomic.Uint64
 }
 
 // maxPending bounds parsed accesses waiting for the prefetcher; past it
@@ -144,6 +151,9 @@ func (a *Agent) loop() {
 					continue
 				}
 				a.Prefetches.Add(1)
+				if a.Resident != nil && a.Resident(memnode.Key(k)) {
+					a.FalseNegatives.Add(1)
+				}
 				a.engine.Prefetch(memnode.Key(k))
 			}
 		}

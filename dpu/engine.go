@@ -35,8 +35,9 @@ type Engine struct {
 	lz *loadingzone.Zone
 
 	mu       sync.Mutex // orders invalidation, write queueing and prefetch issue
-	inflight map[memnode.Key]uint64
+	inflight map[memnode.Key]*flight
 	gen      uint64
+	flights  sync.Pool
 
 	bufs  chan []byte  // free prefetch buffers; bounds prefetches in flight
 	compl chan pending // prefetches in issue order, for the completion loop
@@ -48,13 +49,27 @@ type Engine struct {
 	// Counters.
 	Issued, Placed, Deduped, Throttled, Stale, Failed atomic.Uint64
 	HostReads, WriteBacks                             atomic.Uint64
+	// Joined counts host misses served by waiting for a prefetch in flight.
+	Joined atomic.Uint64
+	// FalsePositives counts host misses on keys Host View claimed the host
+	// held: the agent skipped a prefetch it should have issued.
+	FalsePositives atomic.Uint64
 }
 
 type pending struct {
 	k    memnode.Key
-	gen  uint64
+	f    *flight
 	call memnode.Call
 	buf  []byte
+}
+
+// flight is a prefetch in flight. Host misses on its key wait for it
+// (done closes when it is placed or given up) instead of reading the page a
+// second time.
+type flight struct {
+	gen     uint64
+	waiters int // guarded by Engine.mu
+	done    chan struct{}
 }
 
 var _ pagestore.Remote = (*Engine)(nil)
@@ -68,7 +83,7 @@ func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInF
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		c: c, hv: hv, lz: lz,
-		inflight: make(map[memnode.Key]uint64, maxInFlight),
+		inflight: make(map[memnode.Key]*flight, maxInFlight),
 		bufs:     make(chan []byte, maxInFlight),
 		compl:    make(chan pending, maxInFlight),
 		ctx:      ctx, cancel: cancel,
@@ -77,6 +92,7 @@ func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInF
 	for i := 0; i < maxInFlight; i++ {
 		e.bufs <- make([]byte, memnode.PageSize)
 	}
+	e.flights.New = func() any { return new(flight) }
 	go e.completions()
 	return e
 }
@@ -106,12 +122,13 @@ func (e *Engine) Prefetch(k memnode.Key) {
 		return
 	}
 	e.gen++
-	g := e.gen
-	e.inflight[k] = g
+	f := e.flights.Get().(*flight)
+	f.gen, f.waiters, f.done = e.gen, 0, nil
+	e.inflight[k] = f
 	call := e.c.PrefetchAsync(e.ctx, k, buf)
 	e.mu.Unlock()
 	e.Issued.Add(1)
-	e.compl <- pending{k, g, call, buf}
+	e.compl <- pending{k, f, call, buf}
 }
 
 func (e *Engine) completions() {
@@ -119,7 +136,7 @@ func (e *Engine) completions() {
 	for p := range e.compl {
 		err := p.call.Wait(e.ctx)
 		e.mu.Lock()
-		if e.inflight[p.k] != p.gen {
+		if e.inflight[p.k] != p.f {
 			// A write-back of the key was queued meanwhile: this page may
 			// predate it and must not be served.
 			e.Stale.Add(1)
@@ -133,14 +150,43 @@ func (e *Engine) completions() {
 				e.Placed.Add(1)
 			}
 		}
+		if p.f.done != nil {
+			close(p.f.done) // waiters look in the Loading Zone now
+		}
 		e.mu.Unlock()
+		e.flights.Put(p.f) // waiters keep only the channel
 		e.bufs <- p.buf
 	}
 }
 
-// ReadPage implements pagestore.Remote: the host's own miss.
+// ReadPage implements pagestore.Remote: the host's own miss. If a
+// prefetch of k is in flight it waits for that instead of reading k again.
 func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+	e.mu.Lock()
+	if f, ok := e.inflight[k]; ok {
+		if f.done == nil {
+			f.done = make(chan struct{})
+		}
+		f.waiters++
+		done := f.done
+		e.mu.Unlock()
+		select {
+		case <-done:
+			if e.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+				e.Joined.Add(1)
+				return nil
+			}
+			// Stale or failed: read it ourselves.
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	} else {
+		e.mu.Unlock()
+	}
 	e.HostReads.Add(1)
+	if e.hv.Contains(uint64(k)) {
+		e.FalsePositives.Add(1)
+	}
 	if err := e.c.ReadAt(ctx, k.Volume(), k.Page()*memnode.PageSize, dst); err != nil {
 		return err
 	}

@@ -233,6 +233,12 @@ func (s *Store) lookup(k Key) (int32, bool) {
 	return f, ok
 }
 
+// Resident reports whether page k is in the cache now.
+func (s *Store) Resident(k Key) bool {
+	_, ok := s.lookup(k)
+	return ok
+}
+
 // Get copies page k into dst.
 func (s *Store) Get(ctx context.Context, k Key, dst []byte) error {
 	if len(dst) != PageSize {

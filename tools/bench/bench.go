@@ -41,6 +41,18 @@ type Result struct {
 	MemnodeRSS    uint64  `json:"memnode_rss_bytes,omitempty"`
 	MemnodeStored uint64  `json:"memnode_stored_bytes,omitempty"`
 	Errors        uint64  `json:"errors"`
+	// Counters are the host's metrics over the measured interval
+	// (counters as deltas, gauges at the end), without the pd3_ prefix.
+	Counters map[string]float64 `json:"counters,omitempty"`
+}
+
+// LZHitRatio is the share of cache misses served by the Loading Zone.
+func (r Result) LZHitRatio() float64 {
+	m := r.Counters["cache_misses_total"]
+	if m == 0 {
+		return 0
+	}
+	return r.Counters["cache_loadingzone_hits_total"] / m
 }
 
 // Report is what a benchmark prints.
@@ -82,11 +94,11 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\terrors\t")
+	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\terrors\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n",
 			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp,
-			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), x.Errors)
+			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), x.Errors)
 	}
 	tw.Flush()
 	keys := make([]string, 0, len(r.Ratios))

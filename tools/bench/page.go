@@ -145,7 +145,8 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	} else {
 		args = append(args, "--local", "--dpu", "none")
 	}
-	host, err := StartChild(ctx, opt.Exe, []string{"page server"}, args...)
+	args = append(args, "--metrics", "127.0.0.1:0")
+	host, err := StartChild(ctx, opt.Exe, []string{"page server", "metrics"}, args...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -213,6 +214,12 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 		}()
 	}
 	sleep(ctx, opt.Warmup)
+	m0, err := scrape(ctx, host.Addrs["metrics"])
+	if err != nil {
+		stop.Store(true)
+		wg.Wait()
+		return Result{}, err
+	}
 	cpu0 := host.CPU()
 	t0 := time.Now()
 	measuring.Store(true)
@@ -220,6 +227,7 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 	measuring.Store(false)
 	el := time.Since(t0)
 	cpu1 := host.CPU()
+	m1, err := scrape(ctx, host.Addrs["metrics"])
 	stop.Store(true)
 	wg.Wait()
 	var all hist.H
@@ -230,7 +238,10 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 		Ops: all.Count(), OpsPerSec: float64(all.Count()) / el.Seconds(),
 		GBytesPerSec: float64(all.Count()) * pageproto.PageSize / el.Seconds() / 1e9,
 		P50us:        us(all.Quantile(0.5)), P99us: us(all.Quantile(0.99)),
-		Errors: errs.Load(),
+		Errors: errs.Load(), Counters: delta(m0, m1),
+	}
+	if err != nil {
+		return r, err
 	}
 	if all.Count() > 0 {
 		r.HostCPUusOp = us(cpu1-cpu0) / float64(all.Count())

@@ -179,6 +179,9 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		c.Close()
 		return nil, fmt.Errorf("host: %w", err)
 	}
+	if h.Agent != nil {
+		h.Agent.Resident = st.Resident
+	}
 	h.Store = st
 	h.closers = append(h.closers, c.Close)
 	for _, vs := range cfg.Volumes {

@@ -28,6 +28,7 @@ type hostFlags struct {
 	local     bool
 	dpu       string
 	lz        string
+	metrics   string
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -42,6 +43,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process) or none (direct memory-node reads)")
 	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent)")
+	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
 }
@@ -100,7 +102,7 @@ back to the memory node first.`,
 				cfg.Memnode = node.Addr
 				fmt.Printf("pd3: memory node listening on %s (embedded)\n", node.Addr)
 			}
-			return runHost(ctx, cfg)
+			return runHost(ctx, cfg, f.metrics)
 		},
 	}
 	f.add(cmd, "use the memory node at ADDR instead of an embedded one")
@@ -124,17 +126,25 @@ func serveCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runHost(ctx, cfg)
+			return runHost(ctx, cfg, f.metrics)
 		},
 	}
 	f.add(cmd, "memory node address (host:port or unix:/path)")
 	return cmd
 }
 
-func runHost(ctx context.Context, cfg deploy.HostConfig) error {
+func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	h, err := deploy.StartHost(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if metrics != "" {
+		addr, err := h.ServeMetrics(ctx, metrics)
+		if err != nil {
+			h.Close(ctx)
+			return err
+		}
+		fmt.Printf("pd3: metrics listening on http://%s/metrics\n", addr)
 	}
 	if cfg.Local {
 		if err := bench.PrewarmStore(ctx, h.Store); err != nil {
