@@ -75,7 +75,8 @@ type flight struct {
 var _ pagestore.Remote = (*Engine)(nil)
 
 // NewEngine starts an engine with at most maxInFlight prefetches
-// outstanding.
+// outstanding. hv may be nil when nothing reads Host View (a host-side
+// prefetcher such as Leap).
 func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) *Engine {
 	if maxInFlight <= 0 {
 		maxInFlight = 1024
@@ -146,7 +147,9 @@ func (e *Engine) completions() {
 				e.Failed.Add(1)
 			} else {
 				e.lz.Place(uint64(p.k), p.buf)
-				e.hv.Add(uint64(p.k))
+				if e.hv != nil {
+					e.hv.Add(uint64(p.k))
+				}
 				e.Placed.Add(1)
 			}
 		}
@@ -184,6 +187,9 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 		e.mu.Unlock()
 	}
 	e.HostReads.Add(1)
+	if e.hv == nil {
+		return e.c.ReadAt(ctx, k.Volume(), k.Page()*memnode.PageSize, dst)
+	}
 	if e.hv.Contains(uint64(k)) {
 		e.FalsePositives.Add(1)
 	}
@@ -204,7 +210,9 @@ func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]b
 		e.mu.Lock()
 		for i := 0; i < n; i++ {
 			k := keys[i]
-			e.hv.Delete(uint64(k))
+			if e.hv != nil {
+				e.hv.Delete(uint64(k))
+			}
 			e.lz.Invalidate(uint64(k))
 			// Its completion will find no entry (or a newer prefetch's
 			// generation) and drop the page it read.

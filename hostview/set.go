@@ -113,6 +113,9 @@ func (sh *shard) has(i uint64, fp uint32) bool {
 	return z&highs != 0
 }
 
+// full is the load at which adds are refused.
+func (sh *shard) full() int { return int(float64((sh.mask+1)*slots) * 0.95) }
+
 func (sh *shard) slot(i uint64, j int) uint32 {
 	return uint32(sh.words[i*words+uint64(j/2)] >> (32 * (j % 2)))
 }
@@ -163,6 +166,12 @@ func (s *Set) Add(k uint64) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.containsLocked(i, fp) {
+		return false
+	}
+	if sh.n >= sh.full() {
+		// Past 95% load every insert would kick hundreds of entries before
+		// failing; refuse at once (a false negative: a redundant prefetch).
+		sh.dropped++
 		return false
 	}
 	sh.n++

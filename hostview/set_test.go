@@ -173,3 +173,16 @@ func BenchmarkContainsBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)*64/b.Elapsed().Seconds()/1e6, "Mlookups/s")
 }
+
+// TestOverfullRefusesQuickly: adds past the load limit fail at once and
+// count as dropped instead of kicking forever.
+func TestOverfullRefusesQuickly(t *testing.T) {
+	s := New(1000, 1)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := 0; i < 100000; i++ {
+		s.Add(rng.Uint64() | 1)
+	}
+	assert.Positive(t, s.Dropped())
+	assert.LessOrEqual(t, s.Len(), s.shards[0].full())
+	require.NoError(t, s.Check())
+}

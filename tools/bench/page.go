@@ -33,9 +33,10 @@ type PageOptions struct {
 }
 
 // PageSystems lists the systems Page knows: local (all data in host
-// memory), sync (cache + direct memory-node reads), pd3 (cache + embedded
-// DPU agent prefetching into the Loading Zone).
-var PageSystems = []string{"local", "sync", "pd3"}
+// memory), sync (cache + direct memory-node reads), leap (sync + Leap's
+// host-side prefetcher), pd3 (cache + embedded DPU agent prefetching into
+// the Loading Zone).
+var PageSystems = []string{"local", "sync", "leap", "pd3"}
 
 // Page runs random page GETs against each system and configuration.
 func Page(ctx context.Context, opt PageOptions) (*Report, error) {
@@ -86,13 +87,13 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 					}
 				}
 			}
-			for _, sys := range []string{"sync", "pd3"} {
+			for _, sys := range []string{"sync", "leap", "pd3"} {
 				r, ok := byName[sys]
 				if !ok {
 					continue
 				}
 				lz := uint64(0)
-				if sys == "pd3" {
+				if sys == "pd3" || sys == "leap" {
 					lz = opt.LZ
 				}
 				rep.Ratios["memnode_rss/stored:"+sys+suffix] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
@@ -119,6 +120,8 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	switch sys {
 	case "sync":
 		args = append(args, "--dpu", "none")
+	case "leap":
+		args = append(args, "--dpu", "none", "--prefetch", "leap", "--lz", strconv.FormatUint(opt.LZ, 10))
 	case "pd3":
 		args = append(args, "--dpu", "embedded", "--lz", strconv.FormatUint(opt.LZ, 10))
 	}

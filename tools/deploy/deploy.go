@@ -120,7 +120,10 @@ type HostConfig struct {
 	// "none"/"" (every miss is a direct memory-node read).
 	DPU string
 	// LZBytes is the Loading Zone size with an agent (default 16 MiB).
-	LZBytes   int64
+	LZBytes int64
+	// Prefetch selects a host-side prefetcher for DPU "none": "" or
+	// "leap" (Leap's majority-delta predictor over the host's misses).
+	Prefetch  string
 	Workers   int
 	OpTimeout time.Duration
 	Log       *slog.Logger
@@ -134,7 +137,8 @@ type Host struct {
 	PageAddr string
 	Volumes  []memnode.VolumeInfo
 	Agent    *dpu.Agent  // nil without an agent
-	Engine   *dpu.Engine // nil without an agent
+	Engine   *dpu.Engine // nil without an agent or host-side prefetcher
+	Leap     *dpu.Leap   // nil unless Prefetch is "leap"
 	Zone     *loadingzone.Zone
 	HostView *hostview.Set
 
@@ -163,11 +167,30 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	var remote pagestore.Remote = pagestore.MemnodeRemote{C: c}
 	switch cfg.DPU {
 	case "", "none":
+		switch cfg.Prefetch {
+		case "", "none":
+		case "leap":
+			if err := h.startEngine(cfg, &opt); err != nil {
+				c.Close()
+				return nil, err
+			}
+			h.Leap = dpu.NewLeap(h.Zone.Hits.Load)
+			remote = dpu.LeapRemote{Engine: h.Engine, L: h.Leap}
+		default:
+			c.Close()
+			return nil, fmt.Errorf("host: unknown --prefetch %q (leap or none)", cfg.Prefetch)
+		}
 	case "embedded":
-		if err := h.startAgent(cfg, &opt); err != nil {
+		if cfg.Prefetch != "" && cfg.Prefetch != "none" {
+			c.Close()
+			return nil, fmt.Errorf("host: --prefetch %s is a host-side prefetcher; use it with --dpu none", cfg.Prefetch)
+		}
+		if err := h.startEngine(cfg, &opt); err != nil {
 			c.Close()
 			return nil, err
 		}
+		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() dpu.Parser { return new(dpu.PageParser) })
+		opt.OnEvict = h.Agent.Evicted
 		remote = h.Engine
 	default:
 		c.Close()
@@ -264,10 +287,10 @@ func (h *Host) Close(ctx context.Context) error {
 	return err
 }
 
-// startAgent builds Host View, the Loading Zone (in an anonymous shared
-// region), the transfer engine and the agent, and points the store's miss
-// path and eviction notices at them.
-func (h *Host) startAgent(cfg HostConfig, opt *pagestore.Options) error {
+// startEngine builds Host View, the Loading Zone (in an anonymous shared
+// region) and the transfer engine, and points the store's miss path at the
+// Loading Zone.
+func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options) error {
 	lzBytes := cfg.LZBytes
 	if lzBytes == 0 {
 		lzBytes = 16 << 20
@@ -289,20 +312,23 @@ func (h *Host) startAgent(cfg HostConfig, opt *pagestore.Options) error {
 	if cache == 0 {
 		cache = pagestore.DefaultCacheBytes
 	}
-	hv := hostview.New(int(cache/pagestore.PageSize)+records+1024, 2)
-	z.OnDrop = func(k uint64) { hv.Delete(k) }
-	e := dpu.NewEngine(h.Client, hv, z, 1024)
-	a := dpu.NewAgent(hv, z, e, func() dpu.Parser { return new(dpu.PageParser) })
-	h.Agent, h.Engine, h.Zone, h.HostView = a, e, z, hv
+	var hv *hostview.Set
+	if cfg.DPU == "embedded" {
+		hv = hostview.New(int(cache/pagestore.PageSize)+records+1024, 2)
+		z.OnDrop = func(k uint64) { hv.Delete(k) }
+	}
+	h.Engine = dpu.NewEngine(h.Client, hv, z, 1024)
+	h.Zone, h.HostView = z, hv
 	h.closers = append(h.closers, region.Close)
 	opt.Prefetched = dpu.Prefetched{Z: z}
-	opt.OnEvict = a.Evicted
 	return nil
 }
 
 func (h *Host) stopAgent() {
 	if h.Agent != nil {
 		h.Agent.Close()
+	}
+	if h.Engine != nil {
 		h.Engine.Close()
 	}
 }

@@ -43,3 +43,30 @@ func TestParseVolume(t *testing.T) {
 		assert.Error(t, err, bad)
 	}
 }
+
+// TestLeapPrefetchesSequentialScans: a sequential read is predicted and
+// served from the Loading Zone; without a trend nothing is prefetched.
+func TestLeapPrefetchesSequentialScans(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	h, err := StartHost(ctx, HostConfig{
+		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 4 << 20}},
+		CacheBytes: 16 * 4096, PageListen: "127.0.0.1:0", Prefetch: "leap",
+	})
+	require.NoError(t, err)
+	defer h.Close(ctx)
+	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	buf := make([]byte, 4096)
+	for p := uint64(0); p < 400; p++ {
+		require.NoError(t, c.Get(ctx, memnode.MakeKey(1, p), buf))
+	}
+	assert.Positive(t, h.Leap.Predictions.Load())
+	assert.Greater(t, h.Store.Stats().PrefetchHits, uint64(200), "most of a sequential scan comes from the Loading Zone")
+
+	_, err = StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
+	assert.ErrorContains(t, err, "use it with --dpu none")
+}

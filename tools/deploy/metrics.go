@@ -37,13 +37,20 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("page_requests_total", "Page-protocol requests executed.", load(&h.Page.Requests))
 		counter("page_errors_total", "Page-protocol requests that failed.", load(&h.Page.Errors))
 	}
-	if h.Agent != nil {
-		a, e, z := h.Agent, h.Engine, h.Zone
+	if a := h.Agent; a != nil {
 		counter("agent_parsed_total", "Page accesses parsed from mirrored requests.", load(&a.Parsed))
 		counter("agent_skipped_cached_total", "Parsed reads Host View said the host holds.", load(&a.Skipped))
 		counter("agent_lost_streams_total", "Mirrored connections the parser could not follow.", load(&a.LostStreams))
 		counter("agent_queue_drops_total", "Parsed accesses dropped because the agent lagged.", load(&a.QueueDrops))
 		counter("agent_eviction_notices_total", "Host cache evictions reported to the agent.", load(&a.Evictions))
+		counter("hostview_false_negatives_total", "Prefetches of pages the host cache held.", load(&a.FalseNegatives))
+	}
+	if l := h.Leap; l != nil {
+		counter("leap_predictions_total", "Host misses in which Leap found a trend.", load(&l.Predictions))
+		counter("leap_predicted_pages_total", "Pages Leap asked to prefetch.", load(&l.Predicted))
+	}
+	if h.Engine != nil {
+		e, z := h.Engine, h.Zone
 		counter("prefetch_issued_total", "Prefetches sent to the memory node.", load(&e.Issued))
 		counter("prefetch_placed_total", "Prefetched pages placed in the Loading Zone.", load(&e.Placed))
 		counter("prefetch_consumed_total", "Prefetched pages taken by the host.", load(&z.Hits))
@@ -56,8 +63,9 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("prefetch_joined_total", "Host misses that waited for a prefetch in flight instead of reading.", load(&e.Joined))
 		counter("remote_reads_via_agent_total", "Host misses read through the transfer engine.", load(&e.HostReads))
 		counter("hostview_false_positives_total", "Host misses on keys Host View said were held.", load(&e.FalsePositives))
-		counter("hostview_false_negatives_total", "Prefetches of pages the host cache held.", load(&a.FalseNegatives))
-		gauge("hostview_keys", "Keys in Host View.", func() float64 { return float64(h.HostView.Len()) })
+		if h.HostView != nil {
+			gauge("hostview_keys", "Keys in Host View.", func() float64 { return float64(h.HostView.Len()) })
+		}
 		gauge("loadingzone_unconsumed", "Pages waiting in the Loading Zone.", func() float64 { return float64(z.Unconsumed()) })
 	}
 	return r

@@ -93,10 +93,10 @@ func benchCmd() *cobra.Command {
 		},
 	}
 	fl := page.Flags()
-	fl.StringVar(&systems, "systems", "local,sync,pd3", "systems to compare: "+strings.Join(bench.PageSystems, ","))
+	fl.StringVar(&systems, "systems", "local,sync,leap,pd3", "systems to compare: "+strings.Join(bench.PageSystems, ","))
 	fl.StringVar(&dataset, "dataset", "1GiB", "bytes of pages")
 	fl.StringVar(&cache, "cache", "64MiB", "host cache")
-	fl.StringVar(&lzs, "lz", "16MiB", "Loading Zone size for pd3")
+	fl.StringVar(&lzs, "lz", "16MiB", "Loading Zone size for pd3 and leap")
 	fl.IntVar(&popt.Clients, "clients", 4, "client connections")
 	fl.IntVar(&popt.Depth, "depth", 8, "requests in flight per connection")
 	fl.DurationVar(&popt.Duration, "duration", 10*time.Second, "measurement time per system")

@@ -29,6 +29,7 @@ type hostFlags struct {
 	dpu       string
 	lz        string
 	metrics   string
+	prefetch  string
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -42,7 +43,8 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default GOMAXPROCS)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process) or none (direct memory-node reads)")
-	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent)")
+	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
+	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
@@ -51,7 +53,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
-		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu,
+		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch,
 	}
 	lz, err := units.ParseSize(f.lz)
 	if err != nil {
@@ -154,8 +156,11 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	for _, v := range h.Volumes {
 		fmt.Printf("pd3: volume %s id %d size %s\n", v.Name, v.ID, units.FormatSize(v.Size))
 	}
-	if h.Agent != nil {
+	switch {
+	case h.Agent != nil:
 		fmt.Printf("pd3: DPU agent embedded (Loading Zone %d pages)\n", h.Zone.Records())
+	case h.Leap != nil:
+		fmt.Printf("pd3: no DPU agent; Leap prefetches on the host (Loading Zone %d pages)\n", h.Zone.Records())
 	}
 	if h.PageAddr != "" {
 		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)

@@ -1,0 +1,124 @@
+package dpu
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Leap is the host-side prefetcher of Leap (Al Maruf & Chowdhury, ATC'20),
+// the baseline PD3 compares against: it predicts from the history of the
+// host's own misses, not from requests it has not executed yet.
+//
+// It keeps the last 32 page deltas, looks for a majority delta
+// (Boyer–Moore) in the most recent 8, then 16, then 32, and on a trend Δ
+// prefetches page + i·Δ for i = 1..depth. The depth follows the prefetch
+// hits since the last prediction: hits + 2 rounded up to a power of two,
+// clamped to [4, 8], and never below half the previous depth.
+type Leap struct {
+	mu      sync.Mutex
+	hist    [32]int64
+	n       int // deltas recorded (saturates at len(hist))
+	pos     int // next write position in hist
+	last    uint64
+	started bool
+	depth   int
+	hits    func() uint64 // cumulative prefetch hits (Loading Zone)
+	lastHit uint64
+
+	// Predictions counts misses that found a trend; Predicted counts
+	// pages proposed.
+	Predictions, Predicted atomic.Uint64
+}
+
+// NewLeap returns a predictor; hits reports cumulative prefetch hits.
+func NewLeap(hits func() uint64) *Leap { return &Leap{hits: hits, depth: 4} }
+
+// Miss records a host miss on page (a page number or key) and appends the
+// pages to prefetch to out.
+func (l *Leap) Miss(page uint64, out []uint64) []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.started {
+		l.hist[l.pos] = int64(page - l.last)
+		l.pos = (l.pos + 1) % len(l.hist)
+		l.n = min(l.n+1, len(l.hist))
+	}
+	l.last, l.started = page, true
+	delta, ok := l.trend()
+	if !ok {
+		return out
+	}
+	h := l.hits()
+	recent := h - l.lastHit
+	l.lastHit = h
+	d := 4
+	for d < int(recent)+2 {
+		d <<= 1
+	}
+	d = min(max(d, 4, l.depth/2), 8)
+	l.depth = d
+	l.Predictions.Add(1)
+	for i := 1; i <= d; i++ {
+		out = append(out, page+uint64(int64(i)*delta))
+	}
+	l.Predicted.Add(uint64(d))
+	return out
+}
+
+// trend finds a majority delta in the most recent 8, 16 or 32 deltas.
+func (l *Leap) trend() (int64, bool) {
+	for _, w := range [...]int{8, 16, 32} {
+		if l.n < w {
+			return 0, false
+		}
+		var cand int64
+		count := 0
+		for i := 1; i <= w; i++ {
+			d := l.hist[(l.pos-i+len(l.hist))%len(l.hist)]
+			switch {
+			case count == 0:
+				cand, count = d, 1
+			case d == cand:
+				count++
+			default:
+				count--
+			}
+		}
+		// Boyer–Moore gives a candidate; confirm it is a true majority.
+		occ := 0
+		for i := 1; i <= w; i++ {
+			if l.hist[(l.pos-i+len(l.hist))%len(l.hist)] == cand {
+				occ++
+			}
+		}
+		if occ > w/2 && cand != 0 {
+			return cand, true
+		}
+	}
+	return 0, false
+}
+
+// LeapRemote runs Leap on the host's misses and prefetches through an
+// Engine into the Loading Zone; reads and write-backs go to the Engine.
+type LeapRemote struct {
+	*Engine
+	L *Leap
+}
+
+var _ pagestore.Remote = LeapRemote{}
+
+// ReadPage implements pagestore.Remote.
+func (r LeapRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+	var buf [8]uint64
+	for _, p := range r.L.Miss(uint64(k), buf[:0]) {
+		pk := memnode.Key(p)
+		if pk.Volume() == k.Volume() { // never run off into another volume
+			r.Engine.Prefetch(pk)
+		}
+	}
+	return r.Engine.ReadPage(ctx, k, dst)
+}
