@@ -144,7 +144,7 @@ func TestBenchSmoke(t *testing.T) {
 	require.NoError(t, err, out)
 	rep = bench.Report{}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	assert.Len(t, rep.Results, 6, "3 systems × 2 distributions")
+	assert.Len(t, rep.Results, 8, "4 systems × 2 distributions")
 	assert.Contains(t, rep.Ratios, "pd3/sync@dist=zipf:0.99 T=GOMAXPROCS")
 	for _, r := range rep.Results {
 		assert.Zero(t, r.Errors)
