@@ -19,8 +19,9 @@ import (
 //	      epoch is not the one they attached to
 //	  32  tail: records ever produced (slot = tail mod N)
 //	  40  heartbeat: producer liveness counter
-//	index, M words: (slot+1)<<32 | low 32 bits of the record's generation;
-//	      0 = empty. Key k may sit at index positions h1(k) or h2(k).
+//	index, M words in buckets of 4: (slot+1)<<40 | tag<<24 | low 24 bits
+//	      of the record's generation, 0 = empty; tag is 16 bits of the
+//	      key's hash. Key k may sit in any entry of buckets b1(k), b2(k).
 //	records, N × (64-byte header + 4096 data)
 //	  0   state: generation<<8 | Empty/Writing/Produced/Consumed/Dropped
 //	  8   key
@@ -160,10 +161,18 @@ func mix(k uint64) uint64 {
 	return k
 }
 
-func (z *Zone) candidates(k uint64) (uint64, uint64) {
+const bucketWords = 4
+
+// candidates returns the first index word of k's two buckets and k's tag.
+func (z *Zone) candidates(k uint64) (b1, b2, tag uint64) {
 	h := mix(k)
-	return h & z.imask, (h >> 32) & z.imask
+	nb := (z.imask + 1) / bucketWords
+	b1 = (h % nb) * bucketWords
+	b2 = ((h >> 32) % nb) * bucketWords
+	return b1, b2, h >> 48
 }
+
+func entry(slot, tag, gen uint64) uint64 { return (slot+1)<<40 | tag<<24 | gen&0xffffff }
 
 // live reports whether index entry e points at a record that is Produced
 // with e's generation; it returns the slot and the record's state.
@@ -171,28 +180,49 @@ func (z *Zone) live(e uint64) (slot, st uint64, ok bool) {
 	if e == 0 {
 		return 0, 0, false
 	}
-	slot = e>>32 - 1
+	slot = e>>40 - 1
 	if slot >= z.n {
 		return 0, 0, false
 	}
 	st = z.state(slot).Load()
-	return slot, st, st&0xff == stProduced && uint32(st>>8) == uint32(e)
+	return slot, st, st&0xff == stProduced && (st>>8)&0xffffff == e&0xffffff
+}
+
+// each calls f on the 8 index positions of k's buckets until f says stop.
+func (z *Zone) each(k uint64, f func(i, tag uint64) bool) {
+	b1, b2, tag := z.candidates(k)
+	for _, b := range [2]uint64{b1, b2} {
+		for i := b; i < b+bucketWords; i++ {
+			if !f(i, tag) {
+				return
+			}
+		}
+		if b1 == b2 {
+			return
+		}
+	}
 }
 
 // CheckAndReturn copies the prefetched page k into dst (PageSize bytes) and
 // returns PageSize, consuming the record; it returns 0 if the zone does not
 // hold k. It never blocks and never returns a torn or reclaimed page.
 func (z *Zone) CheckAndReturn(k uint64, dst []byte) int {
-	i1, i2 := z.candidates(k)
-	for _, i := range [2]uint64{i1, i2} {
-		slot, st, ok := z.live(z.idx(i).Load())
-		if !ok || z.key(slot).Load() != k {
-			continue
-		}
-		copy(dst[:PageSize], z.data(slot))
-		if z.state(slot).CompareAndSwap(st, st&^0xff|stConsumed) {
-			z.Hits.Add(1)
-			return PageSize
+	b1, b2, tag := z.candidates(k)
+	for _, b := range [2]uint64{b1, b2} {
+		for i := b; i < b+bucketWords; i++ {
+			e := z.idx(i).Load()
+			if (e>>24)&0xffff != tag {
+				continue
+			}
+			slot, st, ok := z.live(e)
+			if !ok || z.key(slot).Load() != k {
+				continue
+			}
+			copy(dst[:PageSize], z.data(slot))
+			if z.state(slot).CompareAndSwap(st, st&^0xff|stConsumed) {
+				z.Hits.Add(1)
+				return PageSize
+			}
 		}
 	}
 	z.Misses.Add(1)
@@ -222,34 +252,40 @@ func (z *Zone) Place(k uint64, page []byte) {
 	sw.Store(gen<<8 | stProduced)
 
 	// Publish. An older record of the same key is superseded silently
-	// (its key stays in Host View through this one). Prefer a candidate
-	// position that is free or stale; if both hold other live keys, the
-	// first one's record becomes unreachable (counted; when it is
-	// reclaimed OnDrop tells Host View).
-	e := (slot+1)<<32 | gen&0xffffffff
-	i1, i2 := z.candidates(k)
-	foreign := [2]bool{}
-	for x, i := range [2]uint64{i1, i2} {
-		old, ost, ok := z.live(z.idx(i).Load())
-		if !ok || old == slot {
-			continue
+	// (its key stays in Host View through this one). The entry goes to
+	// a free or stale position of whichever of k's two buckets has more
+	// of them (two-choice balancing keeps overflow negligible); if all 8
+	// hold other live keys, the first one's record becomes unreachable
+	// (counted; when reclaimed, OnDrop tells Host View).
+	b1, b2, tag := z.candidates(k)
+	var free [2]int
+	var first [2]uint64
+	for x, b := range [2]uint64{b1, b2} {
+		for i := b + bucketWords - 1; ; i-- {
+			old, ost, ok := z.live(z.idx(i).Load())
+			if ok && old != slot && z.key(old).Load() == k {
+				z.state(old).CompareAndSwap(ost, ost&^0xff|stDropped)
+				ok = false
+			}
+			if !ok {
+				free[x]++
+				first[x] = i
+			}
+			if i == b {
+				break
+			}
 		}
-		if z.key(old).Load() == k {
-			z.state(old).CompareAndSwap(ost, ost&^0xff|stDropped)
-			z.idx(i).Store(0)
-			continue
-		}
-		foreign[x] = true
 	}
-	pos := i1
+	pos := b1
 	switch {
-	case !foreign[0]:
-	case !foreign[1]:
-		pos = i2
+	case free[0] >= free[1] && free[0] > 0:
+		pos = first[0]
+	case free[1] > 0:
+		pos = first[1]
 	default:
 		z.IndexLost.Add(1)
 	}
-	z.idx(pos).Store(e)
+	z.idx(pos).Store(entry(slot, tag, gen))
 	z.tail.Store(t + 1)
 	z.Placed.Add(1)
 }
@@ -261,18 +297,22 @@ func (z *Zone) Invalidate(k uint64) bool {
 	z.pmu.Lock()
 	defer z.pmu.Unlock()
 	dropped := false
-	i1, i2 := z.candidates(k)
-	for _, i := range [2]uint64{i1, i2} {
-		slot, st, ok := z.live(z.idx(i).Load())
+	z.each(k, func(i, tag uint64) bool {
+		e := z.idx(i).Load()
+		if (e>>24)&0xffff != tag {
+			return true
+		}
+		slot, st, ok := z.live(e)
 		if !ok || z.key(slot).Load() != k {
-			continue
+			return true
 		}
 		if z.state(slot).CompareAndSwap(st, st&^0xff|stDropped) {
 			dropped = true
 			z.Invalidated.Add(1)
 		}
 		z.idx(i).Store(0)
-	}
+		return true
+	})
 	return dropped
 }
 
@@ -302,8 +342,9 @@ func (z *Zone) Check() error {
 			return fmt.Errorf("loadingzone: record %d indexed at %d and %d", slot, j, i)
 		}
 		seen[slot] = i
-		i1, i2 := z.candidates(z.key(slot).Load())
-		if i != i1 && i != i2 {
+		b1, b2, tag := z.candidates(z.key(slot).Load())
+		inB := func(b uint64) bool { return i >= b && i < b+bucketWords }
+		if !inB(b1) && !inB(b2) || (z.idx(i).Load()>>24)&0xffff != tag {
 			return fmt.Errorf("loadingzone: record %d (key %#x) indexed at foreign position %d", slot, z.key(slot).Load(), i)
 		}
 	}

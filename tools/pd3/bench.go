@@ -122,6 +122,34 @@ func benchCmd() *cobra.Command {
 	hv.Flags().IntVar(&hvopt.Keys, "keys", 100_000_000, "keys in the set")
 	hv.Flags().IntVar(&hvopt.Lookups, "lookups", 20_000_000, "lookups per row")
 
+	var lzopt bench.LZOptions
+	var threads string
+	lzc := &cobra.Command{
+		Use:   "loadingzone",
+		Short: "CheckAndReturn hits/s vs a mutex+map and a lock-free scanned ring (PD3 Fig. 8)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lzopt.Threads = nil
+			for _, s := range strings.Split(threads, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(s))
+				if err != nil || n < 1 {
+					return fmt.Errorf("--threads: bad value %q", s)
+				}
+				lzopt.Threads = append(lzopt.Threads, n)
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.LoadingZone(ctx, lzopt)
+			if err != nil {
+				return err
+			}
+			return rep.Print(os.Stdout, asJSON)
+		},
+	}
+	lzc.Flags().StringVar(&threads, "threads", "1,2,4,8,16", "consumer goroutines, comma-separated")
+	lzc.Flags().IntVar(&lzopt.Records, "records", 16384, "pages in the zone")
+	lzc.Flags().IntVar(&lzopt.Rounds, "rounds", 5, "fill-and-drain rounds per row")
+
 	var listen string
 	var region uint64
 	raw := &cobra.Command{
@@ -139,6 +167,6 @@ func benchCmd() *cobra.Command {
 	}
 	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
-	cmd.AddCommand(transport, page, hv, raw)
+	cmd.AddCommand(transport, page, hv, lzc, raw)
 	return cmd
 }
