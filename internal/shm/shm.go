@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -119,4 +120,34 @@ func U64(b []byte, off int) *atomic.Uint64 {
 		panic(fmt.Sprintf("shm: bad word offset %d in %d bytes", off, len(b)))
 	}
 	return (*atomic.Uint64)(unsafe.Pointer(&b[off]))
+}
+
+// U32 returns an atomic view of the 4 bytes at b[off:] (off a multiple of 4).
+func U32(b []byte, off int) *atomic.Uint32 {
+	if off%4 != 0 || off+4 > len(b) {
+		panic(fmt.Sprintf("shm: bad word offset %d in %d bytes", off, len(b)))
+	}
+	return (*atomic.Uint32)(unsafe.Pointer(&b[off]))
+}
+
+const (
+	futexWait = 0
+	futexWake = 1
+)
+
+// FutexWait sleeps while *w == val, for at most timeout (0: no limit). It
+// works across processes that map the same region (a shared futex). It
+// returns on wake-up, timeout, signal or a changed value; callers re-check.
+func FutexWait(w *atomic.Uint32, val uint32, timeout time.Duration) {
+	var ts *unix.Timespec
+	if timeout > 0 {
+		t := unix.NsecToTimespec(int64(timeout))
+		ts = &t
+	}
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWait, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+}
+
+// FutexWake wakes up to n sleepers on w.
+func FutexWake(w *atomic.Uint32, n int) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWake, uintptr(n), 0, 0, 0)
 }

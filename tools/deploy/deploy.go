@@ -139,6 +139,7 @@ type Host struct {
 	Agent    *dpu.Agent  // nil without an agent
 	Engine   *dpu.Engine // nil without an agent or host-side prefetcher
 	Leap     *dpu.Leap   // nil unless Prefetch is "leap"
+	Link     *dpu.Link   // nil unless DPU is "shm:NAME"
 	Zone     *loadingzone.Zone
 	HostView *hostview.Set
 
@@ -193,8 +194,18 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		opt.OnEvict = h.Agent.Evicted
 		remote = h.Engine
 	default:
-		c.Close()
-		return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded or none)", cfg.DPU)
+		name, ok := strings.CutPrefix(cfg.DPU, "shm:")
+		if !ok || name == "" {
+			c.Close()
+			return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded, none or shm:NAME)", cfg.DPU)
+		}
+		// A separate agent process: the host keeps its direct memnode
+		// connection for whenever the agent is absent or dead.
+		h.Link = dpu.OpenLink(name, pagestore.MemnodeRemote{C: c})
+		h.closers = append(h.closers, func() error { h.Link.Close(); return nil })
+		opt.Prefetched = h.Link
+		opt.OnEvict = h.Link.Evicted
+		remote = h.Link
 	}
 	st, err := pagestore.New(remote, opt)
 	if err != nil {
@@ -258,8 +269,11 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
 	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log}
-	if h.Agent != nil {
+	switch {
+	case h.Agent != nil:
 		h.Page.Mirror = h.Agent
+	case h.Link != nil:
+		h.Page.Mirror = h.Link
 	}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil

@@ -3,7 +3,6 @@ package deploy
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -11,50 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/anishathalye/porcupine"
+	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-type regInput struct {
-	put   bool
-	key   uint64
-	value uint64
-}
-
-// registerModel: every page is an independent register holding the version
-// last put (0 before any put).
-var registerModel = porcupine.Model{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		byKey := map[uint64][]porcupine.Operation{}
-		for _, op := range h {
-			k := op.Input.(regInput).key
-			byKey[k] = append(byKey[k], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(byKey))
-		for _, ops := range byKey {
-			out = append(out, ops)
-		}
-		return out
-	},
-	Init: func() any { return uint64(0) },
-	Step: func(state, input, output any) (bool, any) {
-		in := input.(regInput)
-		if in.put {
-			return true, in.value
-		}
-		return output.(uint64) == state.(uint64), state
-	},
-	DescribeOperation: func(input, output any) string {
-		in := input.(regInput)
-		if in.put {
-			return fmt.Sprintf("put(%d)=%d", in.key, in.value)
-		}
-		return fmt.Sprintf("get(%d)→%v", in.key, output)
-	},
-}
 
 func seed(t *testing.T) uint64 {
 	s := uint64(time.Now().UnixNano())
@@ -87,9 +48,7 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 			}()
 			const clients, opsPerClient, keys = 6, 700, 32
 			base := seed(t)
-			start := time.Now()
-			var mu sync.Mutex
-			var history []porcupine.Operation
+			hist := linearize.NewHistory()
 			var wg sync.WaitGroup
 			for c := 0; c < clients; c++ {
 				wg.Add(1)
@@ -104,8 +63,9 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 					buf := make([]byte, 4096)
 					for i := 0; i < opsPerClient; i++ {
 						k := memnode.MakeKey(1, uint64(rng.IntN(keys)))
-						var op porcupine.Operation
-						op.ClientId = c
+						var in linearize.Input
+						var out uint64
+						var call, ret int64
 						switch r := rng.IntN(10); {
 						case r == 0:
 							assert.NoError(t, cl.Sync(ctx))
@@ -113,40 +73,29 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 						case r < 4:
 							v := uint64(c)<<32 | uint64(i+1)
 							binary.LittleEndian.PutUint64(buf, v)
-							op.Input = regInput{put: true, key: uint64(k), value: v}
-							op.Call = int64(time.Since(start))
+							in = linearize.Input{Put: true, Key: uint64(k), Value: v}
+							call = hist.Now()
 							err = cl.Put(ctx, k, buf)
-							op.Return = int64(time.Since(start))
-							op.Output = uint64(0)
+							ret = hist.Now()
 						default:
-							op.Input = regInput{key: uint64(k)}
-							op.Call = int64(time.Since(start))
+							in = linearize.Input{Key: uint64(k)}
+							call = hist.Now()
 							err = cl.Get(ctx, k, buf)
-							op.Return = int64(time.Since(start))
-							op.Output = binary.LittleEndian.Uint64(buf)
+							ret = hist.Now()
+							out = binary.LittleEndian.Uint64(buf)
 						}
 						if !assert.NoError(t, err) {
 							return
 						}
-						mu.Lock()
-						history = append(history, op)
-						mu.Unlock()
+						hist.Add(c, in, out, call, ret)
 					}
 				}()
 			}
 			wg.Wait()
-			res, info := porcupine.CheckOperationsVerbose(registerModel, history, time.Minute)
-			if res != porcupine.Ok {
-				f, _ := os.CreateTemp("", "pd3-linearizability-*.html")
-				if f != nil {
-					porcupine.Visualize(registerModel, info, f)
-					f.Close()
-					t.Logf("history visualised in %s", f.Name())
-				}
-			}
-			require.Equal(t, porcupine.Ok, res, "history of %d operations is not linearizable", len(history))
+			ok, vis := hist.Check(time.Minute)
+			require.True(t, ok, "history of %d operations is not linearizable (see %s)", hist.Len(), vis)
 			st := h.Store.Stats()
-			t.Logf("%d ops; evictions %d, write-backs %d, Loading Zone hits %d", len(history), st.Evictions, st.WriteBacks, st.PrefetchHits)
+			t.Logf("%d ops; evictions %d, write-backs %d, Loading Zone hits %d", hist.Len(), st.Evictions, st.WriteBacks, st.PrefetchHits)
 			assert.Greater(t, st.Evictions, uint64(200), "the cache must churn")
 			if mode == "embedded" {
 				assert.Positive(t, st.PrefetchHits, "prefetched pages must be served")

@@ -2,13 +2,15 @@ package deploy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
 
+	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -37,36 +39,24 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("page_requests_total", "Page-protocol requests executed.", load(&h.Page.Requests))
 		counter("page_errors_total", "Page-protocol requests that failed.", load(&h.Page.Errors))
 	}
-	if a := h.Agent; a != nil {
-		counter("agent_parsed_total", "Page accesses parsed from mirrored requests.", load(&a.Parsed))
-		counter("agent_skipped_cached_total", "Parsed reads Host View said the host holds.", load(&a.Skipped))
-		counter("agent_lost_streams_total", "Mirrored connections the parser could not follow.", load(&a.LostStreams))
-		counter("agent_queue_drops_total", "Parsed accesses dropped because the agent lagged.", load(&a.QueueDrops))
-		counter("agent_eviction_notices_total", "Host cache evictions reported to the agent.", load(&a.Evictions))
-		counter("hostview_false_negatives_total", "Prefetches of pages the host cache held.", load(&a.FalseNegatives))
-	}
+	RegisterAgent(counter, gauge, h.Agent, h.Engine, h.Zone, h.HostView)
 	if l := h.Leap; l != nil {
 		counter("leap_predictions_total", "Host misses in which Leap found a trend.", load(&l.Predictions))
 		counter("leap_predicted_pages_total", "Pages Leap asked to prefetch.", load(&l.Predicted))
 	}
-	if h.Engine != nil {
-		e, z := h.Engine, h.Zone
-		counter("prefetch_issued_total", "Prefetches sent to the memory node.", load(&e.Issued))
-		counter("prefetch_placed_total", "Prefetched pages placed in the Loading Zone.", load(&e.Placed))
-		counter("prefetch_consumed_total", "Prefetched pages taken by the host.", load(&z.Hits))
-		counter("prefetch_dropped_unconsumed_total", "Prefetched pages reclaimed before the host took them.", load(&z.DroppedUnconsumed))
-		counter("prefetch_deduped_total", "Prefetches skipped because one was in flight.", load(&e.Deduped))
-		counter("prefetch_throttled_total", "Prefetches skipped because too many were in flight.", load(&e.Throttled))
-		counter("prefetch_stale_total", "Prefetched pages discarded because a write-back overtook them.", load(&e.Stale))
-		counter("prefetch_invalidated_total", "Loading Zone pages invalidated by write-backs.", load(&z.Invalidated))
-		counter("loadingzone_misses_total", "CheckAndReturn calls that found nothing.", load(&z.Misses))
-		counter("prefetch_joined_total", "Host misses that waited for a prefetch in flight instead of reading.", load(&e.Joined))
-		counter("remote_reads_via_agent_total", "Host misses read through the transfer engine.", load(&e.HostReads))
-		counter("hostview_false_positives_total", "Host misses on keys Host View said were held.", load(&e.FalsePositives))
-		if h.HostView != nil {
-			gauge("hostview_keys", "Keys in Host View.", func() float64 { return float64(h.HostView.Len()) })
-		}
-		gauge("loadingzone_unconsumed", "Pages waiting in the Loading Zone.", func() float64 { return float64(z.Unconsumed()) })
+	if l := h.Link; l != nil {
+		counter("link_attaches_total", "Times the host attached to a DPU agent process.", load(&l.Attaches))
+		counter("link_agent_deaths_total", "Times the attached agent stopped and the host went direct.", load(&l.Deaths))
+		counter("link_fallbacks_total", "Host reads/writes redone on the direct path because the agent was gone.", load(&l.Fallbacks))
+		counter("link_mirror_drops_total", "Mirrored connections cut because the agent's ring was full.", load(&l.MirrorDrops))
+		counter("link_agent_reads_total", "Host misses served through the agent.", load(&l.AgentReads))
+		counter("link_agent_writes_total", "Write-backs carried by the agent.", load(&l.AgentWrites))
+		gauge("link_attached", "1 while a live agent serves the host.", func() float64 {
+			if l.Attached() {
+				return 1
+			}
+			return 0
+		})
 	}
 	return r
 }
@@ -74,19 +64,60 @@ func (h *Host) Registry() *prometheus.Registry {
 // ServeMetrics serves /metrics on addr until ctx ends; it returns the
 // address it listens on.
 func (h *Host) ServeMetrics(ctx context.Context, addr string) (string, error) {
+	a, closer, err := ServeRegistry(ctx, addr, h.Registry())
+	if err != nil {
+		return "", err
+	}
+	h.closers = append(h.closers, closer)
+	return a, nil
+}
+
+// RegisterAgent adds the agent's, engine's and Loading Zone's metrics
+// (any may be nil) through the given constructors; the host and the pd3
+// dpu process share it.
+func RegisterAgent(counter func(string, string, func() uint64), gauge func(string, string, func() float64),
+	a *dpu.Agent, e *dpu.Engine, z *loadingzone.Zone, hv *hostview.Set) {
+	load := func(x *atomic.Uint64) func() uint64 { return x.Load }
+	if a != nil {
+		counter("agent_parsed_total", "Page accesses parsed from mirrored requests.", load(&a.Parsed))
+		counter("agent_skipped_cached_total", "Parsed reads Host View said the host holds.", load(&a.Skipped))
+		counter("agent_lost_streams_total", "Mirrored connections the parser could not follow.", load(&a.LostStreams))
+		counter("agent_queue_drops_total", "Parsed accesses dropped because the agent lagged.", load(&a.QueueDrops))
+		counter("agent_eviction_notices_total", "Host cache evictions reported to the agent.", load(&a.Evictions))
+		counter("hostview_false_negatives_total", "Prefetches of pages the host cache held (embedded agent only).", load(&a.FalseNegatives))
+	}
+	if e != nil {
+		counter("prefetch_issued_total", "Prefetches sent to the memory node.", load(&e.Issued))
+		counter("prefetch_placed_total", "Prefetched pages placed in the Loading Zone.", load(&e.Placed))
+		counter("prefetch_deduped_total", "Prefetches skipped because one was in flight.", load(&e.Deduped))
+		counter("prefetch_throttled_total", "Prefetches skipped because too many were in flight.", load(&e.Throttled))
+		counter("prefetch_stale_total", "Prefetched pages discarded because a write-back overtook them.", load(&e.Stale))
+		counter("prefetch_joined_total", "Host misses that waited for a prefetch in flight instead of reading.", load(&e.Joined))
+		counter("remote_reads_via_agent_total", "Host misses read through the transfer engine.", load(&e.HostReads))
+		counter("hostview_false_positives_total", "Host misses on keys Host View said were held.", load(&e.FalsePositives))
+	}
+	if z != nil {
+		counter("prefetch_consumed_total", "Prefetched pages taken by the host.", load(&z.Hits))
+		counter("prefetch_dropped_unconsumed_total", "Prefetched pages reclaimed before the host took them.", load(&z.DroppedUnconsumed))
+		counter("prefetch_invalidated_total", "Loading Zone pages invalidated by write-backs.", load(&z.Invalidated))
+		counter("loadingzone_misses_total", "CheckAndReturn calls that found nothing.", load(&z.Misses))
+		gauge("loadingzone_unconsumed", "Pages waiting in the Loading Zone.", func() float64 { return float64(z.Unconsumed()) })
+	}
+	if hv != nil {
+		gauge("hostview_keys", "Keys in Host View.", func() float64 { return float64(hv.Len()) })
+	}
+}
+
+// Handler serves a registry's metrics on /metrics at addr until ctx ends.
+func ServeRegistry(ctx context.Context, addr string, r *prometheus.Registry) (string, func() error, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", fmt.Errorf("metrics: %w", err)
+		return "", nil, fmt.Errorf("metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(h.Registry(), promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(r, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return
-		}
-	}()
+	go srv.Serve(ln)
 	context.AfterFunc(ctx, func() { srv.Close() })
-	h.closers = append(h.closers, srv.Close)
-	return ln.Addr().String(), nil
+	return ln.Addr().String(), srv.Close, nil
 }

@@ -3,17 +3,26 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/linearize"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -150,4 +159,95 @@ func TestBenchSmoke(t *testing.T) {
 		assert.Zero(t, r.Errors)
 		assert.Positive(t, r.OpsPerSec)
 	}
+}
+
+// TestSplitAgentKilledMidRun runs memory node, a pd3 dpu agent process and
+// pd3 serve --dpu shm:NAME; clients do GET/PUT/SYNC on a small, constantly
+// evicted working set while the agent is SIGKILLed and restarted twice.
+// Clients must see no error and the history must be linearizable.
+func TestSplitAgentKilledMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	name := fmt.Sprintf("test%d", os.Getpid())
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	agentArgs := []string{"dpu", "--memnode", node.Addrs["memory node"], "--shm", name, "--lz", "256KiB", "--cache", "64KiB"}
+	agent := start(t, []string{"dpu agent"}, agentArgs...)
+	host := start(t, []string{"page server", "metrics"}, "serve", "--memnode", node.Addrs["memory node"], "--dpu", "shm:"+name,
+		"--page", "127.0.0.1:0", "--volume", "disk0:1MiB", "--cache", "64KiB", "--workers", "4", "--metrics", "127.0.0.1:0")
+
+	ctx := context.Background()
+	hist := linearize.NewHistory()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := 0; c < 4; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl, err := pageproto.Dial(ctx, host.Addrs["page server"], pageproto.ClientOptions{})
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer cl.Close()
+			rng := rand.New(rand.NewPCG(uint64(c), 77))
+			buf := make([]byte, 4096)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := memnode.MakeKey(1, uint64(rng.IntN(48)))
+				var in linearize.Input
+				var out uint64
+				var err error
+				call := hist.Now()
+				switch r := rng.IntN(10); {
+				case r == 0:
+					if !assert.NoError(t, cl.Sync(ctx), "SYNC while the agent churns") {
+						return
+					}
+					continue
+				case r < 4:
+					v := uint64(c)<<32 | uint64(i+1)
+					binary.LittleEndian.PutUint64(buf, v)
+					in = linearize.Input{Put: true, Key: uint64(k), Value: v}
+					err = cl.Put(ctx, k, buf)
+				default:
+					in = linearize.Input{Key: uint64(k)}
+					err = cl.Get(ctx, k, buf)
+					out = binary.LittleEndian.Uint64(buf)
+				}
+				if !assert.NoError(t, err, "client-visible error while the agent churns") {
+					return
+				}
+				hist.Add(c, in, out, call, hist.Now())
+			}
+		}()
+	}
+	for round := 0; round < 2; round++ {
+		time.Sleep(700 * time.Millisecond)
+		p, _ := os.FindProcess(agent.Pid)
+		require.NoError(t, p.Signal(syscall.SIGKILL))
+		time.Sleep(500 * time.Millisecond) // the host notices and goes direct
+		agent = start(t, []string{"dpu agent"}, agentArgs...)
+	}
+	time.Sleep(700 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	require.Greater(t, hist.Len(), 1000)
+	ok, vis := hist.Check(time.Minute)
+	require.True(t, ok, "history of %d operations is not linearizable (see %s)", hist.Len(), vis)
+
+	out, err := http.Get(host.Addrs["metrics"])
+	require.NoError(t, err)
+	body, _ := io.ReadAll(out.Body)
+	out.Body.Close()
+	m := string(body)
+	assert.Contains(t, m, "pd3_link_agent_deaths_total 2")
+	assert.Contains(t, m, "pd3_link_attaches_total 3")
+	assert.Contains(t, m, "pd3_link_attached 1")
+	assert.Regexp(t, `pd3_cache_loadingzone_hits_total [1-9]`, m, "the agent's Loading Zone served misses")
+	assert.Regexp(t, `pd3_link_agent_writes_total [1-9]`, m, "write-backs went through the agent")
+	t.Logf("%d operations linearizable across 2 agent kills", hist.Len())
 }

@@ -42,7 +42,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default GOMAXPROCS)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
-	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process) or none (direct memory-node reads)")
+	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
 	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
 	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
@@ -159,6 +159,12 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	switch {
 	case h.Agent != nil:
 		fmt.Printf("pd3: DPU agent embedded (Loading Zone %d pages)\n", h.Zone.Records())
+	case h.Link != nil:
+		state := "attached"
+		if !h.Link.Attached() {
+			state = "not running yet: serving directly until it starts"
+		}
+		fmt.Printf("pd3: DPU agent process %s: %s\n", cfg.DPU, state)
 	case h.Leap != nil:
 		fmt.Printf("pd3: no DPU agent; Leap prefetches on the host (Loading Zone %d pages)\n", h.Zone.Records())
 	}

@@ -1,0 +1,666 @@
+package dpu
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/internal/shmring"
+	"github.com/pd3-go/pd3/loadingzone"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Split mode: the agent is its own process (pd3 dpu) and shares one named
+// region with the host:
+//
+//	0      header (4096 bytes): magic, epoch, heartbeat, ring size, LZ records
+//	4096   ring A, host → agent: mirrored bytes, eviction notices, the host's
+//	       page reads and write-backs
+//	...    ring B, agent → host: replies to reads and write-backs
+//	...    the Loading Zone
+//
+// The agent formats the region with a new epoch each time it starts and
+// bumps the heartbeat every few milliseconds. The host attaches to a region
+// whose heartbeat moves, and when it stops moving it declares the agent
+// dead: calls waiting on it are redone on the host's own memnode
+// connection, the Loading Zone is no longer consulted, and the host keeps
+// looking for a new epoch to re-attach to. The agent is an accelerator,
+// never a dependency.
+
+const (
+	splitMagic   = 0x5044335350_4c4954 // "PD3SPLIT"-ish
+	offSMagic    = 0
+	offSEpoch    = 8
+	offSBeat     = 16
+	offSRingSize = 24
+	offSRecords  = 32
+	splitHeader  = 4096
+
+	msgMirror = 'M'
+	msgClose  = 'C'
+	msgEvict  = 'E'
+	msgRead   = 'R'
+	msgWrite  = 'W'
+
+	replyOK  = 0
+	replyErr = 1
+
+	heartbeatEvery = 5 * time.Millisecond
+)
+
+func align4k(n int) int { return (n + 4095) &^ 4095 }
+
+type splitLayout struct{ ringSize, records, ringA, ringB, lz, total int }
+
+func layout(ringSize, records int) splitLayout {
+	l := splitLayout{ringSize: ringSize, records: records, ringA: splitHeader}
+	l.ringB = l.ringA + align4k(shmring.Bytes(ringSize))
+	l.lz = l.ringB + align4k(shmring.Bytes(ringSize))
+	l.total = l.lz + align4k(loadingzone.Size(records))
+	return l
+}
+
+// SplitAgentConfig configures RunSplitAgent.
+type SplitAgentConfig struct {
+	Name        string          // region name: /dev/shm/pd3-NAME
+	Client      *memnode.Client // the agent's memnode connection
+	LZRecords   int             // Loading Zone pages (default 4096)
+	HostPages   int             // host cache pages, to size Host View (default 16384)
+	RingBytes   int             // per ring (default 8 MiB)
+	Workers     int             // goroutines executing host reads/writes (default 64)
+	OnReady     func(epoch uint64)
+	MaxInFlight int // prefetches in flight (default 1024)
+}
+
+// SplitAgent is a running agent process's state (exposed for metrics).
+type SplitAgent struct {
+	Agent  *Agent
+	Engine *Engine
+	Zone   *loadingzone.Zone
+	HV     *hostview.Set
+	Epoch  uint64
+}
+
+// RunSplitAgent creates the region and serves the host through it until
+// ctx ends. ready, if non-nil, receives the agent's state once it serves.
+func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitAgent)) error {
+	if cfg.LZRecords <= 0 {
+		cfg.LZRecords = 4096
+	}
+	if cfg.HostPages <= 0 {
+		cfg.HostPages = 16384
+	}
+	if cfg.RingBytes <= 0 {
+		cfg.RingBytes = 8 << 20
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 64
+	}
+	lay := layout(cfg.RingBytes, cfg.LZRecords)
+	region, err := shm.Create(cfg.Name, lay.total)
+	if err != nil {
+		return err
+	}
+	defer region.Close()
+	defer region.Remove()
+	b := region.Bytes()
+	epoch := uint64(time.Now().UnixNano())
+	ra, err := shmring.Attach(b[lay.ringA:], cfg.RingBytes)
+	if err != nil {
+		return err
+	}
+	rb, err := shmring.Attach(b[lay.ringB:], cfg.RingBytes)
+	if err != nil {
+		return err
+	}
+	z, err := loadingzone.Format(b[lay.lz:], cfg.LZRecords, epoch)
+	if err != nil {
+		return err
+	}
+	hv := hostview.New(cfg.HostPages+cfg.LZRecords+1024, 2)
+	z.OnDrop = func(k uint64) { hv.Delete(k) }
+	e := NewEngine(cfg.Client, hv, z, cfg.MaxInFlight)
+	defer e.Close()
+	a := NewAgent(hv, z, e, func() Parser { return new(PageParser) })
+	defer a.Close()
+
+	shm.U64(b, offSRingSize).Store(uint64(cfg.RingBytes))
+	shm.U64(b, offSRecords).Store(uint64(cfg.LZRecords))
+	shm.U64(b, offSEpoch).Store(epoch)
+	shm.U64(b, offSMagic).Store(splitMagic) // last: the region is complete
+	beat := shm.U64(b, offSBeat)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				beat.Add(1)
+			}
+		}
+	}()
+
+	replies := &replier{r: rb}
+	jobs := make(chan job, cfg.Workers*4)
+	for i := 0; i < cfg.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				j.run(ctx, e, replies)
+			}
+		}()
+	}
+	if ready != nil {
+		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Epoch: epoch})
+	}
+	if cfg.OnReady != nil {
+		cfg.OnReady(epoch)
+	}
+	streams := map[uint32]mirror.Stream{}
+	bufs := sync.Pool{New: func() any { return make([]byte, memnode.PageSize) }}
+	for ctx.Err() == nil {
+		m := ra.Next()
+		if m == nil {
+			ra.Wait(10 * time.Millisecond)
+			continue
+		}
+		if len(m) < 8 {
+			ra.Release()
+			continue
+		}
+		switch m[0] {
+		case msgMirror:
+			conn := binary.LittleEndian.Uint32(m[4:])
+			st, ok := streams[conn]
+			if !ok {
+				st = a.NewStream()
+				streams[conn] = st
+			}
+			st.Observe(m[8:])
+		case msgClose:
+			conn := binary.LittleEndian.Uint32(m[4:])
+			if st, ok := streams[conn]; ok {
+				st.Close()
+				delete(streams, conn)
+			}
+		case msgEvict:
+			for p := m[8:]; len(p) >= 8; p = p[8:] {
+				a.Evicted(memnode.Key(binary.LittleEndian.Uint64(p)))
+			}
+		case msgRead, msgWrite:
+			if len(m) < 16 {
+				break
+			}
+			j := job{op: m[0], tag: binary.LittleEndian.Uint32(m[4:]), key: memnode.Key(binary.LittleEndian.Uint64(m[8:]))}
+			if j.op == msgWrite {
+				if len(m) < 16+memnode.PageSize {
+					break
+				}
+				j.page = bufs.Get().([]byte)
+				copy(j.page, m[16:16+memnode.PageSize])
+			}
+			j.free = &bufs
+			jobs <- j
+		}
+		ra.Release()
+	}
+	close(jobs)
+	wg.Wait()
+	return nil
+}
+
+type job struct {
+	op   byte
+	tag  uint32
+	key  memnode.Key
+	page []byte
+	free *sync.Pool
+}
+
+func (j job) run(ctx context.Context, e *Engine, r *replier) {
+	var hdr [8]byte
+	binary.LittleEndian.PutUint32(hdr[4:], j.tag)
+	hdr[0] = j.op
+	if j.op == msgWrite {
+		err := e.WritePages(ctx, []memnode.Key{j.key}, [][]byte{j.page})
+		j.free.Put(j.page)
+		if err != nil {
+			hdr[1] = replyErr
+		}
+		r.send(ctx, hdr[:], nil)
+		return
+	}
+	page := j.free.Get().([]byte)
+	defer j.free.Put(page)
+	if err := e.ReadPage(ctx, j.key, page); err != nil {
+		hdr[1] = replyErr
+		r.send(ctx, hdr[:], nil)
+		return
+	}
+	r.send(ctx, hdr[:], page)
+}
+
+// replier serialises the agent's replies into ring B.
+type replier struct {
+	mu sync.Mutex
+	r  *shmring.Ring
+}
+
+func (r *replier) send(ctx context.Context, parts ...[]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for !r.r.Send(parts...) {
+		if ctx.Err() != nil {
+			return
+		}
+		runtime.Gosched() // the host drains replies; this is brief
+	}
+}
+
+// ErrAgentGone is returned inside the Link when the agent stopped; callers
+// never see it, the Link redoes the work on the direct path.
+var ErrAgentGone = errors.New("dpu: agent gone")
+
+// Link is the host's side of split mode. It implements pagestore.Remote
+// (the host's reads and write-backs go to the agent's transfer engine),
+// pagestore.Prefetched (the agent's Loading Zone), mirror.Mirror (request
+// bytes go to the agent) and Evicted (eviction notices). Whenever no live
+// agent is attached it serves everything through Direct.
+type Link struct {
+	name   string
+	direct pagestore.Remote
+
+	cur atomic.Pointer[attachment]
+
+	mu    sync.Mutex // serialises ring A producers
+	pmu   sync.Mutex // guards calls and nextTag
+	calls map[uint32]*linkCall
+	tag   uint32
+	conns atomic.Uint32
+
+	stop chan struct{}
+	done chan struct{}
+
+	// Counters.
+	Attaches, Deaths, Fallbacks, MirrorDrops, AgentReads, AgentWrites atomic.Uint64
+}
+
+type attachment struct {
+	region *shm.Region
+	a, b   *shmring.Ring
+	lz     *loadingzone.Zone
+	epoch  uint64
+	beat   *atomic.Uint64
+	dead   atomic.Bool
+	refs   atomic.Int64
+	done   chan struct{} // reply reader exited
+}
+
+type linkCall struct {
+	dst  []byte
+	err  error
+	done chan struct{}
+}
+
+// OpenLink starts a link to the agent region name, serving through direct
+// until an agent is attached.
+func OpenLink(name string, direct pagestore.Remote) *Link {
+	l := &Link{name: name, direct: direct, calls: map[uint32]*linkCall{}, stop: make(chan struct{}), done: make(chan struct{})}
+	l.tryAttach(0)
+	go l.watch()
+	return l
+}
+
+// Attached reports whether a live agent serves the host now.
+func (l *Link) Attached() bool { a := l.cur.Load(); return a != nil && !a.dead.Load() }
+
+// Epoch returns the attached agent's epoch, 0 if none.
+func (l *Link) Epoch() uint64 {
+	if a := l.cur.Load(); a != nil && !a.dead.Load() {
+		return a.epoch
+	}
+	return 0
+}
+
+// Close detaches; the agent keeps running.
+func (l *Link) Close() {
+	close(l.stop)
+	<-l.done
+	if a := l.cur.Swap(nil); a != nil {
+		l.retire(a)
+	}
+}
+
+func (l *Link) tryAttach(deadEpoch uint64) {
+	region, err := shm.Open(l.name)
+	if err != nil {
+		return
+	}
+	b := region.Bytes()
+	if len(b) < splitHeader || shm.U64(b, offSMagic).Load() != splitMagic {
+		region.Close()
+		return
+	}
+	epoch := shm.U64(b, offSEpoch).Load()
+	if epoch == deadEpoch {
+		region.Close()
+		return
+	}
+	lay := layout(int(shm.U64(b, offSRingSize).Load()), int(shm.U64(b, offSRecords).Load()))
+	if lay.total > len(b) {
+		region.Close()
+		return
+	}
+	beat := shm.U64(b, offSBeat)
+	b0 := beat.Load()
+	time.Sleep(3 * heartbeatEvery)
+	if beat.Load() == b0 {
+		region.Close() // a region left by a dead agent
+		return
+	}
+	ra, err1 := shmring.Attach(b[lay.ringA:], lay.ringSize)
+	rb, err2 := shmring.Attach(b[lay.ringB:], lay.ringSize)
+	z, err3 := loadingzone.Attach(b[lay.lz:])
+	if err1 != nil || err2 != nil || err3 != nil || z.Epoch() != epoch {
+		region.Close()
+		return
+	}
+	a := &attachment{region: region, a: ra, b: rb, lz: z, epoch: epoch, beat: beat, done: make(chan struct{})}
+	go l.readReplies(a)
+	l.cur.Store(a)
+	l.Attaches.Add(1)
+}
+
+// watch checks the agent's heartbeat, declares it dead when it stops, and
+// looks for a new agent.
+func (l *Link) watch() {
+	defer close(l.done)
+	const period, deadAfter = 20 * time.Millisecond, 250 * time.Millisecond
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var lastBeat uint64
+	lastMove := time.Now()
+	var deadEpoch uint64
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		a := l.cur.Load()
+		if a == nil {
+			l.tryAttach(deadEpoch)
+			lastMove = time.Now()
+			continue
+		}
+		if b := a.beat.Load(); b != lastBeat {
+			lastBeat, lastMove = b, time.Now()
+			continue
+		}
+		if time.Since(lastMove) > deadAfter {
+			deadEpoch = a.epoch
+			l.kill(a)
+		}
+	}
+}
+
+// kill declares a dead: it stops being consulted and every call waiting on
+// it fails over to the direct path.
+func (l *Link) kill(a *attachment) {
+	a.dead.Store(true)
+	l.cur.CompareAndSwap(a, nil)
+	l.Deaths.Add(1)
+	l.pmu.Lock()
+	for t, c := range l.calls {
+		c.err = ErrAgentGone
+		close(c.done)
+		delete(l.calls, t)
+	}
+	l.pmu.Unlock()
+	go l.retire(a)
+}
+
+// retire unmaps a once no CheckAndReturn uses it and its reader has exited.
+func (l *Link) retire(a *attachment) {
+	a.dead.Store(true)
+	<-a.done
+	for a.refs.Load() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	a.region.Close()
+}
+
+func (l *Link) readReplies(a *attachment) {
+	defer close(a.done)
+	for !a.dead.Load() {
+		m := a.b.Next()
+		if m == nil {
+			a.b.Wait(20 * time.Millisecond)
+			continue
+		}
+		if len(m) >= 8 {
+			tag := binary.LittleEndian.Uint32(m[4:])
+			l.pmu.Lock()
+			c, ok := l.calls[tag]
+			if ok {
+				delete(l.calls, tag)
+			}
+			l.pmu.Unlock()
+			if ok {
+				if m[1] != replyOK {
+					c.err = fmt.Errorf("dpu: agent reported failure")
+				} else if c.dst != nil && len(m) >= 8+memnode.PageSize {
+					copy(c.dst, m[8:8+memnode.PageSize])
+				}
+				close(c.done)
+			}
+		}
+		a.b.Release()
+	}
+}
+
+// send puts one message in ring A; it reports false if the agent is gone
+// or the ring stays full (then the caller falls back or drops).
+func (l *Link) send(a *attachment, wait bool, parts ...[]byte) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := 0; ; i++ {
+		if a.dead.Load() {
+			return false
+		}
+		if a.a.Send(parts...) {
+			return true
+		}
+		if !wait || i > 1000 {
+			return false
+		}
+		runtime.Gosched()
+	}
+}
+
+func (l *Link) call(ctx context.Context, a *attachment, op byte, k memnode.Key, dst, page []byte) error {
+	c := &linkCall{dst: dst, done: make(chan struct{})}
+	l.pmu.Lock()
+	l.tag++
+	tag := l.tag
+	l.calls[tag] = c
+	l.pmu.Unlock()
+	var hdr [16]byte
+	hdr[0] = op
+	binary.LittleEndian.PutUint32(hdr[4:], tag)
+	binary.LittleEndian.PutUint64(hdr[8:], uint64(k))
+	if !l.send(a, true, hdr[:], page) {
+		l.pmu.Lock()
+		delete(l.calls, tag)
+		l.pmu.Unlock()
+		return ErrAgentGone
+	}
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		// The reply may still come; it finds no call and is dropped. dst
+		// is not written after we return: the reader copies only into
+		// calls it removed from the table, and we remove ours now.
+		l.pmu.Lock()
+		_, pending := l.calls[tag]
+		delete(l.calls, tag)
+		l.pmu.Unlock()
+		if !pending {
+			<-c.done // the reader took it: let it finish writing dst
+		}
+		return ctx.Err()
+	}
+}
+
+var (
+	_ pagestore.Remote     = (*Link)(nil)
+	_ pagestore.Prefetched = (*Link)(nil)
+	_ mirror.Mirror        = (*Link)(nil)
+)
+
+// ReadPage implements pagestore.Remote.
+func (l *Link) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+	if a := l.cur.Load(); a != nil && !a.dead.Load() {
+		err := l.call(ctx, a, msgRead, k, dst, nil)
+		if err == nil {
+			l.AgentReads.Add(1)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		l.Fallbacks.Add(1)
+	}
+	return l.direct.ReadPage(ctx, k, dst)
+}
+
+// WritePages implements pagestore.Remote. Writes are idempotent, so any
+// that the agent did not acknowledge are redone directly.
+func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+	a := l.cur.Load()
+	if a == nil || a.dead.Load() {
+		return l.direct.WritePages(ctx, keys, pages)
+	}
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = l.call(ctx, a, msgWrite, keys[i], nil, pages[i])
+		}()
+	}
+	wg.Wait()
+	var redoK []memnode.Key
+	var redoP [][]byte
+	for i, err := range errs {
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			redoK, redoP = append(redoK, keys[i]), append(redoP, pages[i])
+		}
+	}
+	l.AgentWrites.Add(uint64(len(keys) - len(redoK)))
+	if len(redoK) > 0 {
+		l.Fallbacks.Add(uint64(len(redoK)))
+		return l.direct.WritePages(ctx, redoK, redoP)
+	}
+	return nil
+}
+
+// CheckAndReturn implements pagestore.Prefetched: the agent's Loading Zone
+// while it lives, nothing otherwise.
+func (l *Link) CheckAndReturn(k memnode.Key, dst []byte) int {
+	a := l.cur.Load()
+	if a == nil {
+		return 0
+	}
+	a.refs.Add(1)
+	defer a.refs.Add(-1)
+	if a.dead.Load() {
+		return 0
+	}
+	return a.lz.CheckAndReturn(uint64(k), dst)
+}
+
+// Evicted forwards a host cache eviction to the agent (dropped if the agent
+// is gone or behind: Host View then errs toward prefetching).
+func (l *Link) Evicted(k memnode.Key) {
+	a := l.cur.Load()
+	if a == nil {
+		return
+	}
+	var m [16]byte
+	m[0] = msgEvict
+	binary.LittleEndian.PutUint64(m[8:], uint64(k))
+	l.send(a, false, m[:])
+}
+
+type linkStream struct {
+	l      *Link
+	conn   uint32
+	broken bool // bytes were dropped: the agent's view has a hole
+}
+
+// NewStream implements mirror.Mirror.
+func (l *Link) NewStream() mirror.Stream { return &linkStream{l: l, conn: l.conns.Add(1)} }
+
+// Observe copies the bytes into ring A without waiting; if the agent is
+// gone or behind they are dropped (its parser then loses that stream).
+func (s *linkStream) Observe(b []byte) {
+	a := s.l.cur.Load()
+	if a == nil || s.broken {
+		return
+	}
+	var h [8]byte
+	h[0] = msgMirror
+	binary.LittleEndian.PutUint32(h[4:], s.conn)
+	for len(b) > 0 {
+		n := min(len(b), a.a.MaxMessage()-8)
+		if !s.l.send(a, false, h[:], b[:n]) {
+			// A parser fed a stream with a hole could misread it: stop
+			// mirroring this connection and tell the agent to forget it.
+			s.l.MirrorDrops.Add(1)
+			s.broken = true
+			s.Close()
+			return
+		}
+		b = b[n:]
+	}
+}
+
+func (s *linkStream) Close() {
+	if a := s.l.cur.Load(); a != nil {
+		var h [8]byte
+		h[0] = msgClose
+		binary.LittleEndian.PutUint32(h[4:], s.conn)
+		s.l.send(a, false, h[:])
+	}
+}
+
+// RegionExists reports whether an agent region is present (for messages).
+func RegionExists(name string) bool {
+	_, err := os.Stat(shm.Path(name))
+	return err == nil
+}

@@ -1,0 +1,97 @@
+// Package linearize records concurrent page reads and writes and checks
+// them with porcupine against a model where every page is an independent
+// register holding the last version written (0 before any write).
+package linearize
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Input is one operation's input.
+type Input struct {
+	Put   bool
+	Key   uint64
+	Value uint64
+}
+
+// Model is the per-page register model, partitioned by page.
+var Model = porcupine.Model{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[uint64][]porcupine.Operation{}
+		for _, op := range h {
+			k := op.Input.(Input).Key
+			byKey[k] = append(byKey[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(byKey))
+		for _, ops := range byKey {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() any { return uint64(0) },
+	Step: func(state, input, output any) (bool, any) {
+		in := input.(Input)
+		if in.Put {
+			return true, in.Value
+		}
+		return output.(uint64) == state.(uint64), state
+	},
+	DescribeOperation: func(input, output any) string {
+		in := input.(Input)
+		if in.Put {
+			return fmt.Sprintf("put(%d)=%d", in.Key, in.Value)
+		}
+		return fmt.Sprintf("get(%d)→%v", in.Key, output)
+	},
+}
+
+// History collects operations from many goroutines.
+type History struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []porcupine.Operation
+}
+
+// NewHistory starts a history now.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the timestamp to use for Call and Return.
+func (h *History) Now() int64 { return int64(time.Since(h.start)) }
+
+// Add records a completed operation.
+func (h *History) Add(client int, in Input, out uint64, call, ret int64) {
+	h.mu.Lock()
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret})
+	h.mu.Unlock()
+}
+
+// Len is the number of operations recorded.
+func (h *History) Len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ops)
+}
+
+// Check reports whether the history is linearizable; when it is not, the
+// visualisation is written to a temporary file whose name is returned.
+func (h *History) Check(timeout time.Duration) (bool, string) {
+	h.mu.Lock()
+	ops := append([]porcupine.Operation(nil), h.ops...)
+	h.mu.Unlock()
+	res, info := porcupine.CheckOperationsVerbose(Model, ops, timeout)
+	if res == porcupine.Ok {
+		return true, ""
+	}
+	f, err := os.CreateTemp("", "pd3-linearizability-*.html")
+	if err != nil {
+		return false, ""
+	}
+	defer f.Close()
+	porcupine.Visualize(Model, info, f)
+	return false, f.Name()
+}

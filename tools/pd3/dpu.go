@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/tools/deploy"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+)
+
+func dpuCmd() *cobra.Command {
+	var addr, token, name, lz, cache, metrics string
+	cmd := &cobra.Command{
+		Use:   "dpu",
+		Short: "Run the DPU agent as its own process (pair with: pd3 serve --dpu shm:NAME)",
+		Long: `Run the DPU agent as a separate process. It creates /dev/shm/pd3-NAME, holding
+the rings the host talks to it through and the Loading Zone, connects to the
+memory node, and prefetches for the host that attaches with --dpu shm:NAME.
+If it stops, the host goes on through its own memory-node connection and
+re-attaches when an agent with the same name starts again.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if addr == "" {
+				return fmt.Errorf("--memnode ADDR is required")
+			}
+			lzBytes, err := units.ParseSize(lz)
+			if err != nil {
+				return fmt.Errorf("--lz: %w", err)
+			}
+			cacheBytes, err := units.ParseSize(cache)
+			if err != nil {
+				return fmt.Errorf("--cache: %w", err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token, OpTimeout: 30 * time.Second})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var state atomic.Pointer[dpu.SplitAgent]
+			cfg := dpu.SplitAgentConfig{
+				Name: name, Client: c,
+				LZRecords: int(lzBytes / memnode.PageSize), HostPages: int(cacheBytes / memnode.PageSize),
+			}
+			return dpu.RunSplitAgent(ctx, cfg, func(s *dpu.SplitAgent) {
+				state.Store(s)
+				if metrics != "" {
+					r := prometheus.NewRegistry()
+					counter := func(n, help string, f func() uint64) {
+						r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pd3_" + n, Help: help}, func() float64 { return float64(f()) }))
+					}
+					gauge := func(n, help string, f func() float64) {
+						r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pd3_" + n, Help: help}, f))
+					}
+					deploy.RegisterAgent(counter, gauge, s.Agent, s.Engine, s.Zone, s.HV)
+					if a, _, err := deploy.ServeRegistry(ctx, metrics, r); err == nil {
+						fmt.Printf("pd3: agent metrics listening on http://%s/metrics\n", a)
+					} else {
+						fmt.Fprintln(os.Stderr, "pd3:", err)
+					}
+				}
+				fmt.Printf("pd3: dpu agent listening on shm:%s (epoch %d, Loading Zone %d pages)\n", name, s.Epoch, s.Zone.Records())
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&addr, "memnode", "", "memory node address")
+	fl.StringVar(&token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
+	fl.StringVar(&name, "shm", "pd3", "region name: /dev/shm/pd3-NAME")
+	fl.StringVar(&lz, "lz", "16MiB", "Loading Zone size")
+	fl.StringVar(&cache, "cache", "64MiB", "the host's cache size (sizes Host View)")
+	fl.StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR")
+	return cmd
+}
