@@ -37,6 +37,7 @@ type Result struct {
 	P50us         float64 `json:"p50_us,omitempty"`
 	P99us         float64 `json:"p99_us,omitempty"`
 	HostCPUusOp   float64 `json:"host_cpu_us_per_op,omitempty"`
+	AgentCPUusOp  float64 `json:"agent_cpu_us_per_op,omitempty"`
 	HostRSS       uint64  `json:"host_rss_bytes,omitempty"`
 	MemnodeRSS    uint64  `json:"memnode_rss_bytes,omitempty"`
 	MemnodeStored uint64  `json:"memnode_stored_bytes,omitempty"`
@@ -94,10 +95,10 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\terrors\t")
+	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\terrors\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n",
-			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp,
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n",
+			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp,
 			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), x.Errors)
 	}
 	tw.Flush()

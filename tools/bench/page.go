@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,23 +22,60 @@ import (
 // PageOptions configure the page-server benchmark.
 type PageOptions struct {
 	Exe      string
-	Systems  []string // local, sync
+	Systems  []string // see PageSystems
 	Dataset  uint64
 	Cache    uint64
-	Clients  int // connections
-	Depth    int // requests in flight per connection
+	LZ       uint64 // Loading Zone bytes for pd3, pd3-split and leap
+	Clients  int    // connections
+	Depth    int    // requests in flight per connection
 	Duration time.Duration
 	Warmup   time.Duration
 	Dists    []string
 	Workers  []int
-	LZ       uint64 // Loading Zone bytes for pd3
+	// FixedLoad, if > 0, adds an open-loop run of every system at this
+	// fraction of sync's peak throughput measured in the same run.
+	FixedLoad float64
+	// Sweep varies "cache" or "lz" over Values (the other settings fixed).
+	Sweep  string
+	Values []uint64
 }
 
 // PageSystems lists the systems Page knows: local (all data in host
 // memory), sync (cache + direct memory-node reads), leap (sync + Leap's
 // host-side prefetcher), pd3 (cache + embedded DPU agent prefetching into
-// the Loading Zone).
-var PageSystems = []string{"local", "sync", "leap", "pd3"}
+// the Loading Zone) and pd3-split (the agent as its own process, its CPU
+// reported apart from the host's).
+var PageSystems = []string{"local", "sync", "leap", "pd3", "pd3-split"}
+
+// ParseSweep reads "cache=16MiB..1GiB" (doubling from the first value to
+// the last) or "lz=1MiB,4MiB,16MiB".
+func ParseSweep(s string) (string, []uint64, error) {
+	name, spec, ok := strings.Cut(s, "=")
+	if !ok || (name != "cache" && name != "lz") {
+		return "", nil, fmt.Errorf("bad sweep %q: want cache=A..B or lz=A..B", s)
+	}
+	if lo, hi, ok := strings.Cut(spec, ".."); ok {
+		a, err1 := units.ParseSize(lo)
+		b, err2 := units.ParseSize(hi)
+		if err1 != nil || err2 != nil || a == 0 || a > b {
+			return "", nil, fmt.Errorf("bad sweep range %q", spec)
+		}
+		var vs []uint64
+		for v := a; v <= b; v *= 2 {
+			vs = append(vs, v)
+		}
+		return name, vs, nil
+	}
+	var vs []uint64
+	for _, p := range strings.Split(spec, ",") {
+		v, err := units.ParseSize(p)
+		if err != nil {
+			return "", nil, err
+		}
+		vs = append(vs, v)
+	}
+	return name, vs, nil
+}
 
 // Page runs random page GETs against each system and configuration.
 func Page(ctx context.Context, opt PageOptions) (*Report, error) {
@@ -57,53 +96,117 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 			return nil, fmt.Errorf("unknown system %q (have %v)", s, PageSystems)
 		}
 	}
+	if opt.FixedLoad > 0 && !slices.Contains(opt.Systems, "sync") {
+		return nil, fmt.Errorf("--fixed-load is a fraction of sync's peak: include sync in --systems")
+	}
+	sweep := []uint64{0}
+	if opt.Sweep != "" {
+		sweep = opt.Values
+	}
 	rep := &Report{Bench: "page", Machine: Machine(), Ratios: map[string]float64{}}
-	multi := len(opt.Dists)*len(opt.Workers) > 1
+	multi := len(opt.Dists)*len(opt.Workers)*len(sweep) > 1
 	for _, dspec := range opt.Dists {
 		dist, err := workload.Parse(dspec, opt.Dataset/memnode.PageSize)
 		if err != nil {
 			return nil, err
 		}
 		for _, t := range opt.Workers {
-			cfg := fmt.Sprintf("dist=%s T=%s", dist, workersName(t))
-			byName := map[string]Result{}
-			for _, sys := range opt.Systems {
-				r, err := runPageSystem(ctx, opt, sys, dist, t)
-				if err != nil {
-					return nil, fmt.Errorf("%s (%s): %w", sys, cfg, err)
+			for _, sv := range sweep {
+				o := opt
+				cfg := fmt.Sprintf("dist=%s T=%s", dist, workersName(t))
+				switch opt.Sweep {
+				case "cache":
+					o.Cache = sv
+					cfg += " cache=" + units.FormatSize(sv)
+				case "lz":
+					o.LZ = sv
+					cfg += " lz=" + units.FormatSize(sv)
 				}
-				r.Config = cfg
-				rep.Results = append(rep.Results, r)
-				byName[sys] = r
-			}
-			suffix := ""
-			if multi {
-				suffix = "@" + cfg
-			}
-			for _, a := range opt.Systems {
-				for _, b := range opt.Systems {
-					if a != b && byName[b].OpsPerSec > 0 {
-						rep.Ratios[a+"/"+b+suffix] = byName[a].OpsPerSec / byName[b].OpsPerSec
-					}
+				suffix := ""
+				if multi {
+					suffix = "@" + cfg
 				}
-			}
-			for _, sys := range []string{"sync", "leap", "pd3"} {
-				r, ok := byName[sys]
-				if !ok {
-					continue
+				if err := pageConfig(ctx, o, rep, dist, t, cfg, suffix); err != nil {
+					return nil, err
 				}
-				lz := uint64(0)
-				if sys == "pd3" || sys == "leap" {
-					lz = opt.LZ
-				}
-				rep.Ratios["memnode_rss/stored:"+sys+suffix] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
-				rep.Ratios["host_rss/(cache+lz+64MiB):"+sys+suffix] = float64(r.HostRSS) / float64(opt.Cache+lz+64<<20)
 			}
 		}
 	}
-	rep.Notes = append(rep.Notes, fmt.Sprintf("dataset %s, cache %s, %d connections × %d in flight, %v measured after %v warm-up; memory node and host are separate processes",
-		units.FormatSize(opt.Dataset), units.FormatSize(opt.Cache), opt.Clients, opt.Depth, opt.Duration, opt.Warmup))
+	rep.Notes = append(rep.Notes, fmt.Sprintf("dataset %s, cache %s, Loading Zone %s, %d connections × %d in flight, %v measured after %v warm-up; memory node, host (and pd3-split's agent) are separate processes",
+		units.FormatSize(opt.Dataset), units.FormatSize(opt.Cache), units.FormatSize(opt.LZ), opt.Clients, opt.Depth, opt.Duration, opt.Warmup))
+	if opt.FixedLoad > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("rows with load=R: open loop at R GETs/s = %.2f × sync's peak; latency from each request's scheduled send time", opt.FixedLoad))
+	}
 	return rep, nil
+}
+
+// pageConfig measures every system in one configuration and adds the
+// results and ratios to rep.
+func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload.Dist, t int, cfg, suffix string) error {
+	byName := map[string]Result{}
+	for _, sys := range opt.Systems {
+		r, err := runPageSystem(ctx, opt, sys, dist, t, 0)
+		if err != nil {
+			return fmt.Errorf("%s (%s): %w", sys, cfg, err)
+		}
+		r.Config = cfg
+		rep.Results = append(rep.Results, r)
+		byName[sys] = r
+	}
+	for _, a := range opt.Systems {
+		for _, b := range opt.Systems {
+			if a != b && byName[b].OpsPerSec > 0 {
+				rep.Ratios[a+"/"+b+suffix] = byName[a].OpsPerSec / byName[b].OpsPerSec
+			}
+		}
+	}
+	// Host CPU per GET: the split agent's host is the honest "pd3" host.
+	if l, ok := byName["local"]; ok && l.HostCPUusOp > 0 {
+		for _, p := range []string{"pd3-split", "pd3"} {
+			if r, ok := byName[p]; ok {
+				rep.Ratios["cpu:pd3/local"+suffix] = r.HostCPUusOp / l.HostCPUusOp
+				break
+			}
+		}
+	}
+	for _, sys := range []string{"sync", "leap", "pd3", "pd3-split"} {
+		r, ok := byName[sys]
+		if !ok {
+			continue
+		}
+		lz := uint64(0)
+		if sys != "sync" {
+			lz = opt.LZ
+		}
+		rep.Ratios["memnode_rss/stored:"+sys+suffix] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
+		rep.Ratios["host_rss/(cache+lz+64MiB):"+sys+suffix] = float64(r.HostRSS) / float64(opt.Cache+lz+64<<20)
+	}
+	if opt.FixedLoad <= 0 {
+		return nil
+	}
+	rate := opt.FixedLoad * byName["sync"].OpsPerSec
+	fixed := map[string]Result{}
+	for _, sys := range opt.Systems {
+		r, err := runPageSystem(ctx, opt, sys, dist, t, rate)
+		if err != nil {
+			return fmt.Errorf("%s (%s, fixed load): %w", sys, cfg, err)
+		}
+		r.Config = fmt.Sprintf("%s load=%.0f/s", cfg, rate)
+		rep.Results = append(rep.Results, r)
+		fixed[sys] = r
+	}
+	pd3 := "pd3"
+	if _, ok := fixed["pd3-split"]; ok {
+		pd3 = "pd3-split"
+	}
+	for _, base := range []string{"local", "sync"} {
+		if b, ok := fixed[base]; ok && b.P99us > 0 {
+			if p, ok := fixed[pd3]; ok {
+				rep.Ratios["p99:pd3/"+base+suffix] = p.P99us / b.P99us
+			}
+		}
+	}
+	return nil
 }
 
 func workersName(t int) string {
@@ -113,18 +216,16 @@ func workersName(t int) string {
 	return strconv.Itoa(t)
 }
 
-func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist workload.Dist, workers int) (Result, error) {
+var splitSeq atomic.Uint64
+
+// runPageSystem starts the system's processes, loads it (closed loop, or
+// open loop at rate GETs/s when rate > 0) and stops them.
+func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist workload.Dist, workers int, rate float64) (Result, error) {
 	vol := "disk0:" + strconv.FormatUint(opt.Dataset, 10)
-	args := []string{"serve", "--page", "127.0.0.1:0", "--volume", vol, "--cache", strconv.FormatUint(opt.Cache, 10), "--workers", strconv.Itoa(workers)}
-	var node *Child
-	switch sys {
-	case "sync":
-		args = append(args, "--dpu", "none")
-	case "leap":
-		args = append(args, "--dpu", "none", "--prefetch", "leap", "--lz", strconv.FormatUint(opt.LZ, 10))
-	case "pd3":
-		args = append(args, "--dpu", "embedded", "--lz", strconv.FormatUint(opt.LZ, 10))
-	}
+	args := []string{"serve", "--page", "127.0.0.1:0", "--volume", vol, "--cache", strconv.FormatUint(opt.Cache, 10),
+		"--workers", strconv.Itoa(workers), "--metrics", "127.0.0.1:0"}
+	lz := strconv.FormatUint(opt.LZ, 10)
+	var node, agent *Child
 	if sys != "local" {
 		var err error
 		node, err = StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
@@ -145,17 +246,34 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 			return Result{}, err
 		}
 		args = append(args, "--memnode", node.Addrs["memory node"])
-	} else {
-		args = append(args, "--local", "--dpu", "none")
 	}
-	args = append(args, "--metrics", "127.0.0.1:0")
+	switch sys {
+	case "local":
+		args = append(args, "--local", "--dpu", "none")
+	case "sync":
+		args = append(args, "--dpu", "none")
+	case "leap":
+		args = append(args, "--dpu", "none", "--prefetch", "leap", "--lz", lz)
+	case "pd3":
+		args = append(args, "--dpu", "embedded", "--lz", lz)
+	case "pd3-split":
+		name := fmt.Sprintf("bench%d-%d", os.Getpid(), splitSeq.Add(1))
+		var err error
+		agent, err = StartChild(ctx, opt.Exe, []string{"dpu agent"}, "dpu", "--memnode", node.Addrs["memory node"],
+			"--shm", name, "--lz", lz, "--cache", strconv.FormatUint(opt.Cache, 10))
+		if err != nil {
+			return Result{}, err
+		}
+		defer agent.Stop()
+		args = append(args, "--dpu", "shm:"+name)
+	}
 	host, err := StartChild(ctx, opt.Exe, []string{"page server", "metrics"}, args...)
 	if err != nil {
 		return Result{}, err
 	}
 	defer host.Stop()
 
-	lr, err := loadPages(ctx, host, opt, dist)
+	lr, err := loadPages(ctx, host, agent, opt, dist, rate)
 	if err != nil {
 		return Result{}, err
 	}
@@ -169,8 +287,10 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 }
 
 // loadPages drives GETs from opt.Clients connections with opt.Depth
-// synchronous requesters each, and measures after the warm-up.
-func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.Dist) (Result, error) {
+// requesters each and measures after the warm-up. With rate > 0 the
+// requesters send on a fixed schedule (open loop) and latency counts from
+// the scheduled time, so queueing behind a slow request is not hidden.
+func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist workload.Dist, rate float64) (Result, error) {
 	conns := make([]*pageproto.Client, opt.Clients)
 	for i := range conns {
 		c, err := pageproto.Dial(ctx, host.Addrs["page server"], pageproto.ClientOptions{})
@@ -186,6 +306,7 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 	n := opt.Clients * opt.Depth
 	hs := make([]hist.H, n)
 	var wg sync.WaitGroup
+	start := time.Now()
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
@@ -194,13 +315,26 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 			rng := rand.New(rand.NewPCG(uint64(i), 99))
 			buf := make([]byte, pageproto.PageSize)
 			h := &hs[i]
+			var interval time.Duration
+			next := start
+			if rate > 0 {
+				interval = time.Duration(float64(time.Second) * float64(n) / rate)
+				next = start.Add(interval * time.Duration(i) / time.Duration(n))
+			}
 			for !stop.Load() {
-				k := memnode.MakeKey(1, dist.Next(rng))
 				t0 := time.Now()
+				if rate > 0 {
+					if d := time.Until(next); d > 0 {
+						time.Sleep(d)
+					}
+					t0 = next
+					next = next.Add(interval)
+				}
+				k := memnode.MakeKey(1, dist.Next(rng))
 				err := c.Get(ctx, k, buf)
 				d := time.Since(t0)
 				if err == nil && !CheckPage(k, buf) {
-					err = fmt.Errorf("page %v has the content of %v", k, memnode.Key(uint64(buf[0])|uint64(buf[1])<<8))
+					err = fmt.Errorf("page %v came back with the content of another page", k)
 				}
 				if err != nil {
 					errs.Add(1)
@@ -224,12 +358,20 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 		return Result{}, err
 	}
 	cpu0 := host.CPU()
+	var acpu0 time.Duration
+	if agent != nil {
+		acpu0 = agent.CPU()
+	}
 	t0 := time.Now()
 	measuring.Store(true)
 	sleep(ctx, opt.Duration)
 	measuring.Store(false)
 	el := time.Since(t0)
 	cpu1 := host.CPU()
+	var acpu1 time.Duration
+	if agent != nil {
+		acpu1 = agent.CPU()
+	}
 	m1, err := scrape(ctx, host.Addrs["metrics"])
 	stop.Store(true)
 	wg.Wait()
@@ -248,6 +390,9 @@ func loadPages(ctx context.Context, host *Child, opt PageOptions, dist workload.
 	}
 	if all.Count() > 0 {
 		r.HostCPUusOp = us(cpu1-cpu0) / float64(all.Count())
+		if agent != nil {
+			r.AgentCPUusOp = us(acpu1-acpu0) / float64(all.Count())
+		}
 	}
 	if e := firstErr.Load(); e != nil {
 		return r, fmt.Errorf("%d GETs failed, first: %w", r.Errors, e.(error))

@@ -54,7 +54,7 @@ func benchCmd() *cobra.Command {
 	transport.Flags().IntVar(&topt.Depth, "depth", 1024, "requests in flight")
 
 	var popt bench.PageOptions
-	var systems, dataset, cache, dists, workers, lzs string
+	var systems, dataset, cache, dists, workers, lzs, sweep string
 	page := &cobra.Command{
 		Use:   "page",
 		Short: "Random page GETs over the page protocol, per system",
@@ -74,6 +74,11 @@ func benchCmd() *cobra.Command {
 			}
 			if popt.LZ, err = units.ParseSize(lzs); err != nil {
 				return fmt.Errorf("--lz: %w", err)
+			}
+			if sweep != "" {
+				if popt.Sweep, popt.Values, err = bench.ParseSweep(sweep); err != nil {
+					return fmt.Errorf("--sweep: %w", err)
+				}
 			}
 			popt.Workers = nil
 			for _, w := range strings.Split(workers, ",") {
@@ -103,6 +108,8 @@ func benchCmd() *cobra.Command {
 	fl.DurationVar(&popt.Warmup, "warmup", 3*time.Second, "unmeasured load before each measurement")
 	fl.StringVar(&dists, "dist", "uniform", "key distributions, comma-separated: uniform, zipf:THETA")
 	fl.StringVar(&workers, "workers", "0", "server worker counts, comma-separated (0 = GOMAXPROCS)")
+	fl.Float64Var(&popt.FixedLoad, "fixed-load", 0, "also run every system open-loop at this fraction of sync's peak (e.g. 0.5) and compare p99")
+	fl.StringVar(&sweep, "sweep", "", "vary one setting: cache=16MiB..1GiB or lz=1MiB..256MiB (doubling), or a comma list")
 
 	var hvopt bench.HostViewOptions
 	hv := &cobra.Command{

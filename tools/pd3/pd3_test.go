@@ -159,6 +159,22 @@ func TestBenchSmoke(t *testing.T) {
 		assert.Zero(t, r.Errors)
 		assert.Positive(t, r.OpsPerSec)
 	}
+
+	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms",
+		"--systems", "local,sync,pd3-split", "--fixed-load", "0.5", "--sweep", "lz=256KiB,1MiB", "--json")
+	require.NoError(t, err, out)
+	rep = bench.Report{}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Len(t, rep.Results, 12, "3 systems × 2 sweep values × (closed + fixed load)")
+	for _, k := range []string{"cpu:pd3/local", "p99:pd3/local", "p99:pd3/sync"} {
+		assert.Contains(t, rep.Ratios, k+"@dist=uniform T=GOMAXPROCS lz=1MiB")
+	}
+	for _, r := range rep.Results {
+		assert.Zero(t, r.Errors)
+		if r.System == "pd3-split" {
+			assert.Positive(t, r.AgentCPUusOp, "agent CPU is measured apart")
+		}
+	}
 }
 
 // TestSplitAgentKilledMidRun runs memory node, a pd3 dpu agent process and
