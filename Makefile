@@ -13,7 +13,8 @@ FUZZ_TARGETS := \
 	./memnode:FuzzReqHeader \
 	./memnode:FuzzServerStream \
 	./pagestore/pageproto:FuzzHeader \
-	./pagestore/pageproto:FuzzServerStream
+	./pagestore/pageproto:FuzzServerStream \
+	./dpu:FuzzPageParser
 
 .PHONY: all build run test test-long vet fuzz bench deps tools-check clean
 
@@ -54,9 +55,11 @@ test-long: vet
 	$(MAKE) --no-print-directory fuzz FUZZTIME=2m
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 3s ./memnode ./pagestore
+	$(GO) test -run '^$$' -bench . -benchtime 3s ./memnode ./pagestore ./hostview
 	./$(BIN) bench transport
-	./$(BIN) bench page --dist uniform,zipf:0.99
+	./$(BIN) bench page --systems local,sync,leap,pd3,pd3-split --dist uniform,zipf:0.99 --fixed-load 0.5
+	./$(BIN) bench hostview
+	./$(BIN) bench loadingzone
 
 clean:
 	rm -rf bin
