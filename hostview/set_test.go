@@ -2,30 +2,19 @@ package hostview
 
 import (
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-func seed(t testing.TB) uint64 {
-	s := uint64(time.Now().UnixNano())
-	if v := os.Getenv("PD3_SEED"); v != "" {
-		s, _ = strconv.ParseUint(v, 10, 64)
-	}
-	t.Logf("seed %d (PD3_SEED=%d to replay)", s, s)
-	return s
-}
 
 // TestModel: random adds, deletes and lookups against a map, near full
 // load; any disagreement beyond the fingerprint false-positive rate fails.
 func TestModel(t *testing.T) {
 	for _, shards := range []int{1, 2, 4} {
-		rng := rand.New(rand.NewPCG(seed(t), uint64(shards)))
+		rng := rand.New(rand.NewPCG(testutil.Seed(t), uint64(shards)))
 		const capacity = 20000
 		s := New(capacity, shards)
 		model := map[uint64]bool{}

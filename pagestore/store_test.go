@@ -5,29 +5,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// seed returns a logged, overridable seed (PD3_SEED=n to replay).
-func seed(t testing.TB) uint64 {
-	t.Helper()
-	s := uint64(time.Now().UnixNano())
-	if v := os.Getenv("PD3_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err)
-		s = n
-	}
-	t.Logf("seed %d (PD3_SEED=%d to replay)", s, s)
-	return s
-}
 
 func newTestStore(t testing.TB, remote Remote, pages int, policy string, volPages uint64) *Store {
 	t.Helper()
@@ -76,7 +62,7 @@ func TestGetPutAndBounds(t *testing.T) {
 func TestEvictionKeepsDirtyWrites(t *testing.T) {
 	for _, pol := range PolicyNames {
 		t.Run(pol, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(seed(t), 1))
+			rng := rand.New(rand.NewPCG(testutil.Seed(t), 1))
 			rem := NewMemRemote()
 			const volPages = 512
 			s := newTestStore(t, rem, 16, pol, volPages)
@@ -193,7 +179,7 @@ func TestFailedLoadIsRetried(t *testing.T) {
 func TestModel(t *testing.T) {
 	for _, pol := range PolicyNames {
 		t.Run(pol, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(seed(t), 3))
+			rng := rand.New(rand.NewPCG(testutil.Seed(t), 3))
 			rem := NewMemRemote()
 			s := newTestStore(t, rem, 8, pol, 64)
 			ctx := context.Background()

@@ -8,11 +8,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
@@ -58,15 +58,6 @@ func newRig(t *testing.T, cachePages int, volPages uint64) *rig {
 	return &rig{node: direct, store: st, addr: ln.Addr().String(), vol: vol}
 }
 
-func seed(t *testing.T) uint64 {
-	s := uint64(time.Now().UnixNano())
-	if v := os.Getenv("PD3_SEED"); v != "" {
-		s, _ = strconv.ParseUint(v, 10, 64)
-	}
-	t.Logf("seed %d (PD3_SEED=%d to replay)", s, s)
-	return s
-}
-
 func pageOf(k memnode.Key, version uint64) []byte {
 	p := make([]byte, PageSize)
 	for i := 0; i < PageSize; i += 16 {
@@ -82,7 +73,7 @@ func pageOf(k memnode.Key, version uint64) []byte {
 func TestModelConcurrentClients(t *testing.T) {
 	const clients, volPages, rounds, batch = 4, 1024, 150, 16
 	r := newRig(t, 32, volPages)
-	base := seed(t)
+	base := testutil.Seed(t)
 	var wg sync.WaitGroup
 	for ci := 0; ci < clients; ci++ {
 		wg.Add(1)

@@ -4,27 +4,17 @@ import (
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/linearize"
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-func seed(t *testing.T) uint64 {
-	s := uint64(time.Now().UnixNano())
-	if v := os.Getenv("PD3_SEED"); v != "" {
-		s, _ = strconv.ParseUint(v, 10, 64)
-	}
-	t.Logf("seed %d (PD3_SEED=%d to replay)", s, s)
-	return s
-}
 
 // TestLinearizableWithPrefetching drives concurrent GET/PUT/SYNC through the
 // page protocol of a host with the embedded agent prefetching, a cache of 8
@@ -47,7 +37,7 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 				assert.NoError(t, h.Store.Check())
 			}()
 			const clients, opsPerClient, keys = 6, 700, 32
-			base := seed(t)
+			base := testutil.Seed(t)
 			hist := linearize.NewHistory()
 			var wg sync.WaitGroup
 			for c := 0; c < clients; c++ {

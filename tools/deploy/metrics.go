@@ -15,16 +15,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Registry returns the host's metrics. Every metric reads a counter the
-// components keep anyway, at scrape time: metrics cost nothing per request.
+// Metrics adds read-at-scrape-time metrics to a registry. Every metric
+// reads a counter the components keep anyway: metrics cost nothing per
+// request.
+type Metrics struct{ R *prometheus.Registry }
+
+// NewMetrics returns an empty set.
+func NewMetrics() Metrics { return Metrics{R: prometheus.NewRegistry()} }
+
+// Counter registers pd3_NAME reading f.
+func (m Metrics) Counter(name, help string, f func() uint64) {
+	m.R.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pd3_" + name, Help: help}, func() float64 { return float64(f()) }))
+}
+
+// Gauge registers pd3_NAME reading f.
+func (m Metrics) Gauge(name, help string, f func() float64) {
+	m.R.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pd3_" + name, Help: help}, f))
+}
+
+// Registry returns the host's metrics.
 func (h *Host) Registry() *prometheus.Registry {
-	r := prometheus.NewRegistry()
-	counter := func(name, help string, f func() uint64) {
-		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pd3_" + name, Help: help}, func() float64 { return float64(f()) }))
-	}
-	gauge := func(name, help string, f func() float64) {
-		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pd3_" + name, Help: help}, f))
-	}
+	m := NewMetrics()
+	r := m.R
+	counter, gauge := m.Counter, m.Gauge
 	load := func(a *atomic.Uint64) func() uint64 { return a.Load }
 	st := h.Store
 	counter("cache_hits_total", "Page reads and writes served by the host cache.", func() uint64 { return st.Stats().Hits })
@@ -39,7 +52,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("page_requests_total", "Page-protocol requests executed.", load(&h.Page.Requests))
 		counter("page_errors_total", "Page-protocol requests that failed.", load(&h.Page.Errors))
 	}
-	RegisterAgent(counter, gauge, h.Agent, h.Engine, h.Zone, h.HostView)
+	m.RegisterAgent(h.Agent, h.Engine, h.Zone, h.HostView)
 	if l := h.Leap; l != nil {
 		counter("leap_predictions_total", "Host misses in which Leap found a trend.", load(&l.Predictions))
 		counter("leap_predicted_pages_total", "Pages Leap asked to prefetch.", load(&l.Predicted))
@@ -72,11 +85,10 @@ func (h *Host) ServeMetrics(ctx context.Context, addr string) (string, error) {
 	return a, nil
 }
 
-// RegisterAgent adds the agent's, engine's and Loading Zone's metrics
-// (any may be nil) through the given constructors; the host and the pd3
-// dpu process share it.
-func RegisterAgent(counter func(string, string, func() uint64), gauge func(string, string, func() float64),
-	a *dpu.Agent, e *dpu.Engine, z *loadingzone.Zone, hv *hostview.Set) {
+// RegisterAgent adds the agent's, engine's and Loading Zone's metrics (any
+// may be nil); the host and the pd3 dpu process share it.
+func (m Metrics) RegisterAgent(a *dpu.Agent, e *dpu.Engine, z *loadingzone.Zone, hv *hostview.Set) {
+	counter, gauge := m.Counter, m.Gauge
 	load := func(x *atomic.Uint64) func() uint64 { return x.Load }
 	if a != nil {
 		counter("agent_parsed_total", "Page accesses parsed from mirrored requests.", load(&a.Parsed))
@@ -108,7 +120,8 @@ func RegisterAgent(counter func(string, string, func() uint64), gauge func(strin
 	}
 }
 
-// Handler serves a registry's metrics on /metrics at addr until ctx ends.
+// ServeRegistry serves a registry's metrics on /metrics at addr until ctx
+// ends; it returns the address and a closer.
 func ServeRegistry(ctx context.Context, addr string, r *prometheus.Registry) (string, func() error, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

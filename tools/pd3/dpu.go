@@ -12,7 +12,6 @@ import (
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/deploy"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
 
@@ -54,15 +53,9 @@ re-attaches when an agent with the same name starts again.`,
 			return dpu.RunSplitAgent(ctx, cfg, func(s *dpu.SplitAgent) {
 				state.Store(s)
 				if metrics != "" {
-					r := prometheus.NewRegistry()
-					counter := func(n, help string, f func() uint64) {
-						r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pd3_" + n, Help: help}, func() float64 { return float64(f()) }))
-					}
-					gauge := func(n, help string, f func() float64) {
-						r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pd3_" + n, Help: help}, f))
-					}
-					deploy.RegisterAgent(counter, gauge, s.Agent, s.Engine, s.Zone, s.HV)
-					if a, _, err := deploy.ServeRegistry(ctx, metrics, r); err == nil {
+					m := deploy.NewMetrics()
+					m.RegisterAgent(s.Agent, s.Engine, s.Zone, s.HV)
+					if a, _, err := deploy.ServeRegistry(ctx, metrics, m.R); err == nil {
 						fmt.Printf("pd3: agent metrics listening on http://%s/metrics\n", a)
 					} else {
 						fmt.Fprintln(os.Stderr, "pd3:", err)
