@@ -6,6 +6,9 @@ export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
 GO ?= go
 BIN := bin/pd3
 FUZZTIME ?= 10s
+# Minimising a large interesting input may take the default 60s, which in a
+# 10s run leaves no time to fuzz (measured: 9 K vs 129 K executions).
+FUZZMIN ?= 1s
 RUN_ARGS ?=
 
 # Every fuzz target as package:Target.
@@ -46,13 +49,13 @@ fuzz: deps
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
-	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMIN) $$pkg; \
 	done
 
 # Longer suites: more fuzzing and repeated race runs.
 test-long: vet
 	$(GO) test -race -count=5 -timeout 60m ./...
-	$(MAKE) --no-print-directory fuzz FUZZTIME=2m
+	$(MAKE) --no-print-directory fuzz FUZZTIME=2m FUZZMIN=30s
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3s ./memnode ./pagestore ./hostview
