@@ -200,6 +200,26 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 	return nil
 }
 
+// Trim implements pagestore.Trimmer: like a write-back, it invalidates the
+// pages' Host View entries, Loading Zone records and in-flight prefetches
+// before the TRIM is queued on the shared connection.
+func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	e.mu.Lock()
+	for p := off / memnode.PageSize; p < (off+n+memnode.PageSize-1)/memnode.PageSize; p++ {
+		k := memnode.MakeKey(vol, p)
+		if e.hv != nil {
+			e.hv.Delete(uint64(k))
+		}
+		e.lz.Invalidate(uint64(k))
+		delete(e.inflight, k)
+	}
+	call := e.c.TrimAsync(ctx, vol, off, n)
+	e.mu.Unlock()
+	return call.Wait(ctx)
+}
+
+var _ pagestore.Trimmer = (*Engine)(nil)
+
 // WritePages implements pagestore.Remote: write-backs, invalidating first.
 func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
 	const batch = 64

@@ -51,6 +51,7 @@ const (
 	msgEvict  = 'E'
 	msgRead   = 'R'
 	msgWrite  = 'W'
+	msgTrim   = 'T'
 
 	replyOK  = 0
 	replyErr = 1
@@ -206,6 +207,12 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			for p := m[8:]; len(p) >= 8; p = p[8:] {
 				a.Evicted(memnode.Key(binary.LittleEndian.Uint64(p)))
 			}
+		case msgTrim:
+			if len(m) < 32 {
+				break
+			}
+			jobs <- job{op: msgTrim, tag: binary.LittleEndian.Uint32(m[4:]), vol: binary.LittleEndian.Uint16(m[2:]),
+				off: binary.LittleEndian.Uint64(m[16:]), n: binary.LittleEndian.Uint64(m[24:]), free: &bufs}
 		case msgRead, msgWrite:
 			if len(m) < 16 {
 				break
@@ -229,17 +236,26 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 }
 
 type job struct {
-	op   byte
-	tag  uint32
-	key  memnode.Key
-	page []byte
-	free *sync.Pool
+	op     byte
+	tag    uint32
+	key    memnode.Key
+	vol    uint16
+	off, n uint64
+	page   []byte
+	free   *sync.Pool
 }
 
 func (j job) run(ctx context.Context, e *Engine, r *replier) {
 	var hdr [8]byte
 	binary.LittleEndian.PutUint32(hdr[4:], j.tag)
 	hdr[0] = j.op
+	if j.op == msgTrim {
+		if err := e.Trim(ctx, j.vol, j.off, j.n); err != nil {
+			hdr[1] = replyErr
+		}
+		r.send(ctx, hdr[:], nil)
+		return
+	}
 	if j.op == msgWrite {
 		err := e.WritePages(ctx, []memnode.Key{j.key}, [][]byte{j.page})
 		j.free.Put(j.page)
@@ -498,17 +514,23 @@ func (l *Link) send(a *attachment, wait bool, parts ...[]byte) bool {
 }
 
 func (l *Link) call(ctx context.Context, a *attachment, op byte, k memnode.Key, dst, page []byte) error {
+	var hdr [16]byte
+	hdr[0] = op
+	binary.LittleEndian.PutUint64(hdr[8:], uint64(k))
+	return l.callMsg(ctx, a, hdr[:], dst, page)
+}
+
+// callMsg sends hdr (its bytes 4..8 get the tag) and payload, and waits for
+// the reply, copying a reply payload into dst.
+func (l *Link) callMsg(ctx context.Context, a *attachment, hdr, dst, page []byte) error {
 	c := &linkCall{dst: dst, done: make(chan struct{})}
 	l.pmu.Lock()
 	l.tag++
 	tag := l.tag
 	l.calls[tag] = c
 	l.pmu.Unlock()
-	var hdr [16]byte
-	hdr[0] = op
 	binary.LittleEndian.PutUint32(hdr[4:], tag)
-	binary.LittleEndian.PutUint64(hdr[8:], uint64(k))
-	if !l.send(a, true, hdr[:], page) {
+	if !l.send(a, true, hdr, page) {
 		l.pmu.Lock()
 		delete(l.calls, tag)
 		l.pmu.Unlock()
@@ -588,6 +610,30 @@ func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byt
 	}
 	return nil
 }
+
+// Trim implements pagestore.Trimmer through the agent (which invalidates
+// its Loading Zone), or directly when no agent is attached.
+func (l *Link) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	direct, ok := l.direct.(pagestore.Trimmer)
+	if a := l.cur.Load(); a != nil && !a.dead.Load() {
+		var m [32]byte
+		m[0] = msgTrim
+		binary.LittleEndian.PutUint16(m[2:], vol)
+		binary.LittleEndian.PutUint64(m[16:], off)
+		binary.LittleEndian.PutUint64(m[24:], n)
+		err := l.callMsg(ctx, a, m[:], nil, nil)
+		if err == nil || ctx.Err() != nil || !ok {
+			return err
+		}
+		l.Fallbacks.Add(1)
+	}
+	if !ok {
+		return fmt.Errorf("dpu: direct path cannot trim")
+	}
+	return direct.Trim(ctx, vol, off, n)
+}
+
+var _ pagestore.Trimmer = (*Link)(nil)
 
 // CheckAndReturn implements pagestore.Prefetched: the agent's Loading Zone
 // while it lives, nothing otherwise.

@@ -255,19 +255,24 @@ func (c *Client) Prefetch(ctx context.Context, k Key, page []byte) error {
 	return c.PrefetchAsync(ctx, k, page).Wait(ctx)
 }
 
+// TrimAsync starts zeroing n (< 4 GiB) bytes at off of volume vol.
+func (c *Client) TrimAsync(ctx context.Context, vol uint16, off, n uint64) Call {
+	if n > 0xffffffff {
+		return Call{err: fmt.Errorf("memnode TRIM: %w: %d bytes in one request", ErrTooLarge, n), what: OpTrim}
+	}
+	return c.start(ctx, &ReqHeader{Op: OpTrim, Volume: vol, Offset: off, Count: uint32(n)}, nil, nil)
+}
+
 // Trim zeroes n bytes at off of volume vol, freeing whole chunks.
 func (c *Client) Trim(ctx context.Context, vol uint16, off, n uint64) error {
-	if n > 0xffffffff {
-		for n > 0 {
-			m := min(n, 1<<30)
-			if err := c.Trim(ctx, vol, off, m); err != nil {
-				return err
-			}
-			off, n = off+m, n-m
+	for n > 0 {
+		m := min(n, 1<<30)
+		if err := c.TrimAsync(ctx, vol, off, m).Wait(ctx); err != nil {
+			return err
 		}
-		return nil
+		off, n = off+m, n-m
 	}
-	return c.start(ctx, &ReqHeader{Op: OpTrim, Volume: vol, Offset: off, Count: uint32(n)}, nil, nil).Wait(ctx)
+	return nil
 }
 
 func (c *Client) word(ctx context.Context, h *ReqHeader, payload []byte) (uint64, error) {

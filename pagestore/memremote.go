@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pd3-go/pd3/memnode"
 )
 
 // MemRemote is an in-memory Remote: the reference implementation for tests
@@ -88,4 +90,17 @@ func (m *MemRemote) Page(k Key) []byte {
 	copy(out, m.pages[k])
 	m.mu.RUnlock()
 	return out
+}
+
+// Trim implements Trimmer.
+func (m *MemRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	if err := m.fault(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for p := off / PageSize; p < (off+n)/PageSize; p++ {
+		delete(m.pages, memnode.MakeKey(vol, p))
+	}
+	return nil
 }

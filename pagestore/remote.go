@@ -40,3 +40,10 @@ func (r MemnodeRemote) WritePages(ctx context.Context, keys []Key, pages [][]byt
 	}
 	return errs
 }
+
+// Trim implements Trimmer.
+func (r MemnodeRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	return r.C.Trim(ctx, vol, off, n)
+}
+
+var _ Trimmer = MemnodeRemote{}

@@ -106,6 +106,7 @@ type Store struct {
 
 	hits, misses, lzHits, remoteReads atomic.Uint64
 	evictions, writeBacks, waits      atomic.Uint64
+	discards                          atomic.Uint64
 }
 
 const nShards = 64
@@ -426,6 +427,10 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 			continue
 		}
 		fr := &s.frames[f]
+		if !fr.valid {
+			// Discarded (trimmed) page: nothing to write back or unindex.
+			return f, nil
+		}
 		k := fr.key
 		if fr.dirty.Load() {
 			pg := s.page(f)
@@ -520,6 +525,8 @@ func (s *Store) Flush(ctx context.Context) error {
 	return nil
 }
 
+func runtimeYield() { runtime.Gosched() }
+
 // Stats returns a snapshot of the counters.
 func (s *Store) Stats() Stats {
 	st := Stats{
@@ -582,11 +589,18 @@ func (s *Store) Check() error {
 		}
 		seen[f] = true
 	}
-	if indexed+len(s.free) != len(s.frames) {
-		return fmt.Errorf("pagestore: %d indexed + %d free != %d frames", indexed, len(s.free), len(s.frames))
+	discarded := 0
+	for i := range s.frames {
+		if !seen[i] {
+			fr := &s.frames[i]
+			if fr.valid || fr.dirty.Load() {
+				return fmt.Errorf("pagestore: frame %d neither indexed nor free but holds a page", i)
+			}
+			discarded++
+		}
 	}
-	if n := s.pol.size(); n != indexed {
-		return fmt.Errorf("pagestore: policy tracks %d frames, index holds %d", n, indexed)
+	if n := s.pol.size(); n != indexed+discarded {
+		return fmt.Errorf("pagestore: policy tracks %d frames, index holds %d and %d are discarded", n, indexed, discarded)
 	}
 	return nil
 }
