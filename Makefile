@@ -19,12 +19,25 @@ FUZZ_TARGETS := \
 	./pagestore/pageproto:FuzzServerStream \
 	./dpu:FuzzPageParser
 
-.PHONY: all build run test test-long vet fuzz bench deps tools-check clean
+.PHONY: all build run test test-long vet fuzz bench deps deps-system tools-check clean
+
+# Real clients the integration tests drive (Debian packages).
+SYSTEM_PACKAGES := fio libnbd-bin nbdkit nbdfuse python3-libnbd qemu-utils xfsprogs e2fsprogs sqlite3 fuse3 util-linux
 
 all: build
 
 deps: tools-check
 	$(GO) mod download
+
+# Installs the real NBD/FUSE clients and filesystem tools the tests drive
+# (as root; otherwise prints what to install).
+deps-system:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "pd3: tests need: $$missing (sudo apt-get install $$missing)"; fi; \
+	fi
 
 # Go is the only toolchain this stage needs; say so clearly if it is missing.
 tools-check:
@@ -41,7 +54,7 @@ vet: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-test: vet
+test: vet deps-system
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(MAKE) --no-print-directory fuzz
 

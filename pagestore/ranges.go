@@ -3,7 +3,6 @@ package pagestore
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/pd3-go/pd3/memnode"
 )
@@ -16,8 +15,6 @@ type Trimmer interface {
 	Trim(ctx context.Context, vol uint16, off, n uint64) error
 }
 
-var pagePool = sync.Pool{New: func() any { return new([PageSize]byte) }}
-
 // ReadRange reads len(p) bytes at byte offset off of volume vol.
 func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte) error {
 	return s.eachPage(vol, off, uint64(len(p)), func(k Key, po, n int, at uint64) error {
@@ -25,8 +22,8 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 		if n == PageSize {
 			return s.Get(ctx, k, dst)
 		}
-		tmp := pagePool.Get().(*[PageSize]byte)
-		defer pagePool.Put(tmp)
+		tmp := s.pages.Get().(*[PageSize]byte)
+		defer s.pages.Put(tmp)
 		if err := s.Get(ctx, k, tmp[:]); err != nil {
 			return err
 		}

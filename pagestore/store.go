@@ -98,6 +98,8 @@ type Store struct {
 	free    []int32
 	claim   func(int32) bool // TryLock of a frame, made once to avoid a closure per eviction
 
+	pages sync.Pool // *[PageSize]byte scratch pages for partial reads
+
 	flushMu  sync.Mutex // serialises Flush
 	flushBuf []byte     // guarded by flushMu
 
@@ -154,6 +156,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 	for i := range s.free {
 		s.free[i] = int32(n - 1 - i)
 	}
+	s.pages.New = func() any { return new([PageSize]byte) }
 	s.claim = func(f int32) bool {
 		fr := &s.frames[f]
 		if fr.wb.Load() || !fr.mu.TryLock() {

@@ -12,16 +12,19 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/nbd"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
@@ -116,6 +119,9 @@ type HostConfig struct {
 	CacheBytes int64
 	Policy     string
 	PageListen string // page-protocol address; "" = no page server
+	NBDListen  string // NBD address; "" = no NBD server
+	// NBDReadOnly names volumes exported read-only over NBD.
+	NBDReadOnly []string
 	// DPU selects the agent: "embedded" (goroutines in this process) or
 	// "none"/"" (every miss is a direct memory-node read).
 	DPU string
@@ -135,6 +141,8 @@ type Host struct {
 	Store    *pagestore.Store
 	Page     *pageproto.Server
 	PageAddr string
+	NBD      *nbd.Server
+	NBDAddr  string
 	Volumes  []memnode.VolumeInfo
 	Agent    *dpu.Agent  // nil without an agent
 	Engine   *dpu.Engine // nil without an agent or host-side prefetcher
@@ -145,6 +153,7 @@ type Host struct {
 
 	closeOnce sync.Once
 	done      chan error
+	nbdDone   chan error
 	closers   []func() error
 }
 
@@ -256,6 +265,29 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 }
 
 func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
+	var mir mirror.Mirror
+	switch {
+	case h.Agent != nil:
+		mir = h.Agent
+	case h.Link != nil:
+		mir = h.Link
+	}
+	if cfg.NBDListen != "" {
+		ln, err := Listen(cfg.NBDListen)
+		if err != nil {
+			return fmt.Errorf("host: NBD server: %w", err)
+		}
+		h.NBDAddr = addrString(ln)
+		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: mir}
+		for _, v := range h.Volumes {
+			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
+				Name: v.Name, Volume: v.ID, Size: v.Size, ReadOnly: slices.Contains(cfg.NBDReadOnly, v.Name),
+				Description: fmt.Sprintf("pd3 volume %s (%s)", v.Name, units.FormatSize(v.Size)),
+			})
+		}
+		h.nbdDone = make(chan error, 1)
+		go func() { h.nbdDone <- h.NBD.Serve(ctx, ln) }()
+	}
 	if cfg.PageListen == "" {
 		h.done <- nil
 		return nil
@@ -268,13 +300,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log}
-	switch {
-	case h.Agent != nil:
-		h.Page.Mirror = h.Agent
-	case h.Link != nil:
-		h.Page.Mirror = h.Link
-	}
+	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil
 }
@@ -285,6 +311,10 @@ func (h *Host) Close(ctx context.Context) error {
 	h.closeOnce.Do(func() {
 		if h.Page != nil {
 			h.Page.Close()
+		}
+		if h.NBD != nil {
+			h.NBD.Close()
+			<-h.nbdDone
 		}
 		serveErr := <-h.done
 		flushErr := h.Store.Flush(ctx)

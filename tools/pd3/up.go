@@ -30,12 +30,16 @@ type hostFlags struct {
 	lz        string
 	metrics   string
 	prefetch  string
+	nbd       string
+	nbdRO     []string
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl := cmd.Flags()
 	fl.StringArrayVar(&f.volumes, "volume", []string{"disk0:1GiB"}, "volume NAME:SIZE to serve (repeatable); created at the node when missing")
 	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
+	fl.StringVar(&f.nbd, "nbd", "127.0.0.1:10809", "NBD listen address; every volume is an export (empty disables)")
+	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
 	fl.StringVar(&f.cache, "cache", "64MiB", "host page-cache capacity")
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
@@ -54,6 +58,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch,
+		NBDListen: f.nbd, NBDReadOnly: f.nbdRO,
 	}
 	lz, err := units.ParseSize(f.lz)
 	if err != nil {
@@ -167,6 +172,17 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 		fmt.Printf("pd3: DPU agent process %s: %s\n", cfg.DPU, state)
 	case h.Leap != nil:
 		fmt.Printf("pd3: no DPU agent; Leap prefetches on the host (Loading Zone %d pages)\n", h.Zone.Records())
+	}
+	if h.NBDAddr != "" {
+		fmt.Printf("pd3: NBD server listening on %s (exports:", h.NBDAddr)
+		for _, e := range h.NBD.Exports {
+			fmt.Printf(" %s", e.Name)
+			if e.ReadOnly {
+				fmt.Print(" (read-only)")
+			}
+		}
+		fmt.Println(")")
+		fmt.Printf("pd3: try: nbdinfo nbd://%s/%s\n", h.NBDAddr, h.Volumes[0].Name)
 	}
 	if h.PageAddr != "" {
 		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)

@@ -1,0 +1,39 @@
+// Package nbd is pd3's NBD server: every volume is an export, served to
+// user-space clients (fio's nbd engine, nbdinfo, nbdcopy, qemu-io, nbdfuse)
+// and through them to mkfs and databases.
+//
+// Handshake: fixed newstyle only, with NO_ZEROES; options EXPORT_NAME,
+// ABORT, LIST, INFO, GO, STRUCTURED_REPLY, LIST_META_CONTEXT and
+// SET_META_CONTEXT (base:allocation); STARTTLS and unknown options are
+// refused with NBD_REP_ERR_UNSUP. INFO/GO always report NBD_INFO_EXPORT
+// and NBD_INFO_BLOCK_SIZE (minimum 1: any alignment works, partial pages
+// are read-modify-written; preferred 4096; maximum MaxRequest). The whole
+// negotiation must finish within HandshakeTimeout.
+//
+// Transmission: READ (simple or structured replies; errors per request,
+// never a dropped connection), WRITE (+FUA), FLUSH, TRIM (frees whole
+// memory-node chunks), WRITE_ZEROES (+NO_HOLE: zeroes are written; without
+// it whole pages are trimmed; FAST_ZERO with NO_HOLE is ENOTSUP), CACHE
+// (reads the range into the host cache; with an agent its parser has
+// already prefetched it), BLOCK_STATUS for base:allocation (everything
+// reported allocated: status 0, which the spec always allows), DISC.
+// Advertised flags are exactly these: HAS_FLAGS, SEND_FLUSH, SEND_FUA,
+// SEND_TRIM, SEND_WRITE_ZEROES, SEND_FAST_ZERO, SEND_CACHE, CAN_MULTI_CONN,
+// SEND_DF with structured replies, and READ_ONLY (without the write flags)
+// for read-only exports.
+//
+// Requests are validated before any backend sees them: unknown commands
+// or flags, a zero length, a range past the end (EINVAL; ENOSPC for
+// writes, as the spec asks), writes to read-only exports (EPERM), READ or
+// WRITE over MaxRequest (EOVERFLOW; a refused WRITE's payload is skipped up
+// to 64 MiB, beyond that the connection is closed). A bad request magic or
+// a truncated header ends that connection only.
+//
+// Concurrency: one reader goroutine per connection parses and validates;
+// Workers goroutines execute requests concurrently; replies are appended
+// to one BatchWriter and leave in completion order. FLUSH (and FUA) flush
+// the shared cache, so they cover writes completed on every connection.
+//
+// Durability: FLUSH/FUA return once the data is at the memory node. The
+// memory node is RAM: restarting it loses data (persistence is issue 6).
+package nbd

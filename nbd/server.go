@@ -1,0 +1,683 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/bits"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/internal/netsrv"
+	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Backend is what exports are served from; *pagestore.Store implements it.
+type Backend interface {
+	ReadRange(ctx context.Context, vol uint16, off uint64, p []byte) error
+	WriteRange(ctx context.Context, vol uint16, off uint64, p []byte) error
+	ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep bool) error
+	Flush(ctx context.Context) error
+}
+
+var _ Backend = (*pagestore.Store)(nil)
+
+// Export is one volume served over NBD.
+type Export struct {
+	Name        string
+	Description string
+	Volume      uint16
+	Size        uint64
+	ReadOnly    bool
+}
+
+// Server is an NBD server. The first export is the default one (the empty
+// name). Requests of one connection run concurrently and are answered as
+// they finish; the cache behind every connection is shared, so FLUSH on any
+// connection covers writes completed on all of them (CAN_MULTI_CONN).
+type Server struct {
+	Backend Backend
+	Exports []Export
+	// Mirror, if set, is shown every connection's bytes as they are read
+	// (the DPU agent's tap).
+	Mirror mirror.Mirror
+	// MaxRequest bounds READ and WRITE lengths (default 32 MiB); larger
+	// ones get EOVERFLOW.
+	MaxRequest uint32
+	// Workers is how many requests of one connection run at once
+	// (default 16).
+	Workers int
+	// HandshakeTimeout bounds the whole negotiation (default 10s), so idle
+	// and half-open clients cannot hold a connection.
+	HandshakeTimeout time.Duration
+	Log              *slog.Logger
+
+	group  netsrv.Group
+	bufs   bufPool
+	ctx    context.Context
+	cancel context.CancelFunc
+	once   sync.Once
+
+	// Counters.
+	Connections, Requests, Errors, ProtocolViolations atomic.Uint64
+}
+
+const (
+	defaultMaxRequest = 32 << 20
+	maxOptionLen      = 64 << 10
+	maxDiscard        = 64 << 20 // payload of a refused WRITE we still skip
+)
+
+func (s *Server) init() {
+	s.once.Do(func() {
+		if s.MaxRequest == 0 {
+			s.MaxRequest = defaultMaxRequest
+		}
+		if s.Workers <= 0 {
+			s.Workers = 16
+		}
+		if s.HandshakeTimeout <= 0 {
+			s.HandshakeTimeout = 10 * time.Second
+		}
+		if s.Log == nil {
+			s.Log = slog.New(slog.DiscardHandler)
+		}
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+	})
+}
+
+// Serve accepts connections on ln until ctx ends or Close is called.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.init()
+	return s.group.Serve(ctx, ln, s.serveConn)
+}
+
+// Close stops accepting, ends every connection and waits for them.
+func (s *Server) Close() error {
+	s.init()
+	s.cancel()
+	s.group.Close()
+	return nil
+}
+
+func (s *Server) export(name string) (Export, bool) {
+	if name == "" && len(s.Exports) > 0 {
+		return s.Exports[0], true
+	}
+	for _, e := range s.Exports {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return Export{}, false
+}
+
+// errProtocol marks a violation that ends the connection.
+var errProtocol = errors.New("nbd: protocol violation")
+
+type conn struct {
+	s          *Server
+	nc         net.Conn
+	r          *bufio.Reader
+	w          *bufio.Writer // handshake only
+	structured bool
+	noZeroes   bool
+	metaExport string // export base:allocation was selected for
+	metaOK     bool
+	exp        Export
+}
+
+func (s *Server) serveConn(nc net.Conn) {
+	s.Connections.Add(1)
+	var rd io.Reader = nc
+	if s.Mirror != nil {
+		st := s.Mirror.NewStream()
+		defer st.Close()
+		rd = mirror.Conn{Conn: nc, S: st}
+	}
+	c := &conn{s: s, nc: nc, r: bufio.NewReaderSize(rd, 256<<10), w: bufio.NewWriter(nc)}
+	nc.SetDeadline(time.Now().Add(s.HandshakeTimeout))
+	ok, err := c.handshake()
+	if err != nil || !ok {
+		if err != nil && !errors.Is(err, io.EOF) {
+			s.Log.Info("nbd: handshake ended", "remote", nc.RemoteAddr().String(), "err", err)
+		}
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	if err := c.transmit(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		s.Log.Warn("nbd: closing connection", "remote", nc.RemoteAddr().String(), "export", c.exp.Name, "err", err)
+	}
+}
+
+// handshake runs fixed-newstyle negotiation; it reports whether the
+// transmission phase should start.
+func (c *conn) handshake() (bool, error) {
+	var b [18]byte
+	binary.BigEndian.PutUint64(b[0:], magicInit)
+	binary.BigEndian.PutUint64(b[8:], magicOption)
+	binary.BigEndian.PutUint16(b[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.nc.Write(b[:]); err != nil {
+		return false, err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(c.r, cf[:]); err != nil {
+		return false, err
+	}
+	flags := binary.BigEndian.Uint32(cf[:])
+	if flags&^(clientFixedNewstyle|clientNoZeroes) != 0 {
+		c.s.ProtocolViolations.Add(1)
+		return false, fmt.Errorf("%w: unknown client flags %#x", errProtocol, flags)
+	}
+	c.noZeroes = flags&clientNoZeroes != 0
+	for {
+		var h [16]byte
+		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			return false, err
+		}
+		if binary.BigEndian.Uint64(h[0:]) != magicOption {
+			c.s.ProtocolViolations.Add(1)
+			return false, fmt.Errorf("%w: bad option magic", errProtocol)
+		}
+		opt := binary.BigEndian.Uint32(h[8:])
+		n := binary.BigEndian.Uint32(h[12:])
+		if n > maxOptionLen {
+			c.s.ProtocolViolations.Add(1)
+			return false, fmt.Errorf("%w: option %d of %d bytes", errProtocol, opt, n)
+		}
+		data := make([]byte, n)
+		if _, err := io.ReadFull(c.r, data); err != nil {
+			return false, err
+		}
+		done, err := c.option(opt, data)
+		if err != nil || done {
+			return err == nil, err
+		}
+	}
+}
+
+func (c *conn) reply(opt, typ uint32, data []byte) error {
+	var h [20]byte
+	binary.BigEndian.PutUint64(h[0:], magicReply)
+	binary.BigEndian.PutUint32(h[8:], opt)
+	binary.BigEndian.PutUint32(h[12:], typ)
+	binary.BigEndian.PutUint32(h[16:], uint32(len(data)))
+	c.w.Write(h[:])
+	c.w.Write(data)
+	return c.w.Flush()
+}
+
+func (c *conn) replyErr(opt, typ uint32, msg string) error { return c.reply(opt, typ, []byte(msg)) }
+
+// option handles one option; done means the transmission phase starts (or,
+// with ABORT, the connection ends cleanly).
+func (c *conn) option(opt uint32, data []byte) (done bool, err error) {
+	switch opt {
+	case optExportName:
+		e, ok := c.s.export(string(data))
+		if !ok {
+			// No way to report an error to EXPORT_NAME: the spec says hang up.
+			return true, fmt.Errorf("unknown export %q", data)
+		}
+		c.exp = e
+		var b [10 + 124]byte
+		binary.BigEndian.PutUint64(b[0:], e.Size)
+		binary.BigEndian.PutUint16(b[8:], c.flags())
+		out := b[:]
+		if c.noZeroes {
+			out = b[:10]
+		}
+		c.w.Write(out)
+		return true, c.w.Flush()
+	case optAbort:
+		c.reply(opt, repAck, nil)
+		return true, io.EOF
+	case optList:
+		if len(data) != 0 {
+			return false, c.replyErr(opt, repErrInvalid, "LIST takes no data")
+		}
+		for _, e := range c.s.Exports {
+			d := binary.BigEndian.AppendUint32(nil, uint32(len(e.Name)))
+			d = append(d, e.Name...)
+			d = append(d, e.Description...)
+			if err := c.reply(opt, repServer, d); err != nil {
+				return false, err
+			}
+		}
+		return false, c.reply(opt, repAck, nil)
+	case optStartTLS:
+		return false, c.replyErr(opt, repErrUnsup, "TLS is not supported")
+	case optStructuredReply:
+		if len(data) != 0 {
+			return false, c.replyErr(opt, repErrInvalid, "STRUCTURED_REPLY takes no data")
+		}
+		c.structured = true
+		return false, c.reply(opt, repAck, nil)
+	case optInfo, optGo:
+		return c.infoGo(opt, data)
+	case optListMetaContext, optSetMetaContext:
+		return false, c.metaContext(opt, data)
+	}
+	return false, c.replyErr(opt, repErrUnsup, fmt.Sprintf("option %d is not supported", opt))
+}
+
+func (c *conn) flags() uint16 {
+	f := tfHasFlags | tfSendFlush | tfCanMultiConn | tfSendCache
+	if c.exp.ReadOnly {
+		f |= tfReadOnly
+	} else {
+		f |= tfSendFUA | tfSendTrim | tfSendWriteZeros | tfSendFastZero
+	}
+	if c.structured {
+		f |= tfSendDF
+	}
+	return f
+}
+
+func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
+	if len(data) < 6 {
+		return false, c.replyErr(opt, repErrInvalid, "short INFO/GO request")
+	}
+	n := binary.BigEndian.Uint32(data)
+	if uint64(n)+6 > uint64(len(data)) {
+		return false, c.replyErr(opt, repErrInvalid, "export name overruns the request")
+	}
+	name := string(data[4 : 4+n])
+	rest := data[4+n:]
+	nreq := int(binary.BigEndian.Uint16(rest))
+	if len(rest) != 2+2*nreq {
+		return false, c.replyErr(opt, repErrInvalid, "bad information request list")
+	}
+	e, ok := c.s.export(name)
+	if !ok {
+		return false, c.replyErr(opt, repErrUnknown, fmt.Sprintf("no export %q", name))
+	}
+	prev := c.exp
+	c.exp = e
+	var b []byte
+	b = binary.BigEndian.AppendUint16(b[:0], infoExport)
+	b = binary.BigEndian.AppendUint64(b, e.Size)
+	b = binary.BigEndian.AppendUint16(b, c.flags())
+	if err := c.reply(opt, repInfo, b); err != nil {
+		return false, err
+	}
+	for i := 0; i < nreq; i++ {
+		switch binary.BigEndian.Uint16(rest[2+2*i:]) {
+		case infoName:
+			b = binary.BigEndian.AppendUint16(b[:0], infoName)
+			if err := c.reply(opt, repInfo, append(b, e.Name...)); err != nil {
+				return false, err
+			}
+		case infoDescription:
+			b = binary.BigEndian.AppendUint16(b[:0], infoDescription)
+			if err := c.reply(opt, repInfo, append(b, e.Description...)); err != nil {
+				return false, err
+			}
+		}
+	}
+	// Block sizes are always sent: any alignment works (partial pages are
+	// read-modify-written), 4 KiB is best, MaxRequest is the limit.
+	b = binary.BigEndian.AppendUint16(b[:0], infoBlockSize)
+	b = binary.BigEndian.AppendUint32(b, 1)
+	b = binary.BigEndian.AppendUint32(b, memnode.PageSize)
+	b = binary.BigEndian.AppendUint32(b, c.s.MaxRequest)
+	if err := c.reply(opt, repInfo, b); err != nil {
+		return false, err
+	}
+	if err := c.reply(opt, repAck, nil); err != nil {
+		return false, err
+	}
+	if opt == optInfo {
+		c.exp = prev
+		return false, nil
+	}
+	if c.metaOK && c.metaExport != e.Name {
+		c.metaOK = false // contexts were selected for another export
+	}
+	return true, nil
+}
+
+func (c *conn) metaContext(opt uint32, data []byte) error {
+	if !c.structured {
+		return c.replyErr(opt, repErrInvalid, "negotiate structured replies first")
+	}
+	if len(data) < 8 {
+		return c.replyErr(opt, repErrInvalid, "short meta context request")
+	}
+	n := binary.BigEndian.Uint32(data)
+	if uint64(n)+8 > uint64(len(data)) {
+		return c.replyErr(opt, repErrInvalid, "export name overruns the request")
+	}
+	name := string(data[4 : 4+n])
+	rest := data[4+n:]
+	nq := binary.BigEndian.Uint32(rest)
+	rest = rest[4:]
+	var queries []string
+	for i := uint32(0); i < nq; i++ {
+		if len(rest) < 4 {
+			return c.replyErr(opt, repErrInvalid, "truncated query list")
+		}
+		ql := binary.BigEndian.Uint32(rest)
+		if uint64(ql) > uint64(len(rest)-4) {
+			return c.replyErr(opt, repErrInvalid, "query overruns the request")
+		}
+		queries = append(queries, string(rest[4:4+ql]))
+		rest = rest[4+ql:]
+	}
+	if len(rest) != 0 {
+		return c.replyErr(opt, repErrInvalid, "trailing bytes after the queries")
+	}
+	e, ok := c.s.export(name)
+	if !ok {
+		return c.replyErr(opt, repErrUnknown, fmt.Sprintf("no export %q", name))
+	}
+	match := false
+	if len(queries) == 0 {
+		match = opt == optListMetaContext
+	}
+	for _, q := range queries {
+		if q == metaBaseAllocation || (opt == optListMetaContext && q == "base:") {
+			match = true
+		}
+	}
+	if opt == optSetMetaContext {
+		c.metaOK, c.metaExport = match, e.Name
+	}
+	if match {
+		d := binary.BigEndian.AppendUint32(nil, metaBaseAllocationID)
+		if opt == optListMetaContext {
+			d = binary.BigEndian.AppendUint32(nil, 0) // ids are reserved in LIST
+		}
+		if err := c.reply(opt, repMetaContext, append(d, metaBaseAllocation...)); err != nil {
+			return err
+		}
+	}
+	return c.reply(opt, repAck, nil)
+}
+
+// request is one transmission-phase request in flight.
+type request struct {
+	typ, flags uint16
+	cookie     uint64
+	off        uint64
+	length     uint32
+	buf        []byte // WRITE payload or READ destination
+	errno      uint32 // set by validation: answer without executing
+}
+
+// transmit runs the transmission phase: this goroutine reads and validates
+// requests; Workers goroutines execute them; replies go through one
+// BatchWriter in completion order.
+func (c *conn) transmit() error {
+	s := c.s
+	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { c.nc.Close() })
+	work := make(chan *request, s.Workers*2)
+	var wg sync.WaitGroup
+	for i := 0; i < s.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range work {
+				c.execute(r, bw)
+			}
+		}()
+	}
+	err := c.readRequests(work, bw)
+	close(work)
+	wg.Wait() // every request gets its reply before the connection closes
+	bw.Close()
+	return err
+}
+
+func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) error {
+	s := c.s
+	var h [requestHeaderLen]byte
+	for {
+		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				s.ProtocolViolations.Add(1)
+				return fmt.Errorf("%w: connection closed inside a request header", errProtocol)
+			}
+			return err
+		}
+		if m := binary.BigEndian.Uint32(h[0:]); m != magicRequest {
+			s.ProtocolViolations.Add(1)
+			return fmt.Errorf("%w: bad request magic %#x", errProtocol, m)
+		}
+		r := &request{
+			flags:  binary.BigEndian.Uint16(h[4:]),
+			typ:    binary.BigEndian.Uint16(h[6:]),
+			cookie: binary.BigEndian.Uint64(h[8:]),
+			off:    binary.BigEndian.Uint64(h[16:]),
+			length: binary.BigEndian.Uint32(h[24:]),
+		}
+		s.Requests.Add(1)
+		if r.typ == cmdDisc {
+			return nil // outstanding requests finish in transmit
+		}
+		if r.typ == cmdWrite {
+			if r.length > s.MaxRequest {
+				// Refuse it, but keep the stream in step if we can.
+				r.errno = errOverflow
+				if r.length > maxDiscard {
+					c.answer(r, bw)
+					s.ProtocolViolations.Add(1)
+					return fmt.Errorf("%w: WRITE of %d bytes", errProtocol, r.length)
+				}
+				if _, err := c.r.Discard(int(r.length)); err != nil {
+					return err
+				}
+			} else {
+				r.buf = s.bufs.get(int(r.length))
+				if _, err := io.ReadFull(c.r, r.buf); err != nil {
+					s.bufs.put(r.buf)
+					return err
+				}
+			}
+		}
+		if r.errno == 0 {
+			r.errno = c.validate(r)
+		}
+		if r.errno != 0 {
+			c.answer(r, bw)
+			continue
+		}
+		if r.typ == cmdRead {
+			r.buf = c.s.bufs.get(int(r.length))
+		}
+		work <- r
+	}
+}
+
+// validate checks a request before any backend sees it (nbdkit's rule).
+func (c *conn) validate(r *request) uint32 {
+	allowed := cmdFlagFUA
+	switch r.typ {
+	case cmdRead:
+		if c.structured {
+			allowed |= cmdFlagDF
+		}
+	case cmdWriteZeroes:
+		allowed |= cmdFlagNoHole | cmdFlagFastZero
+	case cmdBlockStatus:
+		allowed |= cmdFlagReqOne
+	case cmdWrite, cmdFlush, cmdTrim, cmdCache:
+	default:
+		return errInval
+	}
+	if r.flags&^allowed != 0 {
+		return errInval
+	}
+	if r.typ == cmdFlush {
+		if r.off != 0 || r.length != 0 {
+			return errInval
+		}
+		return 0
+	}
+	if r.length == 0 {
+		return errInval
+	}
+	if r.typ == cmdRead && r.length > c.s.MaxRequest {
+		return errOverflow
+	}
+	writes := r.typ == cmdWrite || r.typ == cmdTrim || r.typ == cmdWriteZeroes
+	if writes && c.exp.ReadOnly {
+		return errPerm
+	}
+	if end, carry := bits.Add64(r.off, uint64(r.length), 0); carry != 0 || end > c.exp.Size {
+		if r.typ == cmdWrite || r.typ == cmdWriteZeroes {
+			return errNoSpc // the spec's choice for writes past the end
+		}
+		return errInval
+	}
+	if r.typ == cmdBlockStatus && !c.metaOK {
+		return errInval
+	}
+	if r.typ == cmdWriteZeroes && r.flags&cmdFlagFastZero != 0 && r.flags&cmdFlagNoHole != 0 {
+		return errNotSup // zeroes that must be allocated are written, not fast
+	}
+	return 0
+}
+
+func (c *conn) execute(r *request, bw *pipeline.BatchWriter) {
+	ctx := c.s.ctx
+	vol := c.exp.Volume
+	var err error
+	switch r.typ {
+	case cmdRead:
+		err = c.s.Backend.ReadRange(ctx, vol, r.off, r.buf)
+	case cmdWrite:
+		err = c.s.Backend.WriteRange(ctx, vol, r.off, r.buf)
+	case cmdFlush:
+		err = c.s.Backend.Flush(ctx)
+	case cmdTrim:
+		err = c.s.Backend.ZeroRange(ctx, vol, r.off, uint64(r.length), false)
+	case cmdWriteZeroes:
+		err = c.s.Backend.ZeroRange(ctx, vol, r.off, uint64(r.length), r.flags&cmdFlagNoHole != 0)
+	case cmdCache:
+		err = c.cache(ctx, r)
+	case cmdBlockStatus:
+	}
+	if err == nil && r.flags&cmdFlagFUA != 0 && r.typ != cmdRead && r.typ != cmdCache && r.typ != cmdBlockStatus {
+		err = c.s.Backend.Flush(ctx)
+	}
+	if err != nil {
+		r.errno = errnoOf(err)
+		c.s.Errors.Add(1)
+		c.s.Log.Warn("nbd: request failed", "cmd", cmdName(r.typ), "offset", r.off, "length", r.length, "err", err)
+	}
+	c.answer(r, bw)
+}
+
+// cache reads the range into the host cache (and, with an agent, its
+// parser has already turned the request into prefetches).
+func (c *conn) cache(ctx context.Context, r *request) error {
+	buf := c.s.bufs.get(1 << 20)
+	defer c.s.bufs.put(buf)
+	for off, end := r.off, r.off+uint64(r.length); off < end; {
+		n := min(uint64(len(buf)), end-off)
+		if err := c.s.Backend.ReadRange(ctx, c.exp.Volume, off, buf[:n]); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// errnoOf is the one place that maps errors to NBD error values.
+func errnoOf(err error) uint32 {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange),
+		errors.Is(err, pagestore.ErrNoVolume), errors.Is(err, memnode.ErrNoVolume):
+		return errInval
+	case errors.Is(err, memnode.ErrNoMemory):
+		return errNoSpc
+	case errors.Is(err, context.Canceled):
+		return errShutdown
+	}
+	return errIO
+}
+
+// answer sends r's reply and recycles its buffer.
+func (c *conn) answer(r *request, bw *pipeline.BatchWriter) {
+	defer func() {
+		if r.buf != nil {
+			c.s.bufs.put(r.buf)
+			r.buf = nil
+		}
+	}()
+	buf, err := bw.Begin()
+	if err != nil {
+		return
+	}
+	structuredReply := c.structured && (r.typ == cmdRead || r.typ == cmdBlockStatus)
+	switch {
+	case !structuredReply:
+		buf = binary.BigEndian.AppendUint32(buf, magicSimple)
+		buf = binary.BigEndian.AppendUint32(buf, r.errno)
+		buf = binary.BigEndian.AppendUint64(buf, r.cookie)
+		if r.typ == cmdRead && r.errno == 0 {
+			buf = append(buf, r.buf...)
+		}
+	case r.errno != 0:
+		msg := "request failed"
+		buf = chunkHeader(buf, chunkFlagDone, chunkError, r.cookie, uint32(6+len(msg)))
+		buf = binary.BigEndian.AppendUint32(buf, r.errno)
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(msg)))
+		buf = append(buf, msg...)
+	case r.typ == cmdRead:
+		buf = chunkHeader(buf, chunkFlagDone, chunkOffsetData, r.cookie, uint32(8+len(r.buf)))
+		buf = binary.BigEndian.AppendUint64(buf, r.off)
+		buf = append(buf, r.buf...)
+	default: // BLOCK_STATUS: everything is allocated data (status 0)
+		n := min(uint64(r.length), c.exp.Size-r.off)
+		buf = chunkHeader(buf, chunkFlagDone, chunkBlockStatus, r.cookie, 12)
+		buf = binary.BigEndian.AppendUint32(buf, metaBaseAllocationID)
+		buf = binary.BigEndian.AppendUint32(buf, uint32(n))
+		buf = binary.BigEndian.AppendUint32(buf, 0)
+	}
+	bw.End(buf)
+}
+
+func chunkHeader(b []byte, flags, typ uint16, cookie uint64, n uint32) []byte {
+	b = binary.BigEndian.AppendUint32(b, magicStructured)
+	b = binary.BigEndian.AppendUint16(b, flags)
+	b = binary.BigEndian.AppendUint16(b, typ)
+	b = binary.BigEndian.AppendUint64(b, cookie)
+	return binary.BigEndian.AppendUint32(b, n)
+}
+
+// bufPool holds request data buffers by power-of-two size class, so
+// steady traffic allocates nothing.
+type bufPool [27]sync.Pool // classes 1 B … 64 MiB
+
+func sizeClass(n int) int { return bits.Len(uint(n - 1)) }
+
+func (p *bufPool) get(n int) []byte {
+	cl := sizeClass(n)
+	if n == 0 || cl >= len(p) {
+		return make([]byte, n)
+	}
+	if b, ok := p[cl].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, 1<<cl)
+}
+
+func (p *bufPool) put(b []byte) {
+	cl := sizeClass(cap(b))
+	if cap(b) > 0 && cl < len(p) && cap(b) == 1<<cl {
+		p[cl].Put(&b)
+	}
+}
