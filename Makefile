@@ -17,7 +17,8 @@ FUZZ_TARGETS := \
 	./memnode:FuzzServerStream \
 	./pagestore/pageproto:FuzzHeader \
 	./pagestore/pageproto:FuzzServerStream \
-	./dpu:FuzzPageParser
+	./dpu:FuzzPageParser \
+	./dpu:FuzzNBDParser
 
 .PHONY: all build run test test-long vet fuzz bench deps deps-system tools-check clean
 

@@ -70,10 +70,23 @@ type stream struct {
 
 var _ mirror.Mirror = (*Agent)(nil)
 
-// NewStream implements mirror.Mirror.
-func (a *Agent) NewStream() mirror.Stream {
-	return &stream{a: a, p: a.parser(), buf: make([]Access, 0, 256)}
+// NewStream implements mirror.Mirror with the agent's default parser.
+func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser) }
+
+func (a *Agent) newStream(f func() Parser) mirror.Stream {
+	return &stream{a: a, p: f(), buf: make([]Access, 0, 256)}
 }
+
+// Mirror returns a mirror whose streams are parsed by parsers from f, for a
+// frontend that speaks another protocol (NBD).
+func (a *Agent) Mirror(f func() Parser) mirror.Mirror { return agentMirror{a, f} }
+
+type agentMirror struct {
+	a *Agent
+	f func() Parser
+}
+
+func (m agentMirror) NewStream() mirror.Stream { return m.a.newStream(m.f) }
 
 func (s *stream) Observe(b []byte) {
 	if s.dead {

@@ -53,6 +53,10 @@ const (
 	msgWrite  = 'W'
 	msgTrim   = 'T'
 
+	// Mirror protocols (byte 1 of a mirror message).
+	ProtoPage = 'P'
+	ProtoNBD  = 'N'
+
 	replyOK  = 0
 	replyErr = 1
 
@@ -193,7 +197,11 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			conn := binary.LittleEndian.Uint32(m[4:])
 			st, ok := streams[conn]
 			if !ok {
-				st = a.NewStream()
+				if m[1] == ProtoNBD {
+					st = a.newStream(func() Parser { return &NBDParser{Resolve: resolver(ctx, cfg.Client)} })
+				} else {
+					st = a.NewStream()
+				}
 				streams[conn] = st
 			}
 			st.Observe(m[8:])
@@ -666,11 +674,26 @@ func (l *Link) Evicted(k memnode.Key) {
 type linkStream struct {
 	l      *Link
 	conn   uint32
+	proto  byte
 	broken bool // bytes were dropped: the agent's view has a hole
 }
 
-// NewStream implements mirror.Mirror.
-func (l *Link) NewStream() mirror.Stream { return &linkStream{l: l, conn: l.conns.Add(1)} }
+// NewStream implements mirror.Mirror for the page protocol.
+func (l *Link) NewStream() mirror.Stream {
+	return &linkStream{l: l, conn: l.conns.Add(1), proto: ProtoPage}
+}
+
+// Mirror returns a mirror for a frontend speaking proto (ProtoNBD).
+func (l *Link) Mirror(proto byte) mirror.Mirror { return linkMirror{l, proto} }
+
+type linkMirror struct {
+	l     *Link
+	proto byte
+}
+
+func (m linkMirror) NewStream() mirror.Stream {
+	return &linkStream{l: m.l, conn: m.l.conns.Add(1), proto: m.proto}
+}
 
 // Observe copies the bytes into ring A without waiting; if the agent is
 // gone or behind they are dropped (its parser then loses that stream).
@@ -681,6 +704,7 @@ func (s *linkStream) Observe(b []byte) {
 	}
 	var h [8]byte
 	h[0] = msgMirror
+	h[1] = s.proto
 	binary.LittleEndian.PutUint32(h[4:], s.conn)
 	for len(b) > 0 {
 		n := min(len(b), a.a.MaxMessage()-8)
@@ -709,4 +733,31 @@ func (s *linkStream) Close() {
 func RegionExists(name string) bool {
 	_, err := os.Stat(shm.Path(name))
 	return err == nil
+}
+
+// resolver maps export names to volume ids by asking the memory node once
+// per name ("" is the node's first volume).
+func resolver(ctx context.Context, c *memnode.Client) func(string) (uint16, bool) {
+	cache := map[string]uint16{}
+	return func(name string) (uint16, bool) {
+		if id, ok := cache[name]; ok {
+			return id, true
+		}
+		var id uint16
+		if name == "" {
+			vs, err := c.List(ctx)
+			if err != nil || len(vs) == 0 {
+				return 0, false
+			}
+			id = vs[0].ID
+		} else {
+			v, err := c.Open(ctx, name)
+			if err != nil {
+				return 0, false
+			}
+			id = v.ID
+		}
+		cache[name] = id
+		return id, true
+	}
 }

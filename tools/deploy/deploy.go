@@ -265,12 +265,14 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 }
 
 func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
-	var mir mirror.Mirror
+	var mir, nbdMir mirror.Mirror
 	switch {
 	case h.Agent != nil:
 		mir = h.Agent
+		nbdMir = h.Agent.Mirror(func() dpu.Parser { return &dpu.NBDParser{Resolve: h.resolveExport} })
 	case h.Link != nil:
 		mir = h.Link
+		nbdMir = h.Link.Mirror(dpu.ProtoNBD)
 	}
 	if cfg.NBDListen != "" {
 		ln, err := Listen(cfg.NBDListen)
@@ -278,7 +280,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBDAddr = addrString(ln)
-		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: mir}
+		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir}
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
 				Name: v.Name, Volume: v.ID, Size: v.Size, ReadOnly: slices.Contains(cfg.NBDReadOnly, v.Name),
@@ -366,6 +368,19 @@ func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options) error {
 	h.closers = append(h.closers, region.Close)
 	opt.Prefetched = dpu.Prefetched{Z: z}
 	return nil
+}
+
+// resolveExport maps an NBD export name to its volume ("" = the first).
+func (h *Host) resolveExport(name string) (uint16, bool) {
+	if name == "" && len(h.Volumes) > 0 {
+		return h.Volumes[0].ID, true
+	}
+	for _, v := range h.Volumes {
+		if v.Name == name {
+			return v.ID, true
+		}
+	}
+	return 0, false
 }
 
 func (h *Host) stopAgent() {

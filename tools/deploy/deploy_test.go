@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -69,4 +70,29 @@ func TestLeapPrefetchesSequentialScans(t *testing.T) {
 
 	_, err = StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
 	assert.ErrorContains(t, err, "use it with --dpu none")
+}
+
+// TestAgentPrefetchesNBDReads: reads over NBD with an embedded agent are
+// parsed and served from the Loading Zone.
+func TestAgentPrefetchesNBDReads(t *testing.T) {
+	if _, err := exec.LookPath("nbdcopy"); err != nil {
+		t.Skip("nbdcopy is not installed (apt-get install libnbd-bin; .ci/run does)")
+	}
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	h, err := StartHost(ctx, HostConfig{
+		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
+		CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: "embedded",
+	})
+	require.NoError(t, err)
+	defer h.Close(ctx)
+	out, err := exec.Command("nbdcopy", "nbd://"+h.NBDAddr+"/disk0", "null:").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Positive(t, h.Agent.Parsed.Load(), "the agent parsed NBD requests")
+	assert.Zero(t, h.Agent.LostStreams.Load(), "and followed every connection")
+	assert.Positive(t, h.Store.Stats().PrefetchHits, "reads were served from the Loading Zone")
+	t.Logf("parsed %d, prefetched %d, Loading Zone hits %d of %d misses", h.Agent.Parsed.Load(),
+		h.Engine.Issued.Load(), h.Store.Stats().PrefetchHits, h.Store.Stats().Misses)
 }

@@ -1,0 +1,220 @@
+package dpu
+
+import (
+	"encoding/binary"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// NBDParser follows the client side of an NBD connection: the handshake
+// (client flags, then options until EXPORT_NAME, or GO followed by the
+// first request) to learn which export — hence which volume — the
+// connection uses, then the transmission phase. READ and CACHE are reads,
+// a WRITE is a write of each whole page it covers and a read of a
+// partially covered one (read-modify-write); WRITE payloads are skipped.
+// TRIM and WRITE_ZEROES produce nothing: the host discards those pages
+// and its eviction notices keep Host View right. A request touches at most
+// MaxPages pages' worth of accesses (the rest is not prefetched).
+type NBDParser struct {
+	// Resolve maps an export name ("" = the default) to its volume.
+	Resolve func(name string) (uint16, bool)
+	// MaxPages bounds the accesses emitted per request (default 1024).
+	MaxPages int
+
+	state  int
+	buf    [28]byte
+	have   int
+	need   int    // bytes wanted in buf for the current item
+	skip   uint64 // payload bytes to skip
+	optBuf []byte // option data being collected (EXPORT_NAME, GO)
+	optLen uint32
+	opt    uint32
+	vol    uint16
+	goSent bool
+	done   bool // DISC seen: any further byte is a lost stream
+	dead   bool
+}
+
+const (
+	npClientFlags = iota
+	npOptionHeader
+	npOptionData
+	npRequest
+)
+
+const (
+	nbdMagicOption  = 0x49484156454F5054
+	nbdMagicRequest = 0x25609513
+	nbdOptExport    = 1
+	nbdOptGo        = 7
+	nbdCmdRead      = 0
+	nbdCmdWrite     = 1
+	nbdCmdDisc      = 2
+	nbdCmdCache     = 5
+	maxOptCollect   = 4096 + 8
+)
+
+var _ Parser = (*NBDParser)(nil)
+
+// Feed implements Parser.
+func (p *NBDParser) Feed(b []byte, out []Access) ([]Access, error) {
+	if p.dead {
+		return out, ErrLostSync
+	}
+	if p.MaxPages <= 0 {
+		p.MaxPages = 1024
+	}
+	for len(b) > 0 {
+		if p.done { // bytes after DISC
+			p.dead = true
+			return out, ErrLostSync
+		}
+		if p.skip > 0 {
+			n := min(p.skip, uint64(len(b)))
+			if p.state == npOptionData && len(p.optBuf) < maxOptCollect {
+				take := min(int(n), maxOptCollect-len(p.optBuf))
+				p.optBuf = append(p.optBuf, b[:take]...)
+			}
+			p.skip -= n
+			b = b[n:]
+			if p.skip == 0 && p.state == npOptionData {
+				if !p.optionDone() {
+					return p.fail(out)
+				}
+			}
+			continue
+		}
+		need := p.want()
+		n := copy(p.buf[p.have:need], b)
+		p.have += n
+		b = b[n:]
+		if p.have < need {
+			break
+		}
+		p.have = 0
+		var ok bool
+		out, ok = p.item(out)
+		if !ok {
+			return p.fail(out)
+		}
+	}
+	return out, nil
+}
+
+func (p *NBDParser) fail(out []Access) ([]Access, error) {
+	p.dead = true
+	return out, ErrLostSync
+}
+
+func (p *NBDParser) want() int {
+	switch p.state {
+	case npClientFlags:
+		return 4
+	case npOptionHeader:
+		if p.goSent {
+			return 4 // after GO: a request or another option, by magic
+		}
+		return 16
+	}
+	return 28
+}
+
+// item handles a complete fixed-size item in p.buf.
+func (p *NBDParser) item(out []Access) ([]Access, bool) {
+	switch p.state {
+	case npClientFlags:
+		p.state = npOptionHeader
+		return out, true
+	case npOptionHeader:
+		if p.goSent {
+			// Decide by magic, then re-read the whole item.
+			p.goSent = false
+			if binary.BigEndian.Uint32(p.buf[:4]) == nbdMagicRequest {
+				p.state = npRequest
+			}
+			p.have = 4
+			return out, true
+		}
+		if binary.BigEndian.Uint64(p.buf[:8]) != nbdMagicOption {
+			return out, false
+		}
+		p.opt = binary.BigEndian.Uint32(p.buf[8:])
+		p.optLen = binary.BigEndian.Uint32(p.buf[12:])
+		p.optBuf = p.optBuf[:0]
+		if p.optLen == 0 {
+			return out, p.optionDone()
+		}
+		p.state = npOptionData
+		p.skip = uint64(p.optLen)
+		return out, true
+	}
+	// A transmission request.
+	if binary.BigEndian.Uint32(p.buf[:4]) != nbdMagicRequest {
+		return out, false
+	}
+	typ := binary.BigEndian.Uint16(p.buf[6:])
+	off := binary.BigEndian.Uint64(p.buf[16:])
+	n := uint64(binary.BigEndian.Uint32(p.buf[24:]))
+	switch typ {
+	case nbdCmdRead, nbdCmdCache:
+		out = p.pages(out, off, n, Read, Read)
+	case nbdCmdWrite:
+		out = p.pages(out, off, n, Write, Read)
+		p.skip = n
+	case nbdCmdDisc:
+		p.done = true // nothing may follow
+	}
+	return out, true
+}
+
+// optionDone finishes an option whose data is in optBuf.
+func (p *NBDParser) optionDone() bool {
+	p.state = npOptionHeader
+	var name string
+	switch p.opt {
+	case nbdOptExport:
+		name = string(p.optBuf)
+	case nbdOptGo:
+		if len(p.optBuf) < 4 {
+			return false
+		}
+		l := int(binary.BigEndian.Uint32(p.optBuf))
+		if 4+l > len(p.optBuf) {
+			return false
+		}
+		name = string(p.optBuf[4 : 4+l])
+	default:
+		return true
+	}
+	vol, ok := p.Resolve(name)
+	if !ok {
+		// The server refuses an unknown export: GO may be retried, and an
+		// EXPORT_NAME for it ends the connection.
+		return p.opt == nbdOptGo
+	}
+	p.vol = vol
+	if p.opt == nbdOptExport {
+		p.state = npRequest
+	} else {
+		p.goSent = true
+	}
+	return true
+}
+
+// pages appends one access per page of [off, off+n): whole for pages the
+// range covers entirely, partial for the edges.
+func (p *NBDParser) pages(out []Access, off, n uint64, whole, partial Kind) []Access {
+	if n == 0 {
+		return out
+	}
+	end := off + n
+	for pg, i := off/memnode.PageSize, 0; pg*memnode.PageSize < end && i < p.MaxPages; pg, i = pg+1, i+1 {
+		start := pg * memnode.PageSize
+		k := whole
+		if start < off || start+memnode.PageSize > end {
+			k = partial
+		}
+		out = append(out, Access{memnode.MakeKey(p.vol, pg), k})
+	}
+	return out
+}
