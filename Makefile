@@ -20,7 +20,7 @@ FUZZ_TARGETS := \
 	./dpu:FuzzPageParser \
 	./dpu:FuzzNBDParser
 
-.PHONY: all build run test test-long vet fuzz bench deps deps-system tools-check clean
+.PHONY: all build run test test-long vet fuzz bench bench-nbd pgbench-nbd deps deps-system tools-check clean
 
 # Real clients the integration tests drive (Debian packages).
 SYSTEM_PACKAGES := fio libnbd-bin nbdkit nbdfuse python3-libnbd qemu-utils xfsprogs e2fsprogs sqlite3 fuse3 util-linux
@@ -77,6 +77,11 @@ bench: build
 	./$(BIN) bench page --systems local,sync,leap,pd3,pd3-split --dist uniform,zipf:0.99 --fixed-load 0.5
 	./$(BIN) bench hostview
 	./$(BIN) bench loadingzone
+
+# PostgreSQL on ext4 on a loop device over nbdfuse over pd3's NBD export,
+# pgbench vs the same on local disk (root). PGBENCH_SECONDS=60 for longer.
+pgbench-nbd: build deps-system
+	./tools/pgbench-nbd.sh
 
 clean:
 	rm -rf bin
