@@ -78,6 +78,11 @@ bench: build
 	./$(BIN) bench hostview
 	./$(BIN) bench loadingzone
 
+# fio's nbd engine: pd3 (data at a separate memory node) vs nbdkit memory
+# vs the go-nbd reference server, IOPS ratios in one run.
+bench-nbd: build deps-system
+	./$(BIN) bench nbd
+
 # PostgreSQL on ext4 on a loop device over nbdfuse over pd3's NBD export,
 # pgbench vs the same on local disk (root). PGBENCH_SECONDS=60 for longer.
 pgbench-nbd: build deps-system

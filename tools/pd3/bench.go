@@ -129,6 +129,7 @@ func benchCmd() *cobra.Command {
 	hv.Flags().IntVar(&hvopt.Keys, "keys", 100_000_000, "keys in the set")
 	hv.Flags().IntVar(&hvopt.Lookups, "lookups", 20_000_000, "lookups per row")
 
+	var listen string
 	var lzopt bench.LZOptions
 	var threads string
 	lzc := &cobra.Command{
@@ -157,7 +158,61 @@ func benchCmd() *cobra.Command {
 	lzc.Flags().IntVar(&lzopt.Records, "records", 16384, "pages in the zone")
 	lzc.Flags().IntVar(&lzopt.Rounds, "rounds", 5, "fill-and-drain rounds per row")
 
-	var listen string
+	var nopt bench.NBDOptions
+	var nsystems, njobs, nsize, ncache string
+	nbdc := &cobra.Command{
+		Use:   "nbd",
+		Short: "fio's nbd engine against pd3, nbdkit memory and go-nbd (IOPS ratios)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if nopt.Exe, err = exe(); err != nil {
+				return err
+			}
+			nopt.Systems, nopt.Jobs = strings.Split(nsystems, ","), strings.Split(njobs, ",")
+			if nopt.Size, err = units.ParseSize(nsize); err != nil {
+				return fmt.Errorf("--size: %w", err)
+			}
+			if nopt.Cache, err = units.ParseSize(ncache); err != nil {
+				return fmt.Errorf("--cache: %w", err)
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.NBD(ctx, nopt)
+			if err != nil {
+				return err
+			}
+			return rep.Print(os.Stdout, asJSON)
+		},
+	}
+	nbdc.Flags().StringVar(&nsystems, "systems", strings.Join(bench.NBDSystems, ","), "servers to compare")
+	nbdc.Flags().StringVar(&njobs, "jobs", strings.Join(bench.NBDJobs, ","), "fio jobs (tools/fio/NAME.fio)")
+	nbdc.Flags().StringVar(&nsize, "size", "1GiB", "export size")
+	nbdc.Flags().StringVar(&ncache, "cache", "64MiB", "pd3 host cache")
+	nbdc.Flags().DurationVar(&nopt.Runtime, "runtime", 10*time.Second, "per job")
+	nbdc.Flags().DurationVar(&nopt.Ramp, "ramp", 2*time.Second, "unmeasured start of each job")
+
+	var gsize string
+	gonbd := &cobra.Command{
+		Use: "gonbd-server", Hidden: true, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			n, err := units.ParseSize(gsize)
+			if err != nil {
+				return err
+			}
+			ln, err := deploy.Listen(listen)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("pd3: go-nbd server listening on %s\n", ln.Addr())
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			return bench.ServeGoNBD(ctx, ln, n)
+		},
+	}
+	gonbd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
+	gonbd.Flags().StringVar(&gsize, "size", "1GiB", "export size")
+
 	var region uint64
 	raw := &cobra.Command{
 		Use: "raw-server", Hidden: true, Args: cobra.NoArgs,
@@ -174,6 +229,6 @@ func benchCmd() *cobra.Command {
 	}
 	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
-	cmd.AddCommand(transport, page, hv, lzc, raw)
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, gonbd, raw)
 	return cmd
 }

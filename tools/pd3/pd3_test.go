@@ -267,3 +267,27 @@ func TestSplitAgentKilledMidRun(t *testing.T) {
 	assert.Regexp(t, `pd3_link_agent_writes_total [1-9]`, m, "write-backs went through the agent")
 	t.Logf("%d operations linearizable across 2 agent kills", hist.Len())
 }
+
+// TestBenchNBDSmoke: the NBD benchmark runs every system and job end to
+// end (fio verifies nothing here; the numbers are not judged).
+func TestBenchNBDSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	for _, tool := range []string{"fio", "nbdkit"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make deps-system)", tool)
+		}
+	}
+	out, err := run(t, "", "bench", "nbd", "--size", "64MiB", "--cache", "4MiB", "--runtime", "1s", "--ramp", "0s",
+		"--jobs", "randread-q32t1,randwrite-q32t1", "--json")
+	require.NoError(t, err, out)
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Len(t, rep.Results, 6)
+	assert.Contains(t, rep.Ratios, "pd3/nbdkit-memory@randread-q32t1")
+	assert.Contains(t, rep.Ratios, "pd3/go-nbd@randwrite-q32t1")
+	for _, r := range rep.Results {
+		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
+	}
+}

@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/tools/fio"
+	"github.com/pojntfx/go-nbd/pkg/backend"
+	"github.com/pojntfx/go-nbd/pkg/server"
+)
+
+// NBDOptions configure the NBD benchmark.
+type NBDOptions struct {
+	Exe     string
+	Systems []string // pd3, nbdkit-memory, go-nbd
+	Jobs    []string // fio job names under tools/fio
+	Size    uint64
+	Cache   uint64
+	Runtime time.Duration
+	Ramp    time.Duration
+}
+
+// NBDSystems lists the servers NBD compares.
+var NBDSystems = []string{"pd3", "nbdkit-memory", "go-nbd"}
+
+// NBDJobs are the default fio jobs.
+var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
+
+// NBD runs fio's nbd engine against each server with the same jobs, after
+// filling the export once, and reports IOPS with ratios.
+func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
+	if _, err := exec.LookPath("fio"); err != nil {
+		return nil, fmt.Errorf("fio is not installed (make deps-system)")
+	}
+	dir, err := os.MkdirTemp("", "pd3-fio-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	files, _ := fio.Jobs.ReadDir(".")
+	for _, f := range files {
+		b, _ := fio.Jobs.ReadFile(f.Name())
+		if err := os.WriteFile(filepath.Join(dir, f.Name()), b, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	rep := &Report{Bench: "nbd", Machine: Machine(), Ratios: map[string]float64{}}
+	iops := map[string]map[string]float64{}
+	for _, sys := range opt.Systems {
+		uri, server, stop, err := startNBDSystem(ctx, opt, sys)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		iops[sys] = map[string]float64{}
+		env := []string{"NBD_URI=" + uri, "SIZE=" + strconv.FormatUint(opt.Size, 10),
+			"RUNTIME=" + strconv.Itoa(int(opt.Runtime.Seconds())), "RAMP=" + strconv.Itoa(int(opt.Ramp.Seconds()))}
+		if _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); err != nil {
+			stop()
+			return nil, fmt.Errorf("%s: filling: %w", sys, err)
+		}
+		for _, job := range opt.Jobs {
+			cpu0 := server.CPU()
+			r, err := runFio(ctx, filepath.Join(dir, job+".fio"), env)
+			if err != nil {
+				stop()
+				return nil, fmt.Errorf("%s %s: %w", sys, job, err)
+			}
+			cpu := server.CPU() - cpu0
+			r.System, r.Config = sys, job
+			if r.Ops > 0 {
+				r.HostCPUusOp = us(cpu) / float64(r.Ops)
+			}
+			r.HostRSS = server.RSS()
+			rep.Results = append(rep.Results, r)
+			iops[sys][job] = r.OpsPerSec
+		}
+		stop()
+	}
+	for _, job := range opt.Jobs {
+		for _, base := range opt.Systems {
+			if base != "pd3" && iops[base][job] > 0 && iops["pd3"][job] > 0 {
+				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
+			}
+		}
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("fio ioengine=nbd, 4 KiB, %v per job after %v ramp, export of %s filled first; pd3: memory node in its own process, %s host cache, embedded agent; nbdkit memory and go-nbd keep the data in their own memory",
+		opt.Runtime, opt.Ramp, units.FormatSize(opt.Size), units.FormatSize(opt.Cache)))
+	return rep, nil
+}
+
+// startNBDSystem starts a server and returns its URI, the process to
+// measure, and a stop function.
+func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, func(), error) {
+	size := strconv.FormatUint(opt.Size, 10)
+	switch sys {
+	case "pd3":
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+		if err != nil {
+			return "", nil, nil, err
+		}
+		host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--memnode", node.Addrs["memory node"],
+			"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "embedded")
+		if err != nil {
+			node.Stop()
+			return "", nil, nil, err
+		}
+		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, func() { host.Stop(); node.Stop() }, nil
+	case "go-nbd":
+		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		return "nbd://" + srv.Addrs["go-nbd server"] + "/disk0", srv, srv.Stop, nil
+	case "nbdkit-memory":
+		exe, err := exec.LookPath("nbdkit")
+		if err != nil {
+			return "", nil, nil, fmt.Errorf("nbdkit is not installed (make deps-system)")
+		}
+		port, err := freePort()
+		if err != nil {
+			return "", nil, nil, err
+		}
+		cmd := exec.CommandContext(ctx, exe, "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "memory", size)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return "", nil, nil, err
+		}
+		c := &Child{cmd: cmd, Pid: cmd.Process.Pid, Addrs: map[string]string{}}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		for i := 0; ; i++ {
+			if nc, err := net.Dial("tcp", addr); err == nil {
+				nc.Close()
+				break
+			}
+			if i > 200 {
+				c.Stop()
+				return "", nil, nil, fmt.Errorf("nbdkit did not listen on %s", addr)
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+		return "nbd://" + addr, c, c.Stop, nil
+	}
+	return "", nil, nil, fmt.Errorf("unknown NBD system %q (have %v)", sys, NBDSystems)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// runFio runs a job file and returns its aggregate IOPS and latencies.
+func runFio(ctx context.Context, job string, env []string) (Result, error) {
+	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", job)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.Output()
+	if err != nil {
+		return Result{}, fmt.Errorf("fio %s: %w", filepath.Base(job), err)
+	}
+	var res struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Read  fioStats
+			Write fioStats
+		} `json:"jobs"`
+	}
+	// The nbd engine prints "fio: connected to NBD server" before the JSON.
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Jobs) == 0 {
+		return Result{}, fmt.Errorf("fio %s: unreadable output", filepath.Base(job))
+	}
+	j := res.Jobs[0]
+	st := j.Read
+	if j.Write.IOPS > st.IOPS {
+		st = j.Write
+	}
+	r := Result{Ops: st.TotalIOs, OpsPerSec: st.IOPS, GBytesPerSec: st.IOPS * 4096 / 1e9,
+		P50us: st.ClatNs.Percentile["50.000000"] / 1e3, P99us: st.ClatNs.Percentile["99.000000"] / 1e3}
+	if j.Error != 0 {
+		r.Errors = uint64(j.Error)
+		return r, fmt.Errorf("fio %s reported error %d", filepath.Base(job), j.Error)
+	}
+	return r, nil
+}
+
+type fioStats struct {
+	IOPS     float64 `json:"iops"`
+	TotalIOs uint64  `json:"total_ios"`
+	ClatNs   struct {
+		Percentile map[string]float64 `json:"percentile"`
+	} `json:"clat_ns"`
+}
+
+// ServeGoNBD serves a memory-backed export "disk0" of size bytes with the
+// go-nbd reference server (serial per connection), until ctx ends.
+func ServeGoNBD(ctx context.Context, ln net.Listener, size uint64) error {
+	b := backend.NewMemoryBackend(make([]byte, size))
+	exports := []*server.Export{{Name: "disk0", Backend: b}}
+	context.AfterFunc(ctx, func() { ln.Close() })
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go func() {
+			defer nc.Close()
+			server.Handle(nc, exports, &server.Options{SupportsMultiConn: true, MaximumBlockSize: 32 << 20})
+		}()
+	}
+}
