@@ -26,9 +26,12 @@ import (
 type rig struct {
 	addr  string
 	node  *memnode.Client // direct view of the memory node
+	mem   *memnode.Store  // the node's memory, for accounting checks
 	store *pagestore.Store
 	srv   *Server
 }
+
+func (r *rig) srvStoreUsed() uint64 { return r.mem.Used() }
 
 // newRig serves volumes disk0 (size bytes) and ro (1 MiB, read-only) over
 // NBD from a memory node through a cache of cache bytes.
@@ -66,7 +69,7 @@ func newRig(t *testing.T, size uint64, cache int64) *rig {
 		mc.Close()
 		msrv.Close()
 	})
-	return &rig{addr: ln.Addr().String(), node: direct, store: st, srv: srv}
+	return &rig{addr: ln.Addr().String(), node: direct, mem: msrv.Store, store: st, srv: srv}
 }
 
 func (r *rig) uri(export string) string { return "nbd://" + r.addr + "/" + export }
@@ -511,4 +514,30 @@ func TestFioVerify(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "err= 0")
 	assert.NotContains(t, string(out), "verify: bad")
+}
+
+// TestTrimFreesChunks: TRIM of whole chunks over NBD gives the memory
+// back at the node; a later read sees zeroes.
+func TestTrimFreesChunks(t *testing.T) {
+	r := newRig(t, 8<<20, 16*4096)
+	c := dial(t, r.addr, "disk0", false)
+	for off := uint64(0); off < 8<<20; off += 1 << 20 {
+		c.send(cmdWrite, cmdFlagFUA, off, off, 1<<20, bytes.Repeat([]byte{7}, 1<<20))
+		errno, _, _ := c.simple(t, 0)
+		require.Zero(t, errno)
+	}
+	used := r.srvStoreUsed
+	before := used()
+	require.GreaterOrEqual(t, before, uint64(8<<20))
+	c.send(cmdTrim, cmdFlagFUA, 1, 1<<20, 4<<20, nil) // chunks 1-4
+	errno, _, _ := c.simple(t, 0)
+	require.Zero(t, errno)
+	assert.Equal(t, before-4<<20, used(), "4 whole chunks freed at the memory node")
+	c.send(cmdRead, 0, 2, 2<<20, 4096, nil)
+	errno, _, data := c.simple(t, 4096)
+	require.Zero(t, errno)
+	assert.Equal(t, make([]byte, 4096), data)
+	c.send(cmdRead, 0, 3, 5<<20, 4096, nil)
+	_, _, data = c.simple(t, 4096)
+	assert.Equal(t, bytes.Repeat([]byte{7}, 4096), data, "untrimmed data stays")
 }
