@@ -41,7 +41,7 @@ func (s *Store) WriteRange(ctx context.Context, vol uint16, off uint64, p []byte
 		if n == PageSize {
 			return s.Put(ctx, k, src)
 		}
-		return s.update(ctx, k, func(page []byte) { copy(page[po:po+n], src) })
+		return s.modify(ctx, k, true, func(page []byte) { copy(page[po:po+n], src) })
 	})
 }
 
@@ -63,7 +63,7 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 	}
 	err := s.eachPage(vol, off, n, func(k Key, po, m int, at uint64) error {
 		if m < PageSize {
-			return s.update(ctx, k, func(page []byte) { clear(page[po : po+m]) })
+			return s.modify(ctx, k, true, func(page []byte) { clear(page[po : po+m]) })
 		}
 		if keep || !canTrim {
 			return s.Put(ctx, k, zero[:])
@@ -110,48 +110,6 @@ func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at
 		off, n, at = off+m, n-m, at+m
 	}
 	return nil
-}
-
-// update applies fn to page k under the page's write lock, loading the page
-// first if it is not cached, and marks it dirty.
-func (s *Store) update(ctx context.Context, k Key, fn func(page []byte)) error {
-	for {
-		if f, ok := s.lookup(k); ok {
-			fr := &s.frames[f]
-			fr.mu.Lock()
-			if fr.key == k && fr.valid {
-				fn(s.page(f))
-				fr.ver++
-				fr.dirty.Store(true)
-				fr.mu.Unlock()
-				s.pol.hit(f)
-				s.hits.Add(1)
-				return nil
-			}
-			fr.mu.Unlock()
-			continue
-		}
-		f, err := s.claimFrame(ctx)
-		if err != nil {
-			return fmt.Errorf("writing page %v: %w", k, err)
-		}
-		if !s.publish(k, f) {
-			continue
-		}
-		s.misses.Add(1)
-		fr := &s.frames[f]
-		if err := s.load(ctx, k, s.page(f)); err != nil {
-			s.unpublish(k, f)
-			return fmt.Errorf("writing page %v: %w", k, err)
-		}
-		fn(s.page(f))
-		fr.valid = true
-		fr.ver++
-		fr.dirty.Store(true)
-		fr.mu.Unlock()
-		s.track(f, k)
-		return nil
-	}
 }
 
 // discard drops page k from the cache without writing it back. Its frame

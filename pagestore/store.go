@@ -309,12 +309,19 @@ func (s *Store) Put(ctx context.Context, k Key, src []byte) error {
 	if err := s.CheckKey(k); err != nil {
 		return err
 	}
+	return s.modify(ctx, k, false, func(page []byte) { copy(page, src) })
+}
+
+// modify applies fn to page k under the page's write lock and marks it
+// dirty. A page that is not cached gets a frame; its old content is loaded
+// first only if load is set (a whole-page write does not need it).
+func (s *Store) modify(ctx context.Context, k Key, load bool, fn func(page []byte)) error {
 	for {
 		if f, ok := s.lookup(k); ok {
 			fr := &s.frames[f]
 			fr.mu.Lock()
 			if fr.key == k && fr.valid {
-				copy(s.page(f), src)
+				fn(s.page(f))
 				fr.ver++
 				fr.dirty.Store(true)
 				fr.mu.Unlock()
@@ -335,7 +342,13 @@ func (s *Store) Put(ctx context.Context, k Key, src []byte) error {
 		}
 		s.misses.Add(1)
 		fr := &s.frames[f]
-		copy(s.page(f), src)
+		if load {
+			if err := s.load(ctx, k, s.page(f)); err != nil {
+				s.unpublish(k, f)
+				return fmt.Errorf("writing page %v: %w", k, err)
+			}
+		}
+		fn(s.page(f))
 		fr.valid = true
 		fr.ver++
 		fr.dirty.Store(true)

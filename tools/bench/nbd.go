@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/tools/fio"
 	"github.com/pojntfx/go-nbd/pkg/backend"
@@ -210,18 +211,9 @@ type fioStats struct {
 func ServeGoNBD(ctx context.Context, ln net.Listener, size uint64) error {
 	b := backend.NewMemoryBackend(make([]byte, size))
 	exports := []*server.Export{{Name: "disk0", Backend: b}}
-	context.AfterFunc(ctx, func() { ln.Close() })
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		go func() {
-			defer nc.Close()
-			server.Handle(nc, exports, &server.Options{SupportsMultiConn: true, MaximumBlockSize: 32 << 20})
-		}()
-	}
+	var g netsrv.Group
+	defer g.Close()
+	return g.Serve(ctx, ln, func(nc net.Conn) {
+		server.Handle(nc, exports, &server.Options{SupportsMultiConn: true, MaximumBlockSize: 32 << 20})
+	})
 }

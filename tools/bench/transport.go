@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/procstat"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
@@ -161,7 +162,6 @@ func rawStream(ctx context.Context, opt TransportOptions, random bool) (Result, 
 // region > 0 each block is first copied from a random page of a region of
 // that many bytes, as the memory node copies pages into its responses.
 func ServeRaw(ctx context.Context, ln net.Listener, region uint64) error {
-	context.AfterFunc(ctx, func() { ln.Close() })
 	var mem []byte
 	if region > 0 {
 		mem = make([]byte, region)
@@ -169,32 +169,24 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64) error {
 			FillPage(memnode.Key(i/memnode.PageSize), mem[i:i+memnode.PageSize])
 		}
 	}
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+	var g netsrv.Group
+	defer g.Close()
+	return g.Serve(ctx, ln, func(nc net.Conn) {
+		buf := make([]byte, 256<<10)
+		for i := 0; i < len(buf); i += memnode.PageSize {
+			FillPage(memnode.Key(i/memnode.PageSize), buf[i:i+memnode.PageSize])
 		}
-		go func() {
-			defer nc.Close()
-			buf := make([]byte, 256<<10)
-			for i := 0; i < len(buf); i += memnode.PageSize {
-				FillPage(memnode.Key(i/memnode.PageSize), buf[i:i+memnode.PageSize])
-			}
-			rng := rand.New(rand.NewPCG(3, 4))
-			for {
-				if mem != nil {
-					for i := 0; i < len(buf); i += memnode.PageSize {
-						o := rng.Uint64N(region/memnode.PageSize) * memnode.PageSize
-						copy(buf[i:i+memnode.PageSize], mem[o:o+memnode.PageSize])
-					}
-				}
-				if _, err := nc.Write(buf); err != nil {
-					return
+		rng := rand.New(rand.NewPCG(3, 4))
+		for {
+			if mem != nil {
+				for i := 0; i < len(buf); i += memnode.PageSize {
+					o := rng.Uint64N(region/memnode.PageSize) * memnode.PageSize
+					copy(buf[i:i+memnode.PageSize], mem[o:o+memnode.PageSize])
 				}
 			}
-		}()
-	}
+			if _, err := nc.Write(buf); err != nil {
+				return
+			}
+		}
+	})
 }
