@@ -86,6 +86,9 @@ func (s *Server) serveConn(nc net.Conn) error {
 		r:  bufio.NewReaderSize(nc, readBufSize),
 		bw: pipeline.NewBatchWriter(nc, writeBufSize, nil),
 	}
+	// With persistence, write acknowledgements leave only once their log
+	// entries are on stable storage; the connection keeps executing.
+	c.bw.SetGate(s.Store.Durable)
 	defer c.bw.Close()
 	if err := c.handshake(); err != nil {
 		return err
@@ -194,9 +197,11 @@ func (c *conn) execute(h *ReqHeader) error {
 		k := Key(h.Offset)
 		return c.respondData(h, uint64(k), PageSize, func(p []byte) error { return st.ReadAt(k.Volume(), k.Page()*PageSize, p) })
 	case OpWrite:
-		c.respondErr(h, st.WriteAt(h.Volume, h.Offset, p))
+		tok, err := st.write(h.Volume, h.Offset, p)
+		return c.respondToken(h, err, tok)
 	case OpTrim:
-		c.respondErr(h, st.Trim(h.Volume, h.Offset, uint64(h.Count)))
+		tok, err := st.trim(h.Volume, h.Offset, uint64(h.Count), true)
+		return c.respondToken(h, err, tok)
 	case OpCAS:
 		if len(p) != 16 {
 			c.respond(h, StatusBadRequest, nil)
@@ -272,6 +277,17 @@ func (c *conn) respond(h *ReqHeader, s Status, payload []byte) error {
 		return err
 	}
 	c.bw.End(appendResp(buf, h, s, payload))
+	return nil
+}
+
+// respondToken answers a mutation; the answer waits for durability token
+// tok at the writer (see BatchWriter.SetGate).
+func (c *conn) respondToken(h *ReqHeader, err error, tok uint64) error {
+	buf, berr := c.bw.Begin()
+	if berr != nil {
+		return berr
+	}
+	c.bw.EndToken(appendResp(buf, h, statusOf(err), nil), tok)
 	return nil
 }
 

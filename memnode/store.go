@@ -3,7 +3,10 @@ package memnode
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -20,6 +23,8 @@ type Store struct {
 	byName map[string]*volume
 	byID   map[uint16]*volume
 	nextID uint16
+
+	persist *persister // nil: memory only
 }
 
 type volume struct {
@@ -34,8 +39,9 @@ type volume struct {
 // request's bytes atomic with respect to another's, as an RDMA NIC does for
 // a single verb on one cache line; across chunks there is no atomicity.
 type chunk struct {
-	mu   sync.RWMutex
-	data []byte // nil until written
+	mu    sync.RWMutex
+	data  []byte      // nil until written
+	dirty atomic.Bool // changed since the last checkpoint (persistent stores)
 }
 
 // NewStore returns an empty store that allocates at most capacity bytes of
@@ -76,7 +82,43 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 	}
 	s.byName[name] = v
 	s.byID[id] = v
+	if err := s.saveVolumesLocked(); err != nil {
+		delete(s.byName, name)
+		delete(s.byID, id)
+		return VolumeInfo{}, err
+	}
 	return v.info, nil
+}
+
+// saveVolumesLocked persists the volume table; s.mu must be held.
+func (s *Store) saveVolumesLocked() error {
+	if s.persist == nil {
+		return nil
+	}
+	vs := make([]VolumeInfo, 0, len(s.byID))
+	for _, v := range s.byID {
+		vs = append(vs, v.info)
+	}
+	if err := s.persist.saveVolumes(vs); err != nil {
+		return fmt.Errorf("memnode: saving the volume table: %w", err)
+	}
+	return nil
+}
+
+// restoreVolume re-creates a volume read from persistent state.
+func (s *Store) restoreVolume(info VolumeInfo) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.byID[info.ID]; ok || info.ID == 0 || validName(info.Name) != nil {
+		return fmt.Errorf("%w: volume table entry %+v", ErrCorrupt, info)
+	}
+	v := &volume{info: info, chunks: make([]chunk, (info.Size+ChunkSize-1)/ChunkSize)}
+	s.byName[info.Name] = v
+	s.byID[info.ID] = v
+	if info.ID >= s.nextID {
+		s.nextID = info.ID + 1
+	}
+	return nil
 }
 
 // freeID finds an unused volume id; ids are never 0. Called with mu held.
@@ -136,10 +178,24 @@ func (s *Store) Delete(name string) error {
 	if ok {
 		delete(s.byName, name)
 		delete(s.byID, v.info.ID)
+		if err := s.saveVolumesLocked(); err != nil {
+			s.byName[name], s.byID[v.info.ID] = v, v
+			s.mu.Unlock()
+			return err
+		}
 	}
 	s.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("deleting %q: %w", name, ErrNoVolume)
+	}
+	if s.persist != nil {
+		s.persist.fmu.Lock()
+		if f, ok := s.persist.files[v.info.ID]; ok {
+			f.Close()
+			delete(s.persist.files, v.info.ID)
+		}
+		s.persist.fmu.Unlock()
+		os.Remove(filepath.Join(s.persist.dir, "vol-"+strconv.Itoa(int(v.info.ID))+".pages"))
 	}
 	v.deleted.Store(true)
 	for i := range v.chunks {
@@ -170,7 +226,7 @@ func (v *volume) check(off, n uint64) error {
 
 // span runs fn on each chunk-sized piece of the n bytes at off of volume
 // id, after checking the range.
-func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chunk, co uint64, q []byte) error) error {
+func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chunk, at, co uint64, q []byte) error) error {
 	v, err := s.volume(id)
 	if err != nil {
 		return err
@@ -181,7 +237,7 @@ func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chun
 	for len(p) > 0 {
 		co := off % ChunkSize
 		n := min(uint64(len(p)), ChunkSize-co)
-		if err := fn(v, &v.chunks[off/ChunkSize], co, p[:n]); err != nil {
+		if err := fn(v, &v.chunks[off/ChunkSize], off, co, p[:n]); err != nil {
 			return fmt.Errorf("%d bytes at %d of volume %q: %w", len(p), off, v.info.Name, err)
 		}
 		p = p[n:]
@@ -193,7 +249,7 @@ func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chun
 // ReadAt copies len(p) bytes at off of volume id into p. Unwritten bytes
 // read as zeroes.
 func (s *Store) ReadAt(id uint16, off uint64, p []byte) error {
-	return s.span(id, off, p, func(_ *volume, c *chunk, co uint64, q []byte) error {
+	return s.span(id, off, p, func(_ *volume, c *chunk, _, co uint64, q []byte) error {
 		c.mu.RLock()
 		if c.data == nil {
 			clear(q)
@@ -205,17 +261,67 @@ func (s *Store) ReadAt(id uint16, off uint64, p []byte) error {
 	})
 }
 
-// WriteAt copies p to off of volume id, allocating chunks as needed.
+// WriteAt copies p to off of volume id, allocating chunks as needed; on a
+// persistent store it returns once the write is on stable storage.
 func (s *Store) WriteAt(id uint16, off uint64, p []byte) error {
-	return s.span(id, off, p, func(v *volume, c *chunk, co uint64, q []byte) error {
+	seq, err := s.write(id, off, p)
+	if err == nil {
+		err = s.Durable(seq)
+	}
+	return err
+}
+
+// write applies p and, on a persistent store, logs it (one entry per chunk,
+// appended under the chunk's lock so the log orders writes to a chunk as
+// memory does). It returns the sequence number to wait for.
+func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
+	var seq uint64
+	err := s.span(id, off, p, func(v *volume, c *chunk, at, co uint64, q []byte) error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if err := s.allocLocked(v, c); err != nil {
 			return err
 		}
 		copy(c.data[co:], q)
+		return s.logLocked(c, opLogWrite, v.info.ID, at, 0, q, &seq)
+	})
+	return seq, err
+}
+
+// apply writes without logging: loading page files (dirty false: the
+// bytes are already there) and replaying the log (dirty true: the next
+// checkpoint must write them before the log that holds them is deleted).
+func (s *Store) apply(id uint16, off uint64, p []byte, dirty bool) error {
+	return s.span(id, off, p, func(v *volume, c *chunk, _, co uint64, q []byte) error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err := s.allocLocked(v, c); err != nil {
+			return err
+		}
+		copy(c.data[co:], q)
+		if dirty {
+			c.dirty.Store(true)
+		}
 		return nil
 	})
+}
+
+// logLocked appends a mutation of chunk c (its lock held) to the log and
+// marks the chunk for the next checkpoint.
+func (s *Store) logLocked(c *chunk, op byte, vol uint16, at, count uint64, payload []byte, seq *uint64) error {
+	if s.persist == nil {
+		return nil
+	}
+	c.dirty.Store(true)
+	n, err := s.persist.log.append(op, vol, at, count, payload)
+	if err != nil {
+		return err
+	}
+	*seq = n
+	if n%1024 == 0 {
+		s.maybeCheckpoint()
+	}
+	return nil
 }
 
 // allocLocked gives c its memory; c.mu must be held for writing.
@@ -248,15 +354,30 @@ func (s *Store) freeChunk(c *chunk) {
 	c.mu.Unlock()
 }
 
-// Trim zeroes n bytes at off; chunks covered entirely are freed.
+// Trim zeroes n bytes at off; chunks covered entirely are freed. On a
+// persistent store it returns once the trim is on stable storage.
 func (s *Store) Trim(id uint16, off, n uint64) error {
+	seq, err := s.trim(id, off, n, true)
+	if err == nil {
+		err = s.Durable(seq)
+	}
+	return err
+}
+
+func (s *Store) applyTrim(id uint16, off, n uint64) error {
+	_, err := s.trim(id, off, n, false)
+	return err
+}
+
+func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 	v, err := s.volume(id)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if off > v.info.Size || n > v.info.Size-off {
-		return fmt.Errorf("%w: trim %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, v.info.Size)
+		return 0, fmt.Errorf("%w: trim %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, v.info.Size)
 	}
+	var seq uint64
 	end := off + n
 	for off < end {
 		c := &v.chunks[off/ChunkSize]
@@ -265,23 +386,32 @@ func (s *Store) Trim(id uint16, off, n uint64) error {
 		// The last chunk of a volume may be short; covering up to the
 		// volume's end counts as covering the chunk.
 		chunkEnd := min(ChunkSize, v.info.Size-(off-co))
+		c.mu.Lock()
 		if co == 0 && m >= chunkEnd {
-			s.freeChunk(c)
-		} else {
-			c.mu.Lock()
 			if c.data != nil {
-				clear(c.data[co : co+m])
+				c.data = nil
+				s.used.Add(^uint64(ChunkSize - 1))
 			}
-			c.mu.Unlock()
+		} else if c.data != nil {
+			clear(c.data[co : co+m])
 		}
+		if log {
+			if err := s.logLocked(c, opLogTrim, id, off, m, nil, &seq); err != nil {
+				c.mu.Unlock()
+				return 0, err
+			}
+		} else if s.persist != nil {
+			c.dirty.Store(true) // replayed: the page file must learn it
+		}
+		c.mu.Unlock()
 		off += m
 	}
-	return nil
+	return seq, nil
 }
 
 // atomic8 runs f on the 8-byte little-endian word at off and returns the
 // word's previous value.
-func (s *Store) atomic8(id uint16, off uint64, f func(old uint64) uint64) (uint64, error) {
+func (s *Store) atomic8(id uint16, off uint64, lastSeq *uint64, f func(old uint64) uint64) (uint64, error) {
 	v, err := s.volume(id)
 	if err != nil {
 		return 0, err
@@ -308,23 +438,38 @@ func (s *Store) atomic8(id uint16, off uint64, f func(old uint64) uint64) (uint6
 		return 0, err
 	}
 	binary.LittleEndian.PutUint64(c.data[co:], nw)
+	var seq uint64
+	if err := s.logLocked(c, opLogWrite, id, off, 0, c.data[co:co+8], &seq); err != nil {
+		return 0, err
+	}
+	*lastSeq = seq
 	return old, nil
 }
 
 // CompareAndSwap stores new at off if the word there equals old; it returns
 // the word's previous value either way.
 func (s *Store) CompareAndSwap(id uint16, off, old, new uint64) (uint64, error) {
-	return s.atomic8(id, off, func(cur uint64) uint64 {
+	var seq uint64
+	prev, err := s.atomic8(id, off, &seq, func(cur uint64) uint64 {
 		if cur == old {
 			return new
 		}
 		return cur
 	})
+	if err == nil {
+		err = s.Durable(seq)
+	}
+	return prev, err
 }
 
 // FetchAndAdd adds delta to the word at off and returns its previous value.
 func (s *Store) FetchAndAdd(id uint16, off, delta uint64) (uint64, error) {
-	return s.atomic8(id, off, func(cur uint64) uint64 { return cur + delta })
+	var seq uint64
+	prev, err := s.atomic8(id, off, &seq, func(cur uint64) uint64 { return cur + delta })
+	if err == nil {
+		err = s.Durable(seq)
+	}
+	return prev, err
 }
 
 // Check verifies the store's accounting; tests call it in cleanup.

@@ -28,6 +28,24 @@ type BatchWriter struct {
 	// Writes and Bytes count write syscalls and the bytes they carried:
 	// Bytes/Writes is the batching achieved.
 	Writes, Bytes atomic.Uint64
+
+	// gate, if set, is waited on before a batch holding a token is
+	// written (the memory node's durable acknowledgements).
+	gate  func(token uint64) error
+	token uint64 // highest token in buf; guarded by mu
+}
+
+// SetGate makes the writer call gate(t) before writing any batch that
+// holds a frame appended with EndToken(…, t), and fail if it errs. Set it
+// before the first write.
+func (b *BatchWriter) SetGate(gate func(token uint64) error) { b.gate = gate }
+
+// EndToken is End for a frame that may only leave once gate(token) passed.
+func (b *BatchWriter) EndToken(buf []byte, token uint64) {
+	if token > b.token {
+		b.token = token
+	}
+	b.End(buf)
 }
 
 // NewBatchWriter starts the writer goroutine. onErr (may be nil) is called
@@ -113,7 +131,18 @@ func (b *BatchWriter) loop() {
 		b.buf = b.spare[:0]
 		b.kicked = false
 		failed := b.err != nil
+		token := b.token
+		b.token = 0
 		b.mu.Unlock()
+		if token > 0 && b.gate != nil && !failed {
+			if err := b.gate(token); err != nil {
+				b.Fail(err)
+				if b.onErr != nil {
+					b.onErr(err)
+				}
+				failed = true
+			}
+		}
 		if len(out) > 0 && !failed {
 			b.Writes.Add(1)
 			b.Bytes.Add(uint64(len(out)))

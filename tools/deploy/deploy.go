@@ -74,7 +74,10 @@ type MemnodeConfig struct {
 	Listen   string // default 127.0.0.1:0
 	Token    string
 	Capacity uint64 // bytes of page memory; 0 = unlimited
-	Log      *slog.Logger
+	// Persist, if set, is a directory that makes the node durable: an
+	// acknowledged write survives a crash or power loss.
+	Persist string
+	Log     *slog.Logger
 }
 
 // Memnode is a running memory node.
@@ -89,12 +92,20 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
+	store := memnode.NewStore(cfg.Capacity)
+	if cfg.Persist != "" {
+		var err error
+		if store, err = memnode.OpenPersistent(cfg.Persist, cfg.Capacity); err != nil {
+			return nil, fmt.Errorf("memory node: %w", err)
+		}
+	}
 	ln, err := Listen(cfg.Listen)
 	if err != nil {
+		store.Close()
 		return nil, fmt.Errorf("memory node: %w", err)
 	}
 	m := &Memnode{
-		Server: &memnode.Server{Store: memnode.NewStore(cfg.Capacity), Token: cfg.Token, Log: cfg.Log},
+		Server: &memnode.Server{Store: store, Token: cfg.Token, Log: cfg.Log},
 		Addr:   addrString(ln),
 		done:   make(chan error, 1),
 	}
@@ -102,10 +113,12 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 	return m, nil
 }
 
-// Close stops the node; its memory is gone.
+// Close stops the node; without persistence its memory is gone, with it
+// the node checkpoints.
 func (m *Memnode) Close() error {
 	m.Server.Close()
-	return <-m.done
+	err := <-m.done
+	return errors.Join(err, m.Server.Store.Close())
 }
 
 // HostConfig configures a host.

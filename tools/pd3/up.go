@@ -84,7 +84,7 @@ func logger() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, nil)
 
 func upCmd() *cobra.Command {
 	var f hostFlags
-	var listen string
+	var listen, persist string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run memory node and host in one process",
@@ -101,7 +101,7 @@ back to the memory node first.`,
 			defer stop()
 			var node *deploy.Memnode
 			if cfg.Memnode == "" && !cfg.Local {
-				node, err = deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log})
+				node, err = deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist})
 				if err != nil {
 					return err
 				}
@@ -114,6 +114,7 @@ back to the memory node first.`,
 	}
 	f.add(cmd, "use the memory node at ADDR instead of an embedded one")
 	cmd.Flags().StringVar(&listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
+	cmd.Flags().StringVar(&persist, "persist", "", "make the embedded memory node durable in DIR (acknowledged writes survive crashes)")
 	return cmd
 }
 
@@ -205,12 +206,14 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 }
 
 func memnodeCmd() *cobra.Command {
-	var listen, token, capacity string
+	var listen, token, capacity, persist string
 	cmd := &cobra.Command{
 		Use:   "memnode",
 		Short: "Run a memory node alone",
-		Long: `Run a memory node. Its memory is volatile: stopping it loses every volume,
-as powering off RAM would.`,
+		Long: `Run a memory node. Without --persist its memory is volatile: stopping it
+loses every volume, as powering off RAM would. With --persist DIR every write
+is logged and acknowledged only once on stable storage (fdatasync, group
+commit), so acknowledged writes survive a crash or power loss.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			capBytes, err := units.ParseSize(capacity)
@@ -219,11 +222,15 @@ as powering off RAM would.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Capacity: capBytes, Log: logger()})
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Capacity: capBytes, Log: logger(), Persist: persist})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pd3: memory node listening on %s\n", node.Addr)
+			mode := "volatile"
+			if persist != "" {
+				mode = "persistent in " + persist
+			}
+			fmt.Printf("pd3: memory node listening on %s (%s)\n", node.Addr, mode)
 			<-ctx.Done()
 			return node.Close()
 		},
@@ -231,5 +238,6 @@ as powering off RAM would.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
 	cmd.Flags().StringVar(&token, "token", os.Getenv("PD3_TOKEN"), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
 	cmd.Flags().StringVar(&capacity, "capacity", "0", "page memory limit (0 = unlimited)")
+	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	return cmd
 }
