@@ -3,6 +3,7 @@ package memnode
 import (
 	"context"
 	"math/rand/v2"
+	"net"
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
@@ -71,5 +72,56 @@ func BenchmarkReadLatency(b *testing.B) {
 		if err := c.ReadAt(ctx, v.ID, uint64(i%256)*PageSize, buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkWrite4K keeps 256 4 KiB WRITEs in flight, on a memory-only and
+// on a persistent node (acknowledged only once fdatasync'ed).
+func BenchmarkWrite4K(b *testing.B) {
+	for _, mode := range []string{"memory", "persist"} {
+		b.Run(mode, func(b *testing.B) {
+			st := NewStore(0)
+			if mode == "persist" {
+				var err error
+				if st, err = OpenPersistent(b.TempDir(), 0); err != nil {
+					b.Fatal(err)
+				}
+				defer crash(st)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := &Server{Store: st}
+			go srv.Serve(context.Background(), ln)
+			defer srv.Close()
+			c := dialT(b, ln.Addr().String(), "")
+			ctx := context.Background()
+			v, err := c.Create(ctx, "b", 64<<20)
+			if err != nil {
+				b.Fatal(err)
+			}
+			const depth = 256
+			page := make([]byte, PageSize)
+			calls := make([]Call, depth)
+			for i := range calls {
+				calls[i] = c.WriteAsync(ctx, v.ID, uint64(i)*PageSize, page)
+			}
+			b.SetBytes(PageSize)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				s := i % depth
+				if err := calls[s].Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				calls[s] = c.WriteAsync(ctx, v.ID, uint64(i%16384)*PageSize, page)
+			}
+			for i := range calls {
+				calls[i].Wait(ctx)
+			}
+			if syncs, entries := st.LogStats(); syncs > 0 {
+				b.ReportMetric(float64(entries)/float64(syncs), "entries/sync")
+			}
+		})
 	}
 }
