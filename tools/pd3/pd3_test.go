@@ -386,3 +386,53 @@ func TestPersistentMemnodeSurvivesSIGKILL(t *testing.T) {
 		t.Logf("round %d: %d acknowledged pages verified after SIGKILL", round, n)
 	}
 }
+
+// TestFrozenMemnodeGivesEIO: with the memory node stopped (SIGSTOP), NBD
+// reads that miss the host cache fail with EIO within the configured
+// operation timeout instead of hanging; after SIGCONT they succeed again
+// and no acknowledged (flushed) write is lost.
+func TestFrozenMemnodeGivesEIO(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make deps-system)")
+	}
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	host := start(t, []string{"NBD server"}, "serve", "--memnode", node.Addrs["memory node"], "--volume", "disk0:64MiB",
+		"--cache", "256KiB", "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "none", "--op-timeout", "1s")
+	uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
+	qemu := func(cmds ...string) (string, error) {
+		args := []string{"-f", "raw", uri}
+		for _, c := range cmds {
+			args = append(args, "-c", c)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "qemu-io", args...).CombinedOutput()
+		return string(out), err
+	}
+	out, err := qemu("write -P 0x42 0 4M", "flush")
+	require.NoError(t, err, out)
+
+	p, err := os.FindProcess(node.Pid)
+	require.NoError(t, err)
+	require.NoError(t, p.Signal(syscall.SIGSTOP))
+	stopped := true
+	t.Cleanup(func() {
+		if stopped {
+			p.Signal(syscall.SIGCONT)
+		}
+	})
+	startT := time.Now()
+	out, _ = qemu("read -P 0x42 32M 64k") // far from the cached pages
+	took := time.Since(startT)
+	assert.Contains(t, out, "Input/output error", "a frozen memory node is an I/O error")
+	assert.Less(t, took, 15*time.Second, "bounded by --op-timeout, not a hang (took %v)", took)
+
+	require.NoError(t, p.Signal(syscall.SIGCONT))
+	stopped = false
+	out, err = qemu("read -P 0x42 0 4M", "read -P 0 32M 64k")
+	require.NoError(t, err, out)
+	assert.NotContains(t, out, "error", "service resumes and the flushed data is intact")
+}
