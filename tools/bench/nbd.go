@@ -30,8 +30,9 @@ type NBDOptions struct {
 	Ramp    time.Duration
 }
 
-// NBDSystems lists the servers NBD compares.
-var NBDSystems = []string{"pd3", "nbdkit-memory", "go-nbd"}
+// NBDSystems lists the servers NBD compares; pd3-persist is pd3 with a
+// persistent memory node (--persist), for the cost of durability.
+var NBDSystems = []string{"pd3", "nbdkit-memory", "go-nbd", "pd3-persist"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -88,9 +89,12 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 	}
 	for _, job := range opt.Jobs {
 		for _, base := range opt.Systems {
-			if base != "pd3" && iops[base][job] > 0 && iops["pd3"][job] > 0 {
+			if base != "pd3" && base != "pd3-persist" && iops[base][job] > 0 && iops["pd3"][job] > 0 {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
 			}
+		}
+		if iops["pd3"][job] > 0 && iops["pd3-persist"][job] > 0 {
+			rep.Ratios["pd3-persist/pd3@"+job] = iops["pd3-persist"][job] / iops["pd3"][job]
 		}
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("fio ioengine=nbd, 4 KiB, %v per job after %v ramp, export of %s filled first; pd3: memory node in its own process, %s host cache, embedded agent; nbdkit memory and go-nbd keep the data in their own memory",
@@ -103,18 +107,29 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, func(), error) {
 	size := strconv.FormatUint(opt.Size, 10)
 	switch sys {
-	case "pd3":
-		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	case "pd3", "pd3-persist":
+		args := []string{"memnode", "--listen", "127.0.0.1:0"}
+		var dir string
+		if sys == "pd3-persist" {
+			var err error
+			if dir, err = os.MkdirTemp("", "pd3-persist-"); err != nil {
+				return "", nil, nil, err
+			}
+			args = append(args, "--persist", dir)
+		}
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, args...)
 		if err != nil {
+			os.RemoveAll(dir)
 			return "", nil, nil, err
 		}
 		host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--memnode", node.Addrs["memory node"],
 			"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "embedded")
 		if err != nil {
 			node.Stop()
+			os.RemoveAll(dir)
 			return "", nil, nil, err
 		}
-		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, func() { host.Stop(); node.Stop() }, nil
+		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
 	case "go-nbd":
 		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
 		if err != nil {
