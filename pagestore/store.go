@@ -76,6 +76,7 @@ type Stats struct {
 	DirtyPages, Frames  int
 	ResidentPages       int
 	SharedMissesWaiting uint64 // readers that waited for another's miss
+	WritebackFailures   uint64 // background write-back rounds that failed
 }
 
 // Store serves pages of volumes through a bounded local cache. It is safe
@@ -108,7 +109,7 @@ type Store struct {
 
 	hits, misses, lzHits, remoteReads atomic.Uint64
 	evictions, writeBacks, waits      atomic.Uint64
-	discards                          atomic.Uint64
+	discards, wbFailures              atomic.Uint64
 }
 
 const nShards = 64
@@ -549,7 +550,8 @@ func (s *Store) Stats() Stats {
 		Hits: s.hits.Load(), Misses: s.misses.Load(), PrefetchHits: s.lzHits.Load(),
 		RemoteReads: s.remoteReads.Load(), Evictions: s.evictions.Load(),
 		WriteBacks: s.writeBacks.Load(), SharedMissesWaiting: s.waits.Load(),
-		Frames: len(s.frames),
+		WritebackFailures: s.wbFailures.Load(),
+		Frames:            len(s.frames),
 	}
 	for i := range s.frames {
 		if s.frames[i].dirty.Load() {
@@ -619,4 +621,38 @@ func (s *Store) Check() error {
 		return fmt.Errorf("pagestore: policy tracks %d frames, index holds %d and %d are discarded", n, indexed, discarded)
 	}
 	return nil
+}
+
+// StartWriteback writes dirty pages back every interval until ctx ends, so
+// data reaches the remote (and is retried after a remote outage) even when
+// clients never flush. Failures are counted and retried at the next tick;
+// the pages stay dirty meanwhile.
+func (s *Store) StartWriteback(ctx context.Context, interval time.Duration) {
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if s.dirtyCount() == 0 {
+				continue
+			}
+			if err := s.Flush(ctx); err != nil {
+				s.wbFailures.Add(1)
+			}
+		}
+	}()
+}
+
+func (s *Store) dirtyCount() int {
+	n := 0
+	for i := range s.frames {
+		if s.frames[i].dirty.Load() {
+			n++
+		}
+	}
+	return n
 }

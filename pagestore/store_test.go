@@ -209,3 +209,26 @@ func TestModel(t *testing.T) {
 		})
 	}
 }
+
+// TestBackgroundWritebackRetries: with the remote failing, dirty pages stay
+// dirty; once it recovers they reach it without any Flush.
+func TestBackgroundWritebackRetries(t *testing.T) {
+	rem := NewMemRemote()
+	s := newTestStore(t, rem, 16, "", 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rem.Fail.Store(true)
+	s.StartWriteback(ctx, 10*time.Millisecond)
+	for p := uint64(0); p < 8; p++ {
+		require.NoError(t, s.Put(ctx, memnode.MakeKey(1, p), fill(memnode.MakeKey(1, p), 3)))
+	}
+	require.Eventually(t, func() bool { return s.Stats().WritebackFailures > 0 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 8, s.Stats().DirtyPages, "failed write-backs keep the pages dirty")
+	rem.Fail.Store(false)
+	require.Eventually(t, func() bool { return s.Stats().DirtyPages == 0 }, 5*time.Second, 5*time.Millisecond)
+	for p := uint64(0); p < 8; p++ {
+		k := memnode.MakeKey(1, p)
+		assert.Equal(t, fill(k, 3), rem.Page(k))
+	}
+	cancel()
+}

@@ -140,6 +140,9 @@ type HostConfig struct {
 	DPU string
 	// LZBytes is the Loading Zone size with an agent (default 16 MiB).
 	LZBytes int64
+	// Writeback, if > 0, writes dirty pages back at this interval (and
+	// retries after a memory-node outage) without waiting for a FLUSH.
+	Writeback time.Duration
 	// Prefetch selects a host-side prefetcher for DPU "none": "" or
 	// "leap" (Leap's majority-delta predictor over the host's misses).
 	Prefetch  string
@@ -237,6 +240,11 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	}
 	if h.Agent != nil {
 		h.Agent.Resident = st.Resident
+	}
+	if cfg.Writeback > 0 {
+		wctx, cancel := context.WithCancel(ctx)
+		st.StartWriteback(wctx, cfg.Writeback)
+		h.closers = append(h.closers, func() error { cancel(); return nil })
 	}
 	h.Store = st
 	h.closers = append(h.closers, c.Close)

@@ -46,6 +46,7 @@ func (h *Host) Registry() *prometheus.Registry {
 	counter("cache_writebacks_total", "Dirty pages written back to the memory node.", func() uint64 { return st.Stats().WriteBacks })
 	counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func() uint64 { return st.Stats().PrefetchHits })
 	counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func() uint64 { return st.Stats().RemoteReads })
+	counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func() uint64 { return st.Stats().WritebackFailures })
 	gauge("cache_dirty_pages", "Dirty pages in the host cache.", func() float64 { return float64(st.Stats().DirtyPages) })
 	gauge("cache_resident_pages", "Pages in the host cache.", func() float64 { return float64(st.Stats().ResidentPages) })
 	if h.Page != nil {

@@ -32,6 +32,7 @@ type hostFlags struct {
 	prefetch  string
 	nbd       string
 	nbdRO     []string
+	writeback time.Duration
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -46,6 +47,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default GOMAXPROCS)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
+	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
 	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
 	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
@@ -58,7 +60,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch,
-		NBDListen: f.nbd, NBDReadOnly: f.nbdRO,
+		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 	}
 	lz, err := units.ParseSize(f.lz)
 	if err != nil {
