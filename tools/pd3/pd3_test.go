@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/linearize"
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/pd3-go/pd3/tools/bench"
@@ -502,4 +503,95 @@ func TestHostKilledKeepsFlushedData(t *testing.T) {
 		require.NoError(t, qemu(fmt.Sprintf("read -P %d %d %d", r%250+1, r*region, region)), "round %d was flushed before the kill", r)
 	}
 	t.Logf("%d flushed rounds intact after SIGKILL of the host", n)
+}
+
+// TestSplitAgentKilledUnderNBDMultiConn: four NBD connections read and
+// write a small, constantly evicted set of pages through pd3 serve --dpu
+// shm:NAME while the agent process is SIGKILLed and restarted twice; no
+// client sees an error and porcupine finds the whole history (≥ 10 000
+// operations) linearizable.
+func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	name := fmt.Sprintf("nbdtest%d", os.Getpid())
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	agentArgs := []string{"dpu", "--memnode", node.Addrs["memory node"], "--shm", name, "--lz", "256KiB", "--cache", "64KiB"}
+	agent := start(t, []string{"dpu agent"}, agentArgs...)
+	host := start(t, []string{"NBD server", "metrics"}, "serve", "--memnode", node.Addrs["memory node"], "--dpu", "shm:"+name,
+		"--nbd", "127.0.0.1:0", "--page", "", "--volume", "disk0:1MiB", "--cache", "64KiB", "--workers", "4", "--metrics", "127.0.0.1:0")
+
+	hist := linearize.NewHistory()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var ops atomic.Int64
+	for c := 0; c < 4; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl, err := testutil.DialNBD(host.Addrs["NBD server"], "disk0")
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer cl.Close()
+			rng := rand.New(rand.NewPCG(uint64(c), 91))
+			buf := make([]byte, 4096)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				pg := uint64(rng.IntN(48))
+				var in linearize.Input
+				var out uint64
+				call := hist.Now()
+				switch r := rng.IntN(10); {
+				case r == 0:
+					if !assert.NoError(t, cl.Flush(), "FLUSH while the agent churns") {
+						return
+					}
+					continue
+				case r < 4:
+					v := uint64(c)<<32 | uint64(i+1)
+					binary.LittleEndian.PutUint64(buf, v)
+					in = linearize.Input{Put: true, Key: pg, Value: v}
+					err = cl.Write(pg*4096, buf)
+				default:
+					in = linearize.Input{Key: pg}
+					err = cl.Read(pg*4096, buf)
+					out = binary.LittleEndian.Uint64(buf)
+				}
+				if !assert.NoError(t, err, "client-visible error while the agent churns") {
+					return
+				}
+				hist.Add(c, in, out, call, hist.Now())
+				ops.Add(1)
+			}
+		}()
+	}
+	for round := 0; round < 2; round++ {
+		time.Sleep(time.Second)
+		p, _ := os.FindProcess(agent.Pid)
+		require.NoError(t, p.Signal(syscall.SIGKILL))
+		time.Sleep(500 * time.Millisecond)
+		agent = start(t, []string{"dpu agent"}, agentArgs...)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for ops.Load() < 10000 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	require.GreaterOrEqual(t, hist.Len(), 10000)
+	ok, vis := hist.Check(2 * time.Minute)
+	require.True(t, ok, "history of %d NBD operations is not linearizable (see %s)", hist.Len(), vis)
+	resp, err := http.Get(host.Addrs["metrics"])
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := string(body)
+	assert.Contains(t, m, "pd3_link_agent_deaths_total 2")
+	assert.Regexp(t, `pd3_cache_loadingzone_hits_total [1-9]`, m, "the agent prefetched NBD reads")
+	t.Logf("%d NBD operations over 4 connections linearizable across 2 agent kills", hist.Len())
 }

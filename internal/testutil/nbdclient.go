@@ -1,0 +1,129 @@
+package testutil
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// NBDClient is a minimal synchronous NBD client for tests: fixed-newstyle
+// handshake with GO, then one request at a time with simple replies.
+type NBDClient struct {
+	nc     net.Conn
+	r      *bufio.Reader
+	Size   uint64
+	cookie uint64
+}
+
+// DialNBD connects to export on addr.
+func DialNBD(addr, export string) (*NBDClient, error) {
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := &NBDClient{nc: nc, r: bufio.NewReader(nc)}
+	if err := c.handshake(export); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("NBD handshake: %w", err)
+	}
+	return c, nil
+}
+
+func (c *NBDClient) handshake(export string) error {
+	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.nc.SetDeadline(time.Time{})
+	if _, err := io.ReadFull(c.r, make([]byte, 18)); err != nil {
+		return err
+	}
+	c.nc.Write(binary.BigEndian.AppendUint32(nil, 1)) // fixed newstyle
+	d := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
+	d = binary.BigEndian.AppendUint16(append(d, export...), 0)
+	h := binary.BigEndian.AppendUint64(nil, 0x49484156454F5054)
+	h = binary.BigEndian.AppendUint32(h, 7) // GO
+	h = binary.BigEndian.AppendUint32(h, uint32(len(d)))
+	if _, err := c.nc.Write(append(h, d...)); err != nil {
+		return err
+	}
+	for {
+		var rh [20]byte
+		if _, err := io.ReadFull(c.r, rh[:]); err != nil {
+			return err
+		}
+		typ := binary.BigEndian.Uint32(rh[12:])
+		data := make([]byte, binary.BigEndian.Uint32(rh[16:]))
+		if _, err := io.ReadFull(c.r, data); err != nil {
+			return err
+		}
+		switch {
+		case typ == 1: // ACK: transmission starts
+			return nil
+		case typ == 3 && len(data) >= 12 && binary.BigEndian.Uint16(data) == 0:
+			c.Size = binary.BigEndian.Uint64(data[2:])
+		case typ&(1<<31) != 0:
+			return fmt.Errorf("server refused GO: %s", data)
+		}
+	}
+}
+
+// Close disconnects politely.
+func (c *NBDClient) Close() error {
+	c.request(2, 0, 0, nil)
+	return c.nc.Close()
+}
+
+func (c *NBDClient) request(typ uint16, off uint64, n uint32, payload []byte) error {
+	c.cookie++
+	h := binary.BigEndian.AppendUint32(nil, 0x25609513)
+	h = binary.BigEndian.AppendUint16(h, 0)
+	h = binary.BigEndian.AppendUint16(h, typ)
+	h = binary.BigEndian.AppendUint64(h, c.cookie)
+	h = binary.BigEndian.AppendUint64(h, off)
+	h = binary.BigEndian.AppendUint32(h, n)
+	_, err := c.nc.Write(append(h, payload...))
+	return err
+}
+
+func (c *NBDClient) reply(data []byte) error {
+	var h [16]byte
+	if _, err := io.ReadFull(c.r, h[:]); err != nil {
+		return err
+	}
+	if binary.BigEndian.Uint64(h[8:]) != c.cookie {
+		return fmt.Errorf("reply for cookie %d, expected %d", binary.BigEndian.Uint64(h[8:]), c.cookie)
+	}
+	if e := binary.BigEndian.Uint32(h[4:]); e != 0 {
+		return fmt.Errorf("NBD error %d", e)
+	}
+	if data != nil {
+		_, err := io.ReadFull(c.r, data)
+		return err
+	}
+	return nil
+}
+
+// Read reads len(p) bytes at off.
+func (c *NBDClient) Read(off uint64, p []byte) error {
+	if err := c.request(0, off, uint32(len(p)), nil); err != nil {
+		return err
+	}
+	return c.reply(p)
+}
+
+// Write writes p at off.
+func (c *NBDClient) Write(off uint64, p []byte) error {
+	if err := c.request(1, off, uint32(len(p)), p); err != nil {
+		return err
+	}
+	return c.reply(nil)
+}
+
+// Flush asks the server to make acknowledged writes durable.
+func (c *NBDClient) Flush() error {
+	if err := c.request(3, 0, 0, nil); err != nil {
+		return err
+	}
+	return c.reply(nil)
+}
