@@ -319,6 +319,7 @@ type Link struct {
 	pmu   sync.Mutex // guards calls and nextTag
 	calls map[uint32]*linkCall
 	tag   uint32
+	pool  sync.Pool // *linkCall
 	conns atomic.Uint32
 
 	stop chan struct{}
@@ -339,7 +340,11 @@ type attachment struct {
 	done   chan struct{} // reply reader exited
 }
 
+// linkCall is one host request waiting for the agent's reply. Calls are
+// pooled; done (buffered, one token) is signalled exactly once, by the
+// reply reader or by kill, whichever removes the call from the table.
 type linkCall struct {
+	tag  uint32
 	dst  []byte
 	err  error
 	done chan struct{}
@@ -349,6 +354,7 @@ type linkCall struct {
 // until an agent is attached.
 func OpenLink(name string, direct pagestore.Remote) *Link {
 	l := &Link{name: name, direct: direct, calls: map[uint32]*linkCall{}, stop: make(chan struct{}), done: make(chan struct{})}
+	l.pool.New = func() any { return &linkCall{done: make(chan struct{}, 1)} }
 	l.tryAttach(0)
 	go l.watch()
 	return l
@@ -456,7 +462,7 @@ func (l *Link) kill(a *attachment) {
 	l.pmu.Lock()
 	for t, c := range l.calls {
 		c.err = ErrAgentGone
-		close(c.done)
+		c.done <- struct{}{}
 		delete(l.calls, t)
 	}
 	l.pmu.Unlock()
@@ -495,7 +501,7 @@ func (l *Link) readReplies(a *attachment) {
 				} else if c.dst != nil && len(m) >= 8+memnode.PageSize {
 					copy(c.dst, m[8:8+memnode.PageSize])
 				}
-				close(c.done)
+				c.done <- struct{}{}
 			}
 		}
 		a.b.Release()
@@ -522,44 +528,67 @@ func (l *Link) send(a *attachment, wait bool, parts ...[]byte) bool {
 }
 
 func (l *Link) call(ctx context.Context, a *attachment, op byte, k memnode.Key, dst, page []byte) error {
+	c := l.start(a, op, k, dst, page)
+	if c == nil {
+		return ErrAgentGone
+	}
+	return l.wait(ctx, c)
+}
+
+// start registers a call and sends its request; nil if the agent is gone.
+func (l *Link) start(a *attachment, op byte, k memnode.Key, dst, page []byte) *linkCall {
 	var hdr [16]byte
 	hdr[0] = op
 	binary.LittleEndian.PutUint64(hdr[8:], uint64(k))
-	return l.callMsg(ctx, a, hdr[:], dst, page)
+	return l.startMsg(a, hdr[:], dst, page)
 }
 
-// callMsg sends hdr (its bytes 4..8 get the tag) and payload, and waits for
-// the reply, copying a reply payload into dst.
-func (l *Link) callMsg(ctx context.Context, a *attachment, hdr, dst, page []byte) error {
-	c := &linkCall{dst: dst, done: make(chan struct{})}
+// startMsg sends hdr (its bytes 4..8 get the tag) and payload as a call
+// whose reply payload will be copied into dst.
+func (l *Link) startMsg(a *attachment, hdr, dst, page []byte) *linkCall {
+	c := l.pool.Get().(*linkCall)
+	c.dst, c.err = dst, nil
 	l.pmu.Lock()
 	l.tag++
-	tag := l.tag
-	l.calls[tag] = c
+	c.tag = l.tag
+	l.calls[c.tag] = c
 	l.pmu.Unlock()
-	binary.LittleEndian.PutUint32(hdr[4:], tag)
+	binary.LittleEndian.PutUint32(hdr[4:], c.tag)
 	if !l.send(a, true, hdr, page) {
 		l.pmu.Lock()
-		delete(l.calls, tag)
+		_, pending := l.calls[c.tag]
+		delete(l.calls, c.tag)
 		l.pmu.Unlock()
-		return ErrAgentGone
+		if !pending {
+			<-c.done // kill took it meanwhile
+		}
+		l.pool.Put(c)
+		return nil
 	}
+	return c
+}
+
+// wait returns the call's result and recycles it.
+func (l *Link) wait(ctx context.Context, c *linkCall) error {
 	select {
 	case <-c.done:
-		return c.err
 	case <-ctx.Done():
 		// The reply may still come; it finds no call and is dropped. dst
 		// is not written after we return: the reader copies only into
 		// calls it removed from the table, and we remove ours now.
 		l.pmu.Lock()
-		_, pending := l.calls[tag]
-		delete(l.calls, tag)
+		_, pending := l.calls[c.tag]
+		delete(l.calls, c.tag)
 		l.pmu.Unlock()
 		if !pending {
-			<-c.done // the reader took it: let it finish writing dst
+			<-c.done // the reader (or kill) took it: let it finish
 		}
+		l.pool.Put(c)
 		return ctx.Err()
 	}
+	err := c.err
+	l.pool.Put(c)
+	return err
 }
 
 var (
@@ -591,24 +620,28 @@ func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byt
 	if a == nil || a.dead.Load() {
 		return l.direct.WritePages(ctx, keys, pages)
 	}
-	errs := make([]error, len(keys))
-	var wg sync.WaitGroup
-	for i := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = l.call(ctx, a, msgWrite, keys[i], nil, pages[i])
-		}()
-	}
-	wg.Wait()
+	// Send every write, then collect the replies: one round trip per
+	// batch, no goroutine per page.
+	const batch = 64
+	var calls [batch]*linkCall
 	var redoK []memnode.Key
 	var redoP [][]byte
-	for i, err := range errs {
-		if err != nil {
-			if ctx.Err() != nil {
-				return err
+	for start := 0; start < len(keys); start += batch {
+		n := min(batch, len(keys)-start)
+		for i := 0; i < n; i++ {
+			calls[i] = l.start(a, msgWrite, keys[start+i], nil, pages[start+i])
+		}
+		for i := 0; i < n; i++ {
+			err := ErrAgentGone
+			if calls[i] != nil {
+				err = l.wait(ctx, calls[i])
 			}
-			redoK, redoP = append(redoK, keys[i]), append(redoP, pages[i])
+			if err != nil {
+				redoK, redoP = append(redoK, keys[start+i]), append(redoP, pages[start+i])
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
 	l.AgentWrites.Add(uint64(len(keys) - len(redoK)))
@@ -629,7 +662,10 @@ func (l *Link) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 		binary.LittleEndian.PutUint16(m[2:], vol)
 		binary.LittleEndian.PutUint64(m[16:], off)
 		binary.LittleEndian.PutUint64(m[24:], n)
-		err := l.callMsg(ctx, a, m[:], nil, nil)
+		err := ErrAgentGone
+		if c := l.startMsg(a, m[:], nil, nil); c != nil {
+			err = l.wait(ctx, c)
+		}
 		if err == nil || ctx.Err() != nil || !ok {
 			return err
 		}
