@@ -4,7 +4,9 @@
 package linearize
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"time"
@@ -94,4 +96,56 @@ func (h *History) Check(timeout time.Duration) (bool, string) {
 	defer f.Close()
 	porcupine.Visualize(Model, info, f)
 	return false, f.Name()
+}
+
+// Client is what Run drives: whole-page reads and writes by page number,
+// and a durability barrier (SYNC, FLUSH).
+type Client interface {
+	Read(page uint64, buf []byte) error
+	Write(page uint64, buf []byte) error
+	Sync() error
+}
+
+// Run drives c as client id with a random mix — 10% syncs, 30% writes of a
+// unique version (id<<32 | n, in the page's first 8 bytes), 60% reads —
+// over pages [0, pages), recording every read and write in h, until stop
+// is closed or limit operations were recorded (0: no limit). It returns
+// the first error a client saw.
+func (h *History) Run(id int, c Client, pages int, seed uint64, stop <-chan struct{}, limit int) error {
+	rng := rand.New(rand.NewPCG(seed, uint64(id)))
+	buf := make([]byte, 4096)
+	for i, done := 0, 0; limit == 0 || done < limit; i++ {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		pg := uint64(rng.IntN(pages))
+		var in Input
+		var out uint64
+		var err error
+		call := h.Now()
+		switch r := rng.IntN(10); {
+		case r == 0:
+			if err := c.Sync(); err != nil {
+				return fmt.Errorf("sync: %w", err)
+			}
+			continue
+		case r < 4:
+			v := uint64(id)<<32 | uint64(i+1)
+			binary.LittleEndian.PutUint64(buf, v)
+			in = Input{Put: true, Key: pg, Value: v}
+			err = c.Write(pg, buf)
+		default:
+			in = Input{Key: pg}
+			err = c.Read(pg, buf)
+			out = binary.LittleEndian.Uint64(buf)
+		}
+		if err != nil {
+			return fmt.Errorf("page %d: %w", pg, err)
+		}
+		h.Add(id, in, out, call, h.Now())
+		done++
+	}
+	return nil
 }

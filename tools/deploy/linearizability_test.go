@@ -2,15 +2,12 @@ package deploy
 
 import (
 	"context"
-	"encoding/binary"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/testutil"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -49,36 +46,7 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 						return
 					}
 					defer cl.Close()
-					rng := rand.New(rand.NewPCG(base, uint64(c)))
-					buf := make([]byte, 4096)
-					for i := 0; i < opsPerClient; i++ {
-						k := memnode.MakeKey(1, uint64(rng.IntN(keys)))
-						var in linearize.Input
-						var out uint64
-						var call, ret int64
-						switch r := rng.IntN(10); {
-						case r == 0:
-							assert.NoError(t, cl.Sync(ctx))
-							continue
-						case r < 4:
-							v := uint64(c)<<32 | uint64(i+1)
-							binary.LittleEndian.PutUint64(buf, v)
-							in = linearize.Input{Put: true, Key: uint64(k), Value: v}
-							call = hist.Now()
-							err = cl.Put(ctx, k, buf)
-							ret = hist.Now()
-						default:
-							in = linearize.Input{Key: uint64(k)}
-							call = hist.Now()
-							err = cl.Get(ctx, k, buf)
-							ret = hist.Now()
-							out = binary.LittleEndian.Uint64(buf)
-						}
-						if !assert.NoError(t, err) {
-							return
-						}
-						hist.Add(c, in, out, call, ret)
-					}
+					assert.NoError(t, hist.Run(c, linearize.PageClient{C: cl, Vol: 1}, keys, base, nil, opsPerClient))
 				}()
 			}
 			wg.Wait()

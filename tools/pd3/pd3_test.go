@@ -208,40 +208,7 @@ func TestSplitAgentKilledMidRun(t *testing.T) {
 				return
 			}
 			defer cl.Close()
-			rng := rand.New(rand.NewPCG(uint64(c), 77))
-			buf := make([]byte, 4096)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				k := memnode.MakeKey(1, uint64(rng.IntN(48)))
-				var in linearize.Input
-				var out uint64
-				var err error
-				call := hist.Now()
-				switch r := rng.IntN(10); {
-				case r == 0:
-					if !assert.NoError(t, cl.Sync(ctx), "SYNC while the agent churns") {
-						return
-					}
-					continue
-				case r < 4:
-					v := uint64(c)<<32 | uint64(i+1)
-					binary.LittleEndian.PutUint64(buf, v)
-					in = linearize.Input{Put: true, Key: uint64(k), Value: v}
-					err = cl.Put(ctx, k, buf)
-				default:
-					in = linearize.Input{Key: uint64(k)}
-					err = cl.Get(ctx, k, buf)
-					out = binary.LittleEndian.Uint64(buf)
-				}
-				if !assert.NoError(t, err, "client-visible error while the agent churns") {
-					return
-				}
-				hist.Add(c, in, out, call, hist.Now())
-			}
+			assert.NoError(t, hist.Run(c, linearize.PageClient{C: cl, Vol: 1}, 48, 77, stop, 0), "client-visible error while the agent churns")
 		}()
 	}
 	for round := 0; round < 2; round++ {
@@ -524,7 +491,6 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 	hist := linearize.NewHistory()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var ops atomic.Int64
 	for c := 0; c < 4; c++ {
 		wg.Add(1)
 		go func() {
@@ -534,40 +500,7 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 				return
 			}
 			defer cl.Close()
-			rng := rand.New(rand.NewPCG(uint64(c), 91))
-			buf := make([]byte, 4096)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				pg := uint64(rng.IntN(48))
-				var in linearize.Input
-				var out uint64
-				call := hist.Now()
-				switch r := rng.IntN(10); {
-				case r == 0:
-					if !assert.NoError(t, cl.Flush(), "FLUSH while the agent churns") {
-						return
-					}
-					continue
-				case r < 4:
-					v := uint64(c)<<32 | uint64(i+1)
-					binary.LittleEndian.PutUint64(buf, v)
-					in = linearize.Input{Put: true, Key: pg, Value: v}
-					err = cl.Write(pg*4096, buf)
-				default:
-					in = linearize.Input{Key: pg}
-					err = cl.Read(pg*4096, buf)
-					out = binary.LittleEndian.Uint64(buf)
-				}
-				if !assert.NoError(t, err, "client-visible error while the agent churns") {
-					return
-				}
-				hist.Add(c, in, out, call, hist.Now())
-				ops.Add(1)
-			}
+			assert.NoError(t, hist.Run(c, linearize.NBDClient{C: cl}, 48, 91, stop, 0), "client-visible error while the agent churns")
 		}()
 	}
 	for round := 0; round < 2; round++ {
@@ -578,7 +511,7 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 		agent = start(t, []string{"dpu agent"}, agentArgs...)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for ops.Load() < 10000 && time.Now().Before(deadline) {
+	for hist.Len() < 10000 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	close(stop)

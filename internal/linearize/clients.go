@@ -1,0 +1,32 @@
+package linearize
+
+import (
+	"context"
+
+	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
+)
+
+// PageClient runs the workload over the page protocol on volume Vol.
+type PageClient struct {
+	C   *pageproto.Client
+	Vol uint16
+}
+
+func (p PageClient) Read(pg uint64, buf []byte) error {
+	return p.C.Get(context.Background(), memnode.MakeKey(p.Vol, pg), buf)
+}
+
+func (p PageClient) Write(pg uint64, buf []byte) error {
+	return p.C.Put(context.Background(), memnode.MakeKey(p.Vol, pg), buf)
+}
+
+func (p PageClient) Sync() error { return p.C.Sync(context.Background()) }
+
+// NBDClient runs the workload over NBD, page pg at byte pg×4096.
+type NBDClient struct{ C *testutil.NBDClient }
+
+func (n NBDClient) Read(pg uint64, buf []byte) error  { return n.C.Read(pg*4096, buf) }
+func (n NBDClient) Write(pg uint64, buf []byte) error { return n.C.Write(pg*4096, buf) }
+func (n NBDClient) Sync() error                       { return n.C.Flush() }
