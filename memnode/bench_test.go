@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"testing"
-
-	"github.com/pd3-go/pd3/internal/pipeline"
 )
 
 // BenchmarkRead4K keeps 256 4 KiB READs in flight on one connection to an
@@ -47,13 +45,9 @@ func BenchmarkRead4K(b *testing.B) {
 	for i := range calls {
 		calls[i].Wait(ctx)
 	}
-	w := benchHook(c)
+	w := c.sess.Writer()
 	b.ReportMetric(float64(w.Bytes.Load())/float64(w.Writes.Load()), "req-bytes/write")
 }
-
-var benchHook func(*Client) *pipeline.BatchWriter
-
-func init() { benchHook = func(c *Client) *pipeline.BatchWriter { return c.sess.Writer() } }
 
 // BenchmarkReadLatency is one 4 KiB READ at a time: the round trip a
 // blocked worker waits for on a cache miss.

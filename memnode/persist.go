@@ -361,7 +361,7 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 	}
 	l := &plog{dir: dir, kick: make(chan struct{}, 1), done: make(chan struct{}), next: cp.Seq, gen: cp.Gen, limit: defaultLogLimit}
 	l.cond.L = &l.mu
-	lastGen, lastOff := cp.Gen, cp.Offset
+	lastGen := cp.Gen
 	for _, g := range gens {
 		if g < cp.Gen {
 			os.Remove(segPath(dir, g)) // covered by the checkpoint
@@ -375,7 +375,7 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.next, lastGen, lastOff = next, g, end
+		l.next, lastGen = next, g
 		if torn {
 			// Everything after the first bad entry is discarded, later
 			// segments included: order matters more than quantity.
@@ -393,7 +393,6 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 	l.durable = l.next
 	// Continue in a fresh segment: the old ones are read-only from now on.
 	l.gen = max(lastGen, cp.Gen) + 1
-	_ = lastOff
 	f, err := os.OpenFile(segPath(dir, l.gen), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("memnode: %w", err)

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -277,5 +276,4 @@ func TestGroupCommit(t *testing.T) {
 	require.NoError(t, st.ReadAt(v.ID, 0, got))
 	assert.NotEqual(t, make([]byte, PageSize), got)
 	crash(st)
-	_ = filepath.Join
 }

@@ -368,7 +368,6 @@ func TestMalformedRequests(t *testing.T) {
 		assert.Equal(t, repAck, typ)
 	})
 	t.Run("idle client times out", func(t *testing.T) {
-		r.srv.HandshakeTimeout = 0 // already initialised; use a fresh server instead
 		srv := &Server{Backend: r.store, Exports: r.srv.Exports, HandshakeTimeout: 200 * time.Millisecond}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)

@@ -3,6 +3,7 @@ package pagestore
 import (
 	"context"
 	"fmt"
+	"runtime"
 
 	"github.com/pd3-go/pd3/memnode"
 )
@@ -129,7 +130,7 @@ func (s *Store) discard(k Key) {
 		// A Flush is writing this page back; let it finish so its older
 		// copy cannot land after the trim.
 		fr.mu.Unlock()
-		runtimeYield()
+		runtime.Gosched()
 		fr.mu.Lock()
 		if fr.key != k || !fr.valid {
 			return

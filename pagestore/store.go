@@ -542,8 +542,6 @@ func (s *Store) Flush(ctx context.Context) error {
 	return nil
 }
 
-func runtimeYield() { runtime.Gosched() }
-
 // Stats returns a snapshot of the counters.
 func (s *Store) Stats() Stats {
 	st := Stats{
