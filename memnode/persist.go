@@ -531,10 +531,9 @@ func (s *Store) checkpointLocked() error {
 		if err != nil {
 			return err
 		}
-		for i := range v.chunks {
-			c := &v.chunks[i]
-			if !c.dirty.Swap(false) {
-				continue
+		v.chunks.each(func(i uint64, c *chunk) {
+			if err != nil || !c.dirty.Swap(false) {
+				return
 			}
 			at := int64(i) * ChunkSize
 			c.mu.RLock()
@@ -551,8 +550,11 @@ func (s *Store) checkpointLocked() error {
 			}
 			if err != nil {
 				c.dirty.Store(true)
-				return fmt.Errorf("memnode: checkpoint of volume %d: %w", v.info.ID, err)
+				err = fmt.Errorf("memnode: checkpoint of volume %d: %w", v.info.ID, err)
 			}
+		})
+		if err != nil {
+			return err
 		}
 		if err := unix.Fdatasync(int(f.Fd())); err != nil {
 			return fmt.Errorf("memnode: checkpoint: %w", err)

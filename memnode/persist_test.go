@@ -277,3 +277,43 @@ func TestGroupCommit(t *testing.T) {
 	assert.NotEqual(t, make([]byte, PageSize), got)
 	crash(st)
 }
+
+// TestSparseVolume: a 4 TiB volume costs nothing until written, holes read
+// as zeroes without allocating, trims free its chunks, and a checkpoint
+// and reopen bring back exactly the written bytes.
+func TestSparseVolume(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenPersistent(dir, 0)
+	require.NoError(t, err)
+	v, err := s.Create("sparse", 4<<40)
+	require.NoError(t, err)
+	far := uint64(3<<40 + 5*PageSize)
+	data := pattern(7, 2*PageSize)
+	require.NoError(t, s.WriteAt(v.ID, far, data))
+	require.NoError(t, s.WriteAt(v.ID, 0, data))
+	assert.Equal(t, uint64(2*ChunkSize), s.Used())
+
+	got := make([]byte, len(data))
+	require.NoError(t, s.ReadAt(v.ID, 2<<40, got))
+	assert.Equal(t, make([]byte, len(data)), got, "hole")
+	assert.Len(t, s.byID[v.ID].chunks.segs, 2, "reading a hole allocated a segment")
+	require.NoError(t, s.ReadAt(v.ID, far, got))
+	assert.Equal(t, data, got)
+	require.NoError(t, s.Trim(v.ID, 1<<40, 1<<40)) // all hole
+	require.NoError(t, s.Check())
+
+	require.NoError(t, s.Close())
+	s, err = OpenPersistent(dir, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.ReadAt(v.ID, far, got))
+	assert.Equal(t, data, got)
+	require.NoError(t, s.Trim(v.ID, far&^(ChunkSize-1), ChunkSize))
+	assert.Equal(t, uint64(ChunkSize), s.Used())
+	require.NoError(t, s.Check())
+	require.NoError(t, s.Close())
+	s, err = OpenPersistent(dir, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.ReadAt(v.ID, far, got))
+	assert.Equal(t, make([]byte, len(data)), got, "trimmed before close")
+	require.NoError(t, s.Close())
+}

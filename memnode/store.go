@@ -29,7 +29,7 @@ type Store struct {
 
 type volume struct {
 	info   VolumeInfo
-	chunks []chunk
+	chunks chunkTable
 	// deleted is set when the volume is removed, so that requests that
 	// looked it up before the delete do not resurrect chunks.
 	deleted atomic.Bool
@@ -78,7 +78,7 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 	}
 	v := &volume{
 		info:   VolumeInfo{ID: id, Size: size, Name: name},
-		chunks: make([]chunk, (size+ChunkSize-1)/ChunkSize),
+		chunks: newChunkTable(size),
 	}
 	s.byName[name] = v
 	s.byID[id] = v
@@ -112,7 +112,7 @@ func (s *Store) restoreVolume(info VolumeInfo) error {
 	if _, ok := s.byID[info.ID]; ok || info.ID == 0 || validName(info.Name) != nil {
 		return fmt.Errorf("%w: volume table entry %+v", ErrCorrupt, info)
 	}
-	v := &volume{info: info, chunks: make([]chunk, (info.Size+ChunkSize-1)/ChunkSize)}
+	v := &volume{info: info, chunks: newChunkTable(info.Size)}
 	s.byName[info.Name] = v
 	s.byID[info.ID] = v
 	if info.ID >= s.nextID {
@@ -198,9 +198,7 @@ func (s *Store) Delete(name string) error {
 		os.Remove(filepath.Join(s.persist.dir, "vol-"+strconv.Itoa(int(v.info.ID))+".pages"))
 	}
 	v.deleted.Store(true)
-	for i := range v.chunks {
-		s.freeChunk(&v.chunks[i])
-	}
+	v.chunks.each(func(_ uint64, c *chunk) { s.freeChunk(c) })
 	return nil
 }
 
@@ -225,8 +223,9 @@ func (v *volume) check(off, n uint64) error {
 }
 
 // span runs fn on each chunk-sized piece of the n bytes at off of volume
-// id, after checking the range.
-func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chunk, at, co uint64, q []byte) error) error {
+// id, after checking the range. Without alloc, c is nil for a hole of a
+// sparse volume.
+func (s *Store) span(id uint16, off uint64, p []byte, alloc bool, fn func(v *volume, c *chunk, at, co uint64, q []byte) error) error {
 	v, err := s.volume(id)
 	if err != nil {
 		return err
@@ -237,7 +236,7 @@ func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chun
 	for len(p) > 0 {
 		co := off % ChunkSize
 		n := min(uint64(len(p)), ChunkSize-co)
-		if err := fn(v, &v.chunks[off/ChunkSize], off, co, p[:n]); err != nil {
+		if err := fn(v, v.chunks.get(off/ChunkSize, alloc), off, co, p[:n]); err != nil {
 			return fmt.Errorf("%d bytes at %d of volume %q: %w", len(p), off, v.info.Name, err)
 		}
 		p = p[n:]
@@ -249,7 +248,11 @@ func (s *Store) span(id uint16, off uint64, p []byte, fn func(v *volume, c *chun
 // ReadAt copies len(p) bytes at off of volume id into p. Unwritten bytes
 // read as zeroes.
 func (s *Store) ReadAt(id uint16, off uint64, p []byte) error {
-	return s.span(id, off, p, func(_ *volume, c *chunk, _, co uint64, q []byte) error {
+	return s.span(id, off, p, false, func(_ *volume, c *chunk, _, co uint64, q []byte) error {
+		if c == nil {
+			clear(q)
+			return nil
+		}
 		c.mu.RLock()
 		if c.data == nil {
 			clear(q)
@@ -276,7 +279,7 @@ func (s *Store) WriteAt(id uint16, off uint64, p []byte) error {
 // memory does). It returns the sequence number to wait for.
 func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
 	var seq uint64
-	err := s.span(id, off, p, func(v *volume, c *chunk, at, co uint64, q []byte) error {
+	err := s.span(id, off, p, true, func(v *volume, c *chunk, at, co uint64, q []byte) error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if err := s.allocLocked(v, c); err != nil {
@@ -292,7 +295,7 @@ func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
 // bytes are already there) and replaying the log (dirty true: the next
 // checkpoint must write them before the log that holds them is deleted).
 func (s *Store) apply(id uint16, off uint64, p []byte, dirty bool) error {
-	return s.span(id, off, p, func(v *volume, c *chunk, _, co uint64, q []byte) error {
+	return s.span(id, off, p, true, func(v *volume, c *chunk, _, co uint64, q []byte) error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if err := s.allocLocked(v, c); err != nil {
@@ -380,9 +383,13 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 	var seq uint64
 	end := off + n
 	for off < end {
-		c := &v.chunks[off/ChunkSize]
 		co := off % ChunkSize
 		m := min(end-off, ChunkSize-co)
+		c := v.chunks.get(off/ChunkSize, false)
+		if c == nil { // a hole of a sparse volume: nothing to free or log
+			off += m
+			continue
+		}
 		// The last chunk of a volume may be short; covering up to the
 		// volume's end counts as covering the chunk.
 		chunkEnd := min(ChunkSize, v.info.Size-(off-co))
@@ -422,7 +429,7 @@ func (s *Store) atomic8(id uint16, off uint64, lastSeq *uint64, f func(old uint6
 	if err := v.check(off, 8); err != nil {
 		return 0, err
 	}
-	c := &v.chunks[off/ChunkSize]
+	c := v.chunks.get(off/ChunkSize, true)
 	co := off % ChunkSize
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -481,14 +488,13 @@ func (s *Store) Check() error {
 		if v.info.ID != id || s.byName[v.info.Name] != v {
 			return fmt.Errorf("memnode: volume tables disagree on %d/%q", id, v.info.Name)
 		}
-		for i := range v.chunks {
-			c := &v.chunks[i]
+		v.chunks.each(func(_ uint64, c *chunk) {
 			c.mu.RLock()
 			if c.data != nil {
 				n += ChunkSize
 			}
 			c.mu.RUnlock()
-		}
+		})
 	}
 	if len(s.byName) != len(s.byID) {
 		return fmt.Errorf("memnode: %d names for %d ids", len(s.byName), len(s.byID))
