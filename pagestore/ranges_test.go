@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -55,4 +56,29 @@ func TestRangesModel(t *testing.T) {
 			assert.ErrorIs(t, s.WriteRange(ctx, 2, 0, make([]byte, 2)), ErrNoVolume)
 		})
 	}
+}
+
+// TestRemoveVolume: a removed volume's cached pages, dirty ones included,
+// are gone, so a new volume with the recycled id reads its own bytes.
+func TestRemoveVolume(t *testing.T) {
+	ctx := context.Background()
+	remote := NewMemRemote()
+	s, err := New(remote, Options{CacheBytes: 64 * PageSize})
+	require.NoError(t, err)
+	v := memnode.VolumeInfo{ID: 3, Name: "f", Size: 16 * PageSize}
+	s.AddVolume(v)
+	page := bytes.Repeat([]byte{0xAB}, PageSize)
+	for i := range 8 {
+		require.NoError(t, s.Put(ctx, memnode.MakeKey(3, uint64(i)), page))
+	}
+	s.RemoveVolume(3)
+	assert.ErrorIs(t, s.ReadRange(ctx, 3, 0, make([]byte, 1)), ErrNoVolume)
+	for i := range 8 {
+		assert.False(t, s.Resident(memnode.MakeKey(3, uint64(i))), "page %d still cached", i)
+	}
+	s.AddVolume(v)
+	got := make([]byte, PageSize)
+	require.NoError(t, s.Get(ctx, memnode.MakeKey(3, 1), got))
+	assert.Equal(t, make([]byte, PageSize), got, "old page showed through")
+	require.NoError(t, s.Check())
 }

@@ -182,6 +182,25 @@ func (s *Store) AddVolume(v memnode.VolumeInfo) {
 	s.vmu.Unlock()
 }
 
+// RemoveVolume stops serving volume id and drops its cached pages without
+// writing them back, so that the id can be reused by a new volume (the
+// memory node recycles ids) without the old pages showing through. The
+// caller must have stopped all I/O to the volume.
+func (s *Store) RemoveVolume(id uint16) {
+	s.vmu.Lock()
+	delete(s.volumes, id)
+	s.vmu.Unlock()
+	for f := range s.frames {
+		fr := &s.frames[f]
+		fr.mu.RLock()
+		k, valid := fr.key, fr.valid
+		fr.mu.RUnlock()
+		if valid && k.Volume() == id {
+			s.discard(k)
+		}
+	}
+}
+
 // Volumes returns the served volumes ordered by id.
 func (s *Store) Volumes() []memnode.VolumeInfo {
 	s.vmu.RLock()

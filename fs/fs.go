@@ -1,0 +1,336 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"encoding/gob"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Config describes a filesystem.
+type Config struct {
+	// Name tells filesystems on one memory node apart: its volumes are
+	// "fs.NAME.meta" and "fs.NAME.INO". Default "pd3".
+	Name   string
+	Client *memnode.Client
+	Store  *pagestore.Store
+	// Volumes appear as files under volumes/ (the NBD exports' pages, read
+	// and written through the same cache).
+	Volumes []memnode.VolumeInfo
+	// Capacity is what statfs reports as the size (0: 1 PiB; the memory
+	// node does not say how much it holds).
+	Capacity uint64
+	// SyncInterval is how often changed metadata is written back without
+	// an fsync (0: 1 s; negative: only on fsync and Close).
+	SyncInterval time.Duration
+	// OnRead, if set, sees every READ's first page key and page count
+	// before the read is served: the agent's request mirror for FUSE.
+	OnRead func(first memnode.Key, pages int)
+	Log    *slog.Logger
+}
+
+// FS is the filesystem model: inodes, directories and their persistence.
+// Data lives in one memory-node volume per regular file, read and written
+// through the page store. mu guards all inodes; an inode's io lock orders
+// its data writes (shared) against truncation (exclusive).
+type FS struct {
+	cfg  Config
+	meta metaStore
+
+	mu      sync.RWMutex
+	inodes  map[uint64]*inode
+	io      map[uint64]*sync.RWMutex
+	nextIno uint64
+	changes uint64 // bumped by every metadata change
+	saved   uint64 // changes covered by the last snapshot
+	vols    map[uint16]memnode.VolumeInfo
+
+	syncMu sync.Mutex // serialises snapshots
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// Open loads (or creates) the filesystem called cfg.Name at the memory
+// node, deletes data volumes that no snapshot refers to (files created
+// after the last snapshot before a crash) and starts the metadata syncer.
+func Open(ctx context.Context, cfg Config) (*FS, error) {
+	if cfg.Name == "" {
+		cfg.Name = "pd3"
+	}
+	if strings.ContainsAny(cfg.Name, "./") {
+		return nil, fmt.Errorf("fs: name %q may not contain '.' or '/'", cfg.Name)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.SyncInterval == 0 {
+		cfg.SyncInterval = time.Second
+	}
+	mv, err := cfg.Client.OpenOrCreate(ctx, "fs."+cfg.Name+".meta", metaVolSize)
+	if err != nil {
+		return nil, fmt.Errorf("fs: metadata volume: %w", err)
+	}
+	f := &FS{
+		cfg:    cfg,
+		meta:   metaStore{c: cfg.Client, vol: mv.ID},
+		inodes: make(map[uint64]*inode),
+		io:     make(map[uint64]*sync.RWMutex),
+		vols:   make(map[uint16]memnode.VolumeInfo),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	for _, v := range cfg.Volumes {
+		f.vols[v.ID] = v
+	}
+	snap, err := f.meta.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if snap == nil {
+		now := nowNs()
+		snap = &snapshot{Version: snapshotVersion, NextIno: firstIno, Inodes: []*inode{{
+			Ino: rootIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Parent: rootIno,
+			Atime: now, Mtime: now, Ctime: now, Entries: map[string]uint64{},
+		}}}
+		f.changes = 1
+	}
+	f.nextIno = snap.NextIno
+	all, err := cfg.Client.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fs: listing volumes: %w", err)
+	}
+	byName := make(map[string]memnode.VolumeInfo, len(all))
+	for _, v := range all {
+		byName[v.Name] = v
+	}
+	for _, n := range snap.Inodes {
+		f.inodes[n.Ino] = n
+		f.io[n.Ino] = new(sync.RWMutex)
+		if n.Entries == nil && n.isDir() {
+			n.Entries = map[string]uint64{}
+		}
+		if !n.isReg() {
+			continue
+		}
+		v, ok := byName[n.Vol]
+		if !ok {
+			return nil, fmt.Errorf("fs: file %d: %w: its data volume %q is missing", n.Ino, memnode.ErrCorrupt, n.Vol)
+		}
+		delete(byName, n.Vol)
+		n.vol = v.ID
+		cfg.Store.AddVolume(v)
+	}
+	if f.inodes[rootIno] == nil {
+		return nil, fmt.Errorf("fs: %w: no root directory", memnode.ErrCorrupt)
+	}
+	prefix := "fs." + cfg.Name + "."
+	for name := range byName {
+		if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "meta" {
+			cfg.Log.Info("fs: deleting a data volume no snapshot refers to", "volume", name)
+			if err := cfg.Client.Delete(ctx, name); err != nil {
+				return nil, fmt.Errorf("fs: deleting orphan %q: %w", name, err)
+			}
+		}
+	}
+	go f.syncLoop()
+	return f, nil
+}
+
+// Close writes back dirty pages and the metadata and stops the syncer.
+// The mount must be gone.
+func (f *FS) Close(ctx context.Context) error {
+	close(f.stop)
+	<-f.done
+	return f.Sync(ctx)
+}
+
+// Sync makes everything written so far durable at the memory node: dirty
+// pages, then the metadata that refers to them.
+func (f *FS) Sync(ctx context.Context) error {
+	if err := f.cfg.Store.Flush(ctx); err != nil {
+		return fmt.Errorf("fs: writing back data: %w", err)
+	}
+	return f.syncMeta(ctx)
+}
+
+// syncMeta writes a snapshot if the metadata changed since the last one.
+func (f *FS) syncMeta(ctx context.Context) error {
+	f.syncMu.Lock()
+	defer f.syncMu.Unlock()
+	f.mu.RLock()
+	if f.changes == f.saved {
+		f.mu.RUnlock()
+		return nil
+	}
+	at := f.changes
+	snap := snapshot{Version: snapshotVersion, NextIno: f.nextIno, Inodes: make([]*inode, 0, len(f.inodes))}
+	for _, n := range f.inodes {
+		if n.Nlink > 0 {
+			snap.Inodes = append(snap.Inodes, n)
+		}
+	}
+	var buf bytes.Buffer
+	err := gob.NewEncoder(&buf).Encode(&snap)
+	f.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("fs: encoding metadata: %w", err)
+	}
+	if err := f.meta.save(ctx, buf.Bytes()); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.saved = max(f.saved, at)
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *FS) syncLoop() {
+	defer close(f.done)
+	if f.cfg.SyncInterval < 0 {
+		<-f.stop
+		return
+	}
+	t := time.NewTicker(f.cfg.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if err := f.syncMeta(ctx); err != nil {
+				f.cfg.Log.Warn("fs: background metadata sync", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// KeyOf maps a page of an inode, as the kernel numbers them, to its page
+// key, for the page-cache tracker.
+func (f *FS) KeyOf(ino, index uint64) (memnode.Key, bool) {
+	if ino > volumeInoBase {
+		v, ok := f.vols[uint16(ino-volumeInoBase)]
+		if !ok || index >= v.Size/memnode.PageSize {
+			return 0, false
+		}
+		return memnode.MakeKey(v.ID, index), true
+	}
+	f.mu.RLock()
+	n := f.inodes[ino]
+	var vol uint16
+	if n != nil {
+		vol = n.vol
+	}
+	f.mu.RUnlock()
+	if vol == 0 || index >= MaxFileSize/memnode.PageSize {
+		return 0, false
+	}
+	return memnode.MakeKey(vol, index), true
+}
+
+// InodeOfVolume is the inverse of KeyOf's volume part: the inode whose
+// data lives in volume vol.
+func (f *FS) InodeOfVolume(vol uint16) (uint64, bool) {
+	if _, ok := f.vols[vol]; ok {
+		return volumeInoBase + uint64(vol), true
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, n := range f.inodes {
+		if n.vol == vol {
+			return n.Ino, true
+		}
+	}
+	return 0, false
+}
+
+// newFile makes the data volume of a new regular file. A volume left by a
+// crashed run under the same name (its inode number was handed out but
+// never saved) is replaced.
+func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, error) {
+	name := "fs." + f.cfg.Name + "." + strconv.FormatUint(ino, 10)
+	v, err := f.cfg.Client.Create(ctx, name, MaxFileSize)
+	if errors.Is(err, memnode.ErrExists) {
+		if err = f.cfg.Client.Delete(ctx, name); err == nil {
+			v, err = f.cfg.Client.Create(ctx, name, MaxFileSize)
+		}
+	}
+	if err != nil {
+		return v, err
+	}
+	f.cfg.Store.AddVolume(v)
+	return v, nil
+}
+
+// release frees an inode that has no names and no open handles.
+func (f *FS) release(ctx context.Context, n *inode) {
+	f.mu.Lock()
+	delete(f.inodes, n.Ino)
+	delete(f.io, n.Ino)
+	f.changes++
+	f.mu.Unlock()
+	if n.vol == 0 {
+		return
+	}
+	f.cfg.Store.RemoveVolume(n.vol)
+	if err := f.cfg.Client.Delete(ctx, n.Vol); err != nil {
+		// The next mount deletes it as an orphan.
+		f.cfg.Log.Warn("fs: freeing a deleted file's volume", "volume", n.Vol, "err", err)
+	}
+}
+
+// errno maps an error from below to what the caller should see.
+func (f *FS) errno(op string, err error) syscall.Errno {
+	var e syscall.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, memnode.ErrNoMemory):
+		return syscall.ENOSPC
+	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange):
+		return syscall.EFBIG
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	}
+	f.cfg.Log.Warn("fs: I/O error", "op", op, "err", err)
+	return syscall.EIO
+}
+
+// fillAttr copies n's attributes for the kernel; mu must be held.
+func fillAttr(n *inode, a *fuse.Attr) {
+	a.Ino = n.Ino
+	a.Mode = n.Mode
+	a.Nlink = n.Nlink
+	a.Size = n.Size
+	a.Blocks = (n.Size + 511) / 512
+	a.Blksize = memnode.PageSize
+	a.Uid, a.Gid = n.UID, n.GID
+	a.Atime, a.Atimensec = uint64(n.Atime/1e9), uint32(n.Atime%1e9)
+	a.Mtime, a.Mtimensec = uint64(n.Mtime/1e9), uint32(n.Mtime%1e9)
+	a.Ctime, a.Ctimensec = uint64(n.Ctime/1e9), uint32(n.Ctime%1e9)
+}
+
+func checkName(name string) syscall.Errno {
+	if len(name) > maxName {
+		return syscall.ENAMETOOLONG
+	}
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
+		return syscall.EINVAL
+	}
+	return 0
+}

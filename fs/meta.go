@@ -1,0 +1,171 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/gob"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// Inode numbers. Regular files, directories and symlinks get numbers from
+// nextIno, never reused; the volumes directory and its files are
+// synthetic and live above volumeInoBase.
+const (
+	rootIno       = 1
+	volumesIno    = 2
+	firstIno      = 16
+	volumeInoBase = 1 << 62
+	volumesName   = "volumes"
+)
+
+// MaxFileSize is the size of a file's data volume at the memory node: a
+// sparse 4 TiB, of which only written chunks use memory.
+const MaxFileSize = 4 << 40
+
+// maxName is NAME_MAX.
+const maxName = 255
+
+// inode is the persistent state of a file, directory or symlink. Fields
+// are exported for gob; the model's lock guards them.
+type inode struct {
+	Ino   uint64
+	Mode  uint32 // type and permission bits
+	UID   uint32
+	GID   uint32
+	Nlink uint32
+	Size  uint64
+	Atime int64 // ns since the epoch
+	Mtime int64
+	Ctime int64
+	// Parent is a directory's parent (for the rename-into-itself check);
+	// files may have several and do not record them.
+	Parent  uint64
+	Target  string            // symlink
+	Entries map[string]uint64 // directory
+	Xattr   map[string][]byte
+	Vol     string // regular file: its data volume's name
+
+	vol   uint16 // the data volume's id in this run
+	opens int    // open handles; an unlinked file is freed at the last close
+}
+
+func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFDIR }
+func (n *inode) isReg() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFREG }
+func (n *inode) touch(now int64) { n.Mtime, n.Ctime = now, now }
+
+// snapshot is what the metadata volume holds.
+type snapshot struct {
+	Version int
+	NextIno uint64
+	Inodes  []*inode
+}
+
+const snapshotVersion = 1
+
+// Metadata volume layout: a header page at 0 names which of two slots holds
+// the newest snapshot, with its generation, length and CRC. A snapshot is
+// written to the other slot and acknowledged before the header moves to
+// it, so a crash mid-write leaves the previous snapshot intact; the header
+// is one page, which the memory node writes atomically.
+const (
+	metaMagic    = "PD3FSMD1"
+	metaSlot0    = 1 << 20
+	metaSlotSize = 1 << 30
+	metaVolSize  = metaSlot0 + 2*metaSlotSize
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// metaStore reads and writes snapshots in the metadata volume.
+type metaStore struct {
+	c   *memnode.Client
+	vol uint16
+
+	mu   sync.Mutex // one snapshot write at a time
+	gen  uint64
+	slot int
+}
+
+// load returns the newest snapshot, or nil for a fresh volume.
+func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
+	hdr := make([]byte, memnode.PageSize)
+	if err := m.c.ReadAt(ctx, m.vol, 0, hdr); err != nil {
+		return nil, fmt.Errorf("fs: reading the metadata header: %w", err)
+	}
+	if bytes.Equal(hdr[:8], make([]byte, 8)) {
+		return nil, nil
+	}
+	if string(hdr[:8]) != metaMagic {
+		return nil, fmt.Errorf("fs: metadata header: %w: bad magic %q", memnode.ErrCorrupt, hdr[:8])
+	}
+	gen := binary.LittleEndian.Uint64(hdr[8:])
+	slot := int(binary.LittleEndian.Uint32(hdr[16:]))
+	n := binary.LittleEndian.Uint64(hdr[24:])
+	sum := binary.LittleEndian.Uint32(hdr[32:])
+	if slot > 1 || n > metaSlotSize {
+		return nil, fmt.Errorf("fs: metadata header: %w: slot %d, %d bytes", memnode.ErrCorrupt, slot, n)
+	}
+	buf := make([]byte, n)
+	for off := uint64(0); off < n; off += memnode.MaxIO {
+		end := min(n, off+memnode.MaxIO)
+		if err := m.c.ReadAt(ctx, m.vol, uint64(metaSlot0+slot*metaSlotSize)+off, buf[off:end]); err != nil {
+			return nil, fmt.Errorf("fs: reading metadata: %w", err)
+		}
+	}
+	if crc32.Checksum(buf, castagnoli) != sum {
+		return nil, fmt.Errorf("fs: metadata generation %d: %w: checksum mismatch", gen, memnode.ErrCorrupt)
+	}
+	var s snapshot
+	if err := gob.NewDecoder(bytes.NewReader(buf)).Decode(&s); err != nil {
+		return nil, fmt.Errorf("fs: metadata generation %d: %w: %v", gen, memnode.ErrCorrupt, err)
+	}
+	if s.Version != snapshotVersion {
+		return nil, fmt.Errorf("fs: metadata version %d, want %d", s.Version, snapshotVersion)
+	}
+	m.gen, m.slot = gen, slot
+	return &s, nil
+}
+
+// save writes an encoded snapshot to the free slot, then flips the header.
+func (m *metaStore) save(ctx context.Context, b []byte) error {
+	if len(b) > metaSlotSize {
+		return fmt.Errorf("fs: metadata of %d bytes: %w", len(b), syscall.ENOSPC)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	slot := 1 - m.slot
+	calls := make([]memnode.Call, 0, len(b)/memnode.MaxIO+1)
+	for off := 0; off < len(b); off += memnode.MaxIO {
+		end := min(len(b), off+memnode.MaxIO)
+		calls = append(calls, m.c.WriteAsync(ctx, m.vol, uint64(metaSlot0+slot*metaSlotSize+off), b[off:end]))
+	}
+	var errs []error
+	for _, c := range calls {
+		errs = append(errs, c.Wait(ctx))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("fs: writing metadata: %w", err)
+	}
+	hdr := make([]byte, memnode.PageSize)
+	copy(hdr, metaMagic)
+	binary.LittleEndian.PutUint64(hdr[8:], m.gen+1)
+	binary.LittleEndian.PutUint32(hdr[16:], uint32(slot))
+	binary.LittleEndian.PutUint64(hdr[24:], uint64(len(b)))
+	binary.LittleEndian.PutUint32(hdr[32:], crc32.Checksum(b, castagnoli))
+	if err := m.c.WriteAt(ctx, m.vol, 0, hdr); err != nil {
+		return fmt.Errorf("fs: writing the metadata header: %w", err)
+	}
+	m.gen++
+	m.slot = slot
+	return nil
+}
+
+func nowNs() int64 { return time.Now().UnixNano() }

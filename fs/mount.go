@@ -1,0 +1,119 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// ErrNoFUSE means this machine cannot mount: no usable /dev/fuse, or (not
+// root) no fusermount3.
+var ErrNoFUSE = errors.New("FUSE is not available")
+
+// Available reports why FUSE cannot be used here, or nil.
+func Available() error {
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("%w: /dev/fuse: %v (load the fuse module, or give the container the device)", ErrNoFUSE, err)
+	}
+	f.Close()
+	if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			if _, err2 := exec.LookPath("fusermount"); err2 != nil {
+				return fmt.Errorf("%w: no fusermount3 (apt-get install fuse3)", ErrNoFUSE)
+			}
+		}
+	}
+	return nil
+}
+
+// Mounted is a filesystem mounted at Dir.
+type Mounted struct {
+	FS     *FS
+	Dir    string
+	Server *fuse.Server
+	// Dev is the mount's device number as the kernel's tracepoints print
+	// it (MAJOR<<20 | MINOR), for the page-cache tracker.
+	Dev uint32
+}
+
+// Mount mounts f at dir.
+func Mount(f *FS, dir string) (*Mounted, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	timeout := time.Second
+	opts := &gofs.Options{
+		EntryTimeout:   &timeout,
+		AttrTimeout:    &timeout,
+		RootStableAttr: &gofs.StableAttr{Ino: rootIno},
+		MountOptions: fuse.MountOptions{
+			FsName:  "pd3:" + f.cfg.Name,
+			Name:    "pd3",
+			Options: []string{"default_permissions"},
+			// Root mounts with mount(2) itself, so tests and servers
+			// need no setuid helper.
+			DirectMount: os.Geteuid() == 0,
+			MaxWrite:    1 << 20,
+			AllowOther:  os.Geteuid() == 0,
+		},
+	}
+	srv, err := gofs.Mount(dir, &node{f: f, ino: rootIno}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("fs: mounting at %s: %w", dir, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		srv.Unmount()
+		return nil, fmt.Errorf("fs: %w", err)
+	}
+	return &Mounted{FS: f, Dir: dir, Server: srv, Dev: kernelDev(st.Dev)}, nil
+}
+
+// kernelDev converts a stat(2) device number to the kernel's internal
+// encoding, which tracepoints report.
+func kernelDev(d uint64) uint32 {
+	major := (d >> 8) & 0xfff
+	minor := (d & 0xff) | ((d >> 12) & 0xfff00)
+	return uint32(major<<20 | minor)
+}
+
+// Unmount detaches the mount, lazily if it stays busy (an open file or a
+// shell inside it), waits for the server to stop and then closes the
+// filesystem, writing everything back.
+func (m *Mounted) Unmount(ctx context.Context) error {
+	var err error
+	for i := 0; i < 20; i++ {
+		if err = m.Server.Unmount(); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		// Busy: detach it from the tree; the kernel keeps the connection
+		// until its last user goes, so write everything back now.
+		if err2 := syscall.Unmount(m.Dir, syscall.MNT_DETACH); err2 != nil {
+			if out, err3 := exec.Command("fusermount3", "-u", "-z", m.Dir).CombinedOutput(); err3 != nil {
+				return fmt.Errorf("fs: unmounting %s: %v; lazy: %v (%s)", m.Dir, err, err3, out)
+			}
+		}
+		if err := m.FS.Sync(ctx); err != nil {
+			return err
+		}
+	}
+	done := make(chan struct{})
+	go func() { m.Server.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("fs: %s is detached but still in use: %w", m.Dir, ctx.Err())
+	}
+	return m.FS.Close(ctx)
+}

@@ -1,0 +1,703 @@
+package fs
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// node is the kernel-facing side of an inode of the model; all state is in
+// the FS, the go-fuse Inode only tracks what the kernel knows.
+type node struct {
+	gofs.Inode
+	f   *FS
+	ino uint64
+}
+
+var (
+	_ gofs.NodeLookuper      = (*node)(nil)
+	_ gofs.NodeGetattrer     = (*node)(nil)
+	_ gofs.NodeSetattrer     = (*node)(nil)
+	_ gofs.NodeCreater       = (*node)(nil)
+	_ gofs.NodeOpener        = (*node)(nil)
+	_ gofs.NodeReader        = (*node)(nil)
+	_ gofs.NodeWriter        = (*node)(nil)
+	_ gofs.NodeFlusher       = (*node)(nil)
+	_ gofs.NodeReleaser      = (*node)(nil)
+	_ gofs.NodeFsyncer       = (*node)(nil)
+	_ gofs.NodeMkdirer       = (*node)(nil)
+	_ gofs.NodeRmdirer       = (*node)(nil)
+	_ gofs.NodeUnlinker      = (*node)(nil)
+	_ gofs.NodeRenamer       = (*node)(nil)
+	_ gofs.NodeReaddirer     = (*node)(nil)
+	_ gofs.NodeSymlinker     = (*node)(nil)
+	_ gofs.NodeReadlinker    = (*node)(nil)
+	_ gofs.NodeLinker        = (*node)(nil)
+	_ gofs.NodeStatfser      = (*node)(nil)
+	_ gofs.NodeAllocater     = (*node)(nil)
+	_ gofs.NodeGetxattrer    = (*node)(nil)
+	_ gofs.NodeSetxattrer    = (*node)(nil)
+	_ gofs.NodeListxattrer   = (*node)(nil)
+	_ gofs.NodeRemovexattrer = (*node)(nil)
+)
+
+// handle is an open file; the model counts opens so that an unlinked file
+// stays readable until its last close.
+type handle struct{}
+
+func caller(ctx context.Context) (uid, gid uint32) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Uid, c.Gid
+	}
+	return 0, 0
+}
+
+// dir returns the directory inode of n; mu must be held.
+func (n *node) dir() (*inode, syscall.Errno) {
+	d := n.f.inodes[n.ino]
+	if d == nil {
+		return nil, syscall.ENOENT
+	}
+	if !d.isDir() {
+		return nil, syscall.ENOTDIR
+	}
+	return d, 0
+}
+
+func (n *node) newChild(ctx context.Context, c *inode) *gofs.Inode {
+	return n.NewInode(ctx, &node{f: n.f, ino: c.Ino}, gofs.StableAttr{Mode: c.Mode & syscall.S_IFMT, Ino: c.Ino})
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.ino == rootIno && name == volumesName {
+		return n.volumesDir(ctx, out), 0
+	}
+	if len(name) > maxName {
+		return nil, syscall.ENAMETOOLONG
+	}
+	n.f.mu.RLock()
+	defer n.f.mu.RUnlock()
+	d, e := n.dir()
+	if e != 0 {
+		return nil, e
+	}
+	c := n.f.inodes[d.Entries[name]]
+	if c == nil {
+		return nil, syscall.ENOENT
+	}
+	fillAttr(c, &out.Attr)
+	return n.newChild(ctx, c), 0
+}
+
+func (n *node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.f.mu.RLock()
+	defer n.f.mu.RUnlock()
+	c := n.f.inodes[n.ino]
+	if c == nil {
+		return syscall.ENOENT
+	}
+	fillAttr(c, &out.Attr)
+	return 0
+}
+
+func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if size, ok := in.GetSize(); ok {
+		if e := n.truncate(ctx, size); e != 0 {
+			return e
+		}
+	}
+	f := n.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.inodes[n.ino]
+	if c == nil {
+		return syscall.ENOENT
+	}
+	now := nowNs()
+	if m, ok := in.GetMode(); ok {
+		c.Mode = c.Mode&syscall.S_IFMT | m&0o7777
+	}
+	if uid, ok := in.GetUID(); ok {
+		c.UID = uid
+	}
+	if gid, ok := in.GetGID(); ok {
+		c.GID = gid
+	}
+	if t, ok := in.GetATime(); ok {
+		c.Atime = t.UnixNano()
+	}
+	if t, ok := in.GetMTime(); ok {
+		c.Mtime = t.UnixNano()
+	}
+	c.Ctime = now
+	f.changes++
+	fillAttr(c, &out.Attr)
+	return 0
+}
+
+// truncate sets a regular file's size. Bytes past the size are kept zero
+// (whole pages trimmed at the memory node), so growing the file again
+// reads zeroes.
+func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
+	if size > MaxFileSize {
+		return syscall.EFBIG
+	}
+	f := n.f
+	f.mu.RLock()
+	c, io := f.inodes[n.ino], f.io[n.ino]
+	f.mu.RUnlock()
+	if c == nil {
+		return syscall.ENOENT
+	}
+	if !c.isReg() {
+		return syscall.EISDIR
+	}
+	io.Lock()
+	defer io.Unlock()
+	f.mu.RLock()
+	old, vol := c.Size, c.vol
+	f.mu.RUnlock()
+	if size < old {
+		end := (old + memnode.PageSize - 1) &^ (memnode.PageSize - 1)
+		if err := f.cfg.Store.ZeroRange(ctx, vol, size, end-size, false); err != nil {
+			return f.errno("truncate", err)
+		}
+	}
+	f.mu.Lock()
+	c.Size = size
+	c.touch(nowNs())
+	f.changes++
+	f.mu.Unlock()
+	return 0
+}
+
+// add links a new inode c under name in n; it fails if the name exists.
+func (n *node) add(name string, c *inode) syscall.Errno {
+	f := n.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, e := n.dir()
+	if e != 0 {
+		return e
+	}
+	if _, ok := d.Entries[name]; ok || (n.ino == rootIno && name == volumesName) {
+		return syscall.EEXIST
+	}
+	d.Entries[name] = c.Ino
+	if c.isDir() {
+		d.Nlink++
+	}
+	d.touch(c.Ctime)
+	f.inodes[c.Ino] = c
+	f.io[c.Ino] = new(sync.RWMutex)
+	f.changes++
+	return 0
+}
+
+// newInode allocates an inode number and fills in the common fields.
+func (n *node) newInode(ctx context.Context, mode uint32) *inode {
+	uid, gid := caller(ctx)
+	now := nowNs()
+	n.f.mu.Lock()
+	ino := n.f.nextIno
+	n.f.nextIno++
+	n.f.changes++
+	n.f.mu.Unlock()
+	return &inode{Ino: ino, Mode: mode, UID: uid, GID: gid, Nlink: 1, Atime: now, Mtime: now, Ctime: now}
+}
+
+func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if e := checkName(name); e != 0 {
+		return nil, nil, 0, e
+	}
+	c := n.newInode(ctx, syscall.S_IFREG|mode&0o7777)
+	v, err := n.f.newVolume(ctx, c.Ino)
+	if err != nil {
+		return nil, nil, 0, n.f.errno("create", err)
+	}
+	c.Vol, c.vol, c.opens = v.Name, v.ID, 1
+	if e := n.add(name, c); e != 0 {
+		n.f.release(ctx, c)
+		return nil, nil, 0, e
+	}
+	n.f.mu.RLock()
+	fillAttr(c, &out.Attr)
+	n.f.mu.RUnlock()
+	return n.newChild(ctx, c), &handle{}, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if e := checkName(name); e != 0 {
+		return nil, e
+	}
+	c := n.newInode(ctx, syscall.S_IFDIR|mode&0o7777)
+	c.Nlink, c.Parent, c.Entries = 2, n.ino, map[string]uint64{}
+	if e := n.add(name, c); e != 0 {
+		return nil, e
+	}
+	n.f.mu.RLock()
+	fillAttr(c, &out.Attr)
+	n.f.mu.RUnlock()
+	return n.newChild(ctx, c), 0
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if e := checkName(name); e != 0 {
+		return nil, e
+	}
+	c := n.newInode(ctx, syscall.S_IFLNK|0o777)
+	c.Target, c.Size = target, uint64(len(target))
+	if e := n.add(name, c); e != 0 {
+		return nil, e
+	}
+	n.f.mu.RLock()
+	fillAttr(c, &out.Attr)
+	n.f.mu.RUnlock()
+	return n.newChild(ctx, c), 0
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	n.f.mu.RLock()
+	defer n.f.mu.RUnlock()
+	c := n.f.inodes[n.ino]
+	if c == nil || c.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		return nil, syscall.EINVAL
+	}
+	return []byte(c.Target), 0
+}
+
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if e := checkName(name); e != 0 {
+		return nil, e
+	}
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV // a volumes/ file
+	}
+	f := n.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, e := n.dir()
+	if e != 0 {
+		return nil, e
+	}
+	c := f.inodes[t.ino]
+	switch {
+	case c == nil:
+		return nil, syscall.ENOENT
+	case c.isDir():
+		return nil, syscall.EPERM
+	case c.Nlink == 0:
+		return nil, syscall.ENOENT
+	}
+	if _, ok := d.Entries[name]; ok || (n.ino == rootIno && name == volumesName) {
+		return nil, syscall.EEXIST
+	}
+	now := nowNs()
+	d.Entries[name] = c.Ino
+	d.touch(now)
+	c.Nlink++
+	c.Ctime = now
+	f.changes++
+	fillAttr(c, &out.Attr)
+	return t.EmbeddedInode(), 0
+}
+
+// unlinkLocked drops one name of c; it reports whether c is now free.
+func (f *FS) unlinkLocked(c *inode, now int64) bool {
+	c.Nlink--
+	c.Ctime = now
+	if c.isDir() {
+		c.Nlink = 0
+	}
+	f.changes++
+	return c.Nlink == 0 && c.opens == 0
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	f := n.f
+	f.mu.Lock()
+	d, e := n.dir()
+	if e != 0 {
+		f.mu.Unlock()
+		return e
+	}
+	c := f.inodes[d.Entries[name]]
+	if c == nil {
+		f.mu.Unlock()
+		if n.ino == rootIno && name == volumesName {
+			return syscall.EISDIR
+		}
+		return syscall.ENOENT
+	}
+	if c.isDir() {
+		f.mu.Unlock()
+		return syscall.EISDIR
+	}
+	now := nowNs()
+	delete(d.Entries, name)
+	d.touch(now)
+	free := f.unlinkLocked(c, now)
+	f.mu.Unlock()
+	if free {
+		f.release(ctx, c)
+	}
+	return 0
+}
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.ino == rootIno && name == volumesName {
+		return syscall.EBUSY
+	}
+	f := n.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, e := n.dir()
+	if e != 0 {
+		return e
+	}
+	c := f.inodes[d.Entries[name]]
+	switch {
+	case c == nil:
+		return syscall.ENOENT
+	case !c.isDir():
+		return syscall.ENOTDIR
+	case len(c.Entries) > 0:
+		return syscall.ENOTEMPTY
+	}
+	now := nowNs()
+	delete(d.Entries, name)
+	d.Nlink--
+	d.touch(now)
+	f.unlinkLocked(c, now)
+	delete(f.inodes, c.Ino)
+	delete(f.io, c.Ino)
+	return 0
+}
+
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if e := checkName(newName); e != 0 {
+		return e
+	}
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 || flags == unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE {
+		return syscall.EINVAL
+	}
+	if (n.ino == rootIno && name == volumesName) || (np.ino == rootIno && newName == volumesName) {
+		return syscall.EBUSY
+	}
+	f := n.f
+	f.mu.Lock()
+	src, e := n.dir()
+	if e != 0 {
+		f.mu.Unlock()
+		return e
+	}
+	dst, e := np.dir()
+	if e != 0 {
+		f.mu.Unlock()
+		return e
+	}
+	c := f.inodes[src.Entries[name]]
+	if c == nil {
+		f.mu.Unlock()
+		return syscall.ENOENT
+	}
+	old := f.inodes[dst.Entries[newName]]
+	if old == c {
+		f.mu.Unlock()
+		return 0 // two names of one file, or a name onto itself
+	}
+	// A directory may not move below itself.
+	for _, moved := range []*inode{c, old} {
+		if moved == nil || !moved.isDir() || (moved == old && flags&unix.RENAME_EXCHANGE == 0) {
+			continue
+		}
+		to := dst
+		if moved == old {
+			to = src
+		}
+		for p := to; ; p = f.inodes[p.Parent] {
+			if p.Ino == moved.Ino {
+				f.mu.Unlock()
+				return syscall.EINVAL
+			}
+			if p.Ino == rootIno {
+				break
+			}
+		}
+	}
+	now := nowNs()
+	var free *inode
+	switch {
+	case flags&unix.RENAME_EXCHANGE != 0:
+		if old == nil {
+			f.mu.Unlock()
+			return syscall.ENOENT
+		}
+		src.Entries[name], dst.Entries[newName] = old.Ino, c.Ino
+		if c.isDir() != old.isDir() {
+			if c.isDir() {
+				src.Nlink--
+				dst.Nlink++
+			} else {
+				src.Nlink++
+				dst.Nlink--
+			}
+		}
+		if old.isDir() {
+			old.Parent = src.Ino
+		}
+		old.Ctime = now
+	case old != nil && flags&unix.RENAME_NOREPLACE != 0:
+		f.mu.Unlock()
+		return syscall.EEXIST
+	case old != nil && c.isDir() && !old.isDir():
+		f.mu.Unlock()
+		return syscall.ENOTDIR
+	case old != nil && !c.isDir() && old.isDir():
+		f.mu.Unlock()
+		return syscall.EISDIR
+	case old != nil && old.isDir() && len(old.Entries) > 0:
+		f.mu.Unlock()
+		return syscall.ENOTEMPTY
+	default:
+		if old != nil {
+			if old.isDir() {
+				dst.Nlink--
+				delete(f.inodes, old.Ino)
+				delete(f.io, old.Ino)
+			}
+			if f.unlinkLocked(old, now) && old.isReg() {
+				free = old
+			}
+		}
+		delete(src.Entries, name)
+		dst.Entries[newName] = c.Ino
+		if c.isDir() {
+			src.Nlink--
+			dst.Nlink++
+		}
+	}
+	if c.isDir() {
+		c.Parent = dst.Ino
+	}
+	c.Ctime = now
+	src.touch(now)
+	dst.touch(now)
+	f.changes++
+	f.mu.Unlock()
+	if free != nil {
+		f.release(ctx, free)
+	}
+	return 0
+}
+
+func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	f := n.f
+	f.mu.RLock()
+	d, e := n.dir()
+	if e != 0 {
+		f.mu.RUnlock()
+		return nil, e
+	}
+	list := make([]fuse.DirEntry, 0, len(d.Entries)+1)
+	for name, ino := range d.Entries {
+		if c := f.inodes[ino]; c != nil {
+			list = append(list, fuse.DirEntry{Name: name, Ino: ino, Mode: c.Mode})
+		}
+	}
+	f.mu.RUnlock()
+	if n.ino == rootIno {
+		list = append(list, fuse.DirEntry{Name: volumesName, Ino: volumesIno, Mode: syscall.S_IFDIR})
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	return gofs.NewListDirStream(list), 0
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	f := n.f
+	f.mu.Lock()
+	c := f.inodes[n.ino]
+	if c == nil {
+		f.mu.Unlock()
+		return nil, 0, syscall.ENOENT
+	}
+	if !c.isReg() {
+		f.mu.Unlock()
+		return nil, 0, syscall.EISDIR
+	}
+	c.opens++
+	f.mu.Unlock()
+	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		if e := n.truncate(ctx, 0); e != 0 {
+			n.Release(ctx, nil)
+			return nil, 0, e
+		}
+	}
+	return &handle{}, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *node) Release(ctx context.Context, _ gofs.FileHandle) syscall.Errno {
+	f := n.f
+	f.mu.Lock()
+	c := f.inodes[n.ino]
+	if c == nil {
+		f.mu.Unlock()
+		return 0
+	}
+	c.opens--
+	free := c.opens == 0 && c.Nlink == 0
+	f.mu.Unlock()
+	if free {
+		f.release(context.WithoutCancel(ctx), c)
+	}
+	return 0
+}
+
+// file returns a regular file's data volume, size and io lock.
+func (n *node) file() (c *inode, vol uint16, size uint64, io *sync.RWMutex, e syscall.Errno) {
+	n.f.mu.RLock()
+	defer n.f.mu.RUnlock()
+	c = n.f.inodes[n.ino]
+	if c == nil {
+		return nil, 0, 0, nil, syscall.ENOENT
+	}
+	if !c.isReg() {
+		return nil, 0, 0, nil, syscall.EISDIR
+	}
+	return c, c.vol, c.Size, n.f.io[n.ino], 0
+}
+
+func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	_, vol, size, io, e := n.file()
+	if e != 0 {
+		return nil, e
+	}
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	if uint64(off) >= size {
+		return fuse.ReadResultData(nil), 0
+	}
+	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
+	if n.f.cfg.OnRead != nil {
+		first := uint64(off) / memnode.PageSize
+		last := (uint64(off) + uint64(len(dest)) - 1) / memnode.PageSize
+		n.f.cfg.OnRead(memnode.MakeKey(vol, first), int(last-first+1))
+	}
+	io.RLock()
+	err := n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
+	io.RUnlock()
+	if err != nil {
+		return nil, n.f.errno("read", err)
+	}
+	return fuse.ReadResultData(dest), 0
+}
+
+func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	c, vol, _, io, e := n.file()
+	if e != 0 {
+		return 0, e
+	}
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	end := uint64(off) + uint64(len(data))
+	if end > MaxFileSize {
+		return 0, syscall.EFBIG
+	}
+	io.RLock()
+	err := n.f.cfg.Store.WriteRange(ctx, vol, uint64(off), data)
+	if err == nil {
+		n.f.mu.Lock()
+		c.Size = max(c.Size, end)
+		c.touch(nowNs())
+		n.f.changes++
+		n.f.mu.Unlock()
+	}
+	io.RUnlock()
+	if err != nil {
+		return 0, n.f.errno("write", err)
+	}
+	return uint32(len(data)), 0
+}
+
+// Flush (every close) does nothing: the page store holds the data and
+// fsync is the durability barrier, as on a local filesystem.
+func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { return 0 }
+
+func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
+	return n.f.errno("fsync", n.f.Sync(ctx))
+}
+
+// Allocate implements fallocate: plain allocation only extends the size
+// (the memory node allocates on write, so space is not reserved), punching
+// a hole trims the pages, and zeroing a range trims and may extend.
+func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	const supported = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
+	if mode&^supported != 0 {
+		return syscall.EOPNOTSUPP
+	}
+	if mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		return syscall.EINVAL
+	}
+	end := off + size
+	if size == 0 || end < off {
+		return syscall.EINVAL
+	}
+	if end > MaxFileSize {
+		return syscall.EFBIG
+	}
+	c, vol, cur, io, e := n.file()
+	if e != 0 {
+		return e
+	}
+	io.RLock()
+	defer io.RUnlock()
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 && off < cur {
+		if err := n.f.cfg.Store.ZeroRange(ctx, vol, off, min(end, cur)-off, false); err != nil {
+			return n.f.errno("fallocate", err)
+		}
+	}
+	n.f.mu.Lock()
+	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 && end > c.Size {
+		c.Size = end
+	}
+	c.touch(nowNs())
+	n.f.changes++
+	n.f.mu.Unlock()
+	return 0
+}
+
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	f := n.f
+	capacity := f.cfg.Capacity
+	if capacity == 0 {
+		capacity = 1 << 50
+	}
+	var used, files uint64
+	f.mu.RLock()
+	for _, c := range f.inodes {
+		used += (c.Size + memnode.PageSize - 1) &^ (memnode.PageSize - 1)
+		files++
+	}
+	f.mu.RUnlock()
+	out.Bsize, out.Frsize, out.NameLen = memnode.PageSize, memnode.PageSize, maxName
+	out.Blocks = capacity / memnode.PageSize
+	out.Bfree = (capacity - min(used, capacity)) / memnode.PageSize
+	out.Bavail = out.Bfree
+	out.Files = 1 << 16 // one memory-node volume per file
+	out.Ffree = out.Files - min(files, out.Files)
+	return 0
+}
