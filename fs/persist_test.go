@@ -1,0 +1,223 @@
+package fs_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/tools/deploy"
+)
+
+// tree reads every file and symlink under dir into a map (path → bytes,
+// or "-> target").
+func tree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var walk func(rel string)
+	walk = func(rel string) {
+		ents, err := os.ReadDir(dir + rel)
+		require.NoError(t, err)
+		for _, de := range ents {
+			p := rel + "/" + de.Name()
+			if p == "/volumes" {
+				continue
+			}
+			switch {
+			case de.Type()&os.ModeSymlink != 0:
+				target, err := os.Readlink(dir + p)
+				require.NoError(t, err)
+				out[p] = "-> " + target
+			case de.IsDir():
+				out[p+"/"] = ""
+				walk(p)
+			default:
+				b, err := os.ReadFile(dir + p)
+				require.NoError(t, err)
+				out[p] = string(b)
+			}
+		}
+	}
+	walk("")
+	return out
+}
+
+// TestRemount: after a clean unmount a new host sees the same tree and
+// bytes, with the cache far smaller than the data so most of it comes
+// from the memory node.
+func TestRemount(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 1<<20)
+	rng := rand.New(rand.NewPCG(testutil.Seed(t), 1))
+	require.NoError(t, os.MkdirAll(e.path("src/pkg/deep"), 0o755))
+	for i := range 20 {
+		b := make([]byte, rng.IntN(300_000))
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("src/pkg/deep/f%d", i)), b, 0o644))
+	}
+	require.NoError(t, os.Symlink("pkg/deep/f1", e.path("src/link")))
+	require.NoError(t, os.Link(e.path("src/pkg/deep/f2"), e.path("src/hard")))
+	require.NoError(t, os.Rename(e.path("src/pkg/deep/f3"), e.path("src/moved")))
+	require.NoError(t, os.Remove(e.path("src/pkg/deep/f4")))
+	want := tree(t, e.dir)
+	dir := e.dir
+	e.unmount()
+
+	e = mount(t, addr, dir, 1<<20)
+	assert.Equal(t, want, tree(t, e.dir))
+	assert.Equal(t, uint64(2), nlink(t, e.path("src/hard")))
+}
+
+// TestCrashKeepsFsynced: a host that goes away without writing anything
+// back loses nothing that was fsynced; files created after the last
+// snapshot leave no orphan volumes behind.
+func TestCrashKeepsFsynced(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 1<<20)
+	synced := bytes.Repeat([]byte("fsynced "), 100_000)
+	f, err := os.Create(e.path("durable"))
+	require.NoError(t, err)
+	_, err = f.Write(synced)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	require.NoError(t, f.Close())
+	require.NoError(t, os.WriteFile(e.path("volatile"), []byte("maybe"), 0o644))
+	dir := e.dir
+	e.crash()
+
+	e = mount(t, addr, dir, 1<<20)
+	got, err := os.ReadFile(e.path("durable"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(synced, got), "fsynced file differs after the crash")
+	_, err = os.Stat(e.path("volatile"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "never fsynced, never snapshotted")
+	vols, err := e.c.List(context.Background())
+	require.NoError(t, err)
+	var names []string
+	for _, v := range vols {
+		names = append(names, v.Name)
+	}
+	assert.ElementsMatch(t, []string{"fs.pd3.meta", fmt.Sprintf("fs.pd3.%d", inode(t, e.path("durable")))}, names)
+}
+
+func inode(t *testing.T, p string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(p, &st))
+	return st.Ino
+}
+
+// TestConcurrentFiles: writers on their own files and on disjoint ranges
+// of one shared file, with readers checking what they read, under -race.
+func TestConcurrentFiles(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 2<<20)
+	const writers, chunk, rounds = 4, 64 << 10, 8
+	shared, err := os.Create(e.path("shared"))
+	require.NoError(t, err)
+	defer shared.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*writers)
+	for w := range writers {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				b := bytes.Repeat([]byte{byte(w*rounds + r)}, chunk)
+				if err := os.WriteFile(e.path(fmt.Sprintf("own%d", w)), b, 0o644); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := shared.WriteAt(b, int64(w*chunk)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for range rounds * 4 {
+				b, err := os.ReadFile(e.path(fmt.Sprintf("own%d", w)))
+				if os.IsNotExist(err) {
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				// A whole-file rewrite is truncate then write: a reader
+				// sees either nothing, a prefix, or one round's byte.
+				for _, c := range b {
+					if c != b[0] {
+						errs <- fmt.Errorf("own%d mixes rounds %d and %d", w, b[0], c)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	b, err := os.ReadFile(e.path("shared"))
+	require.NoError(t, err)
+	require.Len(t, b, writers*chunk)
+	for w := range writers {
+		assert.Equal(t, bytes.Repeat([]byte{byte(w*rounds + rounds - 1)}, chunk), b[w*chunk:(w+1)*chunk], "writer %d", w)
+	}
+}
+
+// TestNoSpace: a memory node without room gives ENOSPC at fsync, and the
+// filesystem keeps working for what fits.
+func TestNoSpace(t *testing.T) {
+	e := mount(t, startNode(t, 8<<20), "", 32<<20)
+	f, err := os.Create(e.path("big"))
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.Write(make([]byte, 4<<20))
+	require.NoError(t, err)
+	_, err = f.Write(bytes.Repeat([]byte{1}, 16<<20))
+	require.NoError(t, err, "the page store takes the write")
+	assert.ErrorIs(t, f.Sync(), syscall.ENOSPC)
+	require.NoError(t, f.Truncate(1<<20))
+	require.NoError(t, f.Sync(), "after truncating, everything fits")
+}
+
+// TestVolumesShareTheCache: a volume written over NBD reads the same
+// through volumes/, and the other way round.
+func TestVolumesShareTheCache(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0, deploy.VolumeSpec{Name: "disk0", Size: 8 << 20})
+	p := e.path("volumes/disk0")
+	fi, err := os.Stat(p)
+	require.NoError(t, err)
+	assert.Equal(t, int64(8<<20), fi.Size())
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.WriteAt([]byte("via fuse"), 4096)
+	require.NoError(t, err)
+	got := make([]byte, 8)
+	require.NoError(t, e.st.ReadRange(context.Background(), e.nbd[0].ID, 4096, got))
+	assert.Equal(t, "via fuse", string(got), "the page store (NBD's path) sees the FUSE write")
+	require.NoError(t, e.st.WriteRange(context.Background(), e.nbd[0].ID, 8192, []byte("via nbd!")))
+	_, err = f.ReadAt(got, 8192)
+	require.NoError(t, err)
+	assert.Equal(t, "via nbd!", string(got), "no kernel page cache hides the NBD write")
+	out, err := exec.Command("ls", e.path("volumes")).CombinedOutput()
+	require.NoError(t, err)
+	assert.Equal(t, "disk0", strings.TrimSpace(string(out)))
+}
