@@ -19,6 +19,7 @@ import (
 
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/units"
@@ -148,7 +149,10 @@ type HostConfig struct {
 	Prefetch  string
 	Workers   int
 	OpTimeout time.Duration
-	Log       *slog.Logger
+	// Mount, if set, mounts the FUSE filesystem FSName there.
+	Mount  string
+	FSName string
+	Log    *slog.Logger
 }
 
 // Host is a running host: cache, remote client and frontends.
@@ -166,6 +170,8 @@ type Host struct {
 	Link     *dpu.Link   // nil unless DPU is "shm:NAME"
 	Zone     *loadingzone.Zone
 	HostView *hostview.Set
+	FS       *fs.FS
+	Mounted  *fs.Mounted // nil unless Mount was set
 
 	closeOnce sync.Once
 	done      chan error
@@ -179,6 +185,9 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		return nil, errors.New("host: no volumes")
 	}
 	if cfg.Local {
+		if cfg.Mount != "" {
+			return nil, errors.New("host: --local keeps volumes in host memory; a FUSE mount needs a memory node")
+		}
 		return startLocal(ctx, cfg)
 	}
 	if cfg.Memnode == "" {
@@ -264,7 +273,35 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		c.Close()
 		return nil, err
 	}
+	if cfg.Mount != "" {
+		if err := h.mount(ctx, cfg); err != nil {
+			h.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
 	return h, nil
+}
+
+// mount opens the filesystem and mounts it; the directory is created if
+// missing.
+func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
+	if err := fs.Available(); err != nil {
+		return fmt.Errorf("host: --mount %s: %w", cfg.Mount, err)
+	}
+	if err := os.MkdirAll(cfg.Mount, 0o755); err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	f, err := fs.Open(ctx, fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, Log: cfg.Log})
+	if err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	m, err := fs.Mount(f, cfg.Mount)
+	if err != nil {
+		f.Close(ctx)
+		return fmt.Errorf("host: %w", err)
+	}
+	h.FS, h.Mounted = f, m
+	return nil
 }
 
 func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
@@ -332,6 +369,10 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 func (h *Host) Close(ctx context.Context) error {
 	var err error
 	h.closeOnce.Do(func() {
+		var umountErr error
+		if h.Mounted != nil {
+			umountErr = h.Mounted.Unmount(ctx)
+		}
 		if h.Page != nil {
 			h.Page.Close()
 		}
@@ -345,7 +386,7 @@ func (h *Host) Close(ctx context.Context) error {
 			flushErr = fmt.Errorf("host: writing back dirty pages: %w", flushErr)
 		}
 		h.stopAgent()
-		errs := []error{serveErr, flushErr}
+		errs := []error{umountErr, serveErr, flushErr}
 		for _, c := range h.closers {
 			errs = append(errs, c())
 		}

@@ -73,7 +73,7 @@ func run(t *testing.T, stdin string, args ...string) (string, error) {
 }
 
 func TestUpServesAndStopsCleanly(t *testing.T) {
-	up := start(t, []string{"memory node", "page server"}, "up", "--page", "127.0.0.1:0", "--volume", "disk0:64MiB", "--cache", "1MiB")
+	up := start(t, []string{"memory node", "page server"}, "up", "--page", "127.0.0.1:0", "--volume", "disk0:64MiB", "--cache", "1MiB", "--mount", "")
 	addr := up.Addrs["page server"]
 	assert.Contains(t, up.Output(), "workers "+strconv.Itoa(runtime.GOMAXPROCS(0)))
 	assert.Eventually(t, func() bool { return strings.Contains(up.Output(), "try: echo hello | "+pd3Bin+" page put") },
@@ -527,4 +527,47 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 	assert.Contains(t, m, "pd3_link_agent_deaths_total 2")
 	assert.Regexp(t, `pd3_cache_loadingzone_hits_total [1-9]`, m, "the agent prefetched NBD reads")
 	t.Logf("%d NBD operations over 4 connections linearizable across 2 agent kills", hist.Len())
+}
+
+func mounted(dir string) bool {
+	b, _ := os.ReadFile("/proc/self/mounts")
+	return strings.Contains(string(b), " "+dir+" ")
+}
+
+// TestMountStopsCleanlyAndPersists: `pd3 mount` on a persistent embedded
+// node, stopped with SIGTERM, leaves no mount behind, and a second run
+// shows the same files.
+func TestMountStopsCleanlyAndPersists(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root here")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	dir := t.TempDir()
+	mnt, persist := filepath.Join(dir, "mnt"), filepath.Join(dir, "node")
+	data := bytes.Repeat([]byte("remote memory "), 50_000)
+	for round := range 2 {
+		m := start(t, []string{"memory node"}, "mount", mnt, "--persist", persist, "--cache", "1MiB")
+		require.Eventually(t, func() bool { return strings.Contains(m.Output(), "mounted at") }, 10*time.Second, 10*time.Millisecond)
+		t.Cleanup(func() {
+			if mounted(mnt) {
+				syscall.Unmount(mnt, syscall.MNT_DETACH)
+			}
+		})
+		if round == 0 {
+			require.NoError(t, os.MkdirAll(mnt+"/a/b", 0o755))
+			require.NoError(t, os.WriteFile(mnt+"/a/b/data", data, 0o644))
+		} else {
+			got, err := os.ReadFile(mnt + "/a/b/data")
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(data, got), "file differs after restart")
+		}
+		m.Stop()
+		assert.False(t, mounted(mnt), "still mounted after SIGTERM")
+		assert.Contains(t, m.Output(), "stopping")
+	}
+	out, err := run(t, "", "mount")
+	require.Error(t, err)
+	assert.Contains(t, out, "accepts 1 arg")
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
@@ -33,6 +34,8 @@ type hostFlags struct {
 	nbd       string
 	nbdRO     []string
 	writeback time.Duration
+	mount     string
+	fsName    string
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -52,6 +55,8 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
 	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
+	fl.StringVar(&f.mount, "mount", "", "mount the FUSE filesystem at DIR (created if missing; empty disables)")
+	fl.StringVar(&f.fsName, "fs-name", "pd3", "filesystem name: one memory node can hold several")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
 }
@@ -61,6 +66,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
+		Mount: f.mount, FSName: f.fsName,
 	}
 	lz, err := units.ParseSize(f.lz)
 	if err != nil {
@@ -99,24 +105,73 @@ back to the memory node first.`,
 			if err != nil {
 				return err
 			}
+			if err := fs.Available(); err != nil && !cmd.Flags().Changed("mount") {
+				fmt.Printf("pd3: not mounting %s: %v\n", cfg.Mount, err)
+				cfg.Mount = ""
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			var node *deploy.Memnode
-			if cfg.Memnode == "" && !cfg.Local {
-				node, err = deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist})
-				if err != nil {
-					return err
-				}
-				defer node.Close()
-				cfg.Memnode = node.Addr
-				fmt.Printf("pd3: memory node listening on %s (embedded)\n", node.Addr)
-			}
-			return runHost(ctx, cfg, f.metrics)
+			return runUp(ctx, cfg, listen, persist, f.metrics)
 		},
 	}
 	f.add(cmd, "use the memory node at ADDR instead of an embedded one")
+	setDefault(cmd, "mount", "./pd3-mnt", &f.mount)
 	cmd.Flags().StringVar(&listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
 	cmd.Flags().StringVar(&persist, "persist", "", "make the embedded memory node durable in DIR (acknowledged writes survive crashes)")
+	return cmd
+}
+
+func setDefault(cmd *cobra.Command, flag, value string, p *string) {
+	cmd.Flags().Lookup(flag).DefValue = value
+	*p = value
+}
+
+// runUp runs an embedded memory node (unless cfg names one) and a host.
+func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics string) error {
+	if cfg.Memnode == "" && !cfg.Local {
+		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist})
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		cfg.Memnode = node.Addr
+		fmt.Printf("pd3: memory node listening on %s (embedded)\n", node.Addr)
+	}
+	return runHost(ctx, cfg, metrics)
+}
+
+func mountCmd() *cobra.Command {
+	var f hostFlags
+	var listen, persist string
+	cmd := &cobra.Command{
+		Use:   "mount DIR",
+		Short: "Mount the remote-memory filesystem at DIR",
+		Long: `Mount pd3's FUSE filesystem at DIR: files whose bytes live at the memory
+node, cached by the host's page store. Without --memnode an embedded memory
+node is started (volatile unless --persist). Stop with Ctrl-C or SIGTERM: the
+filesystem is unmounted and everything written back. NBD volumes appear as
+DIR/volumes/NAME.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f.mount = args[0]
+			cfg, err := f.config(logger())
+			if err != nil {
+				return err
+			}
+			if err := fs.Available(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runUp(ctx, cfg, listen, persist, f.metrics)
+		},
+	}
+	f.add(cmd, "memory node address (default: an embedded one)")
+	cmd.Flags().MarkHidden("mount")
+	setDefault(cmd, "page", "", &f.page)
+	setDefault(cmd, "nbd", "", &f.nbd)
+	cmd.Flags().StringVar(&listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
+	cmd.Flags().StringVar(&persist, "persist", "", "make the embedded memory node durable in DIR")
 	return cmd
 }
 
@@ -186,6 +241,9 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 		}
 		fmt.Println(")")
 		fmt.Printf("pd3: try: nbdinfo nbd://%s/%s\n", h.NBDAddr, h.Volumes[0].Name)
+	}
+	if h.Mounted != nil {
+		fmt.Printf("pd3: filesystem %q mounted at %s (NBD volumes under %s/volumes)\n", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir)
 	}
 	if h.PageAddr != "" {
 		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)
