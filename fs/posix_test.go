@@ -44,7 +44,9 @@ func TestErrno(t *testing.T) {
 		{"name too long", func() error { return os.WriteFile(d+"/"+strings.Repeat("n", 256), nil, 0o644) }, syscall.ENAMETOOLONG},
 		{"path through a file", func() error { _, err := os.Stat(d + "/g/x"); return err }, syscall.ENOTDIR},
 		{"rename dir into itself", func() error { return os.Rename(d+"/a", d+"/a/b/c/a") }, syscall.EINVAL},
-		{"rename NOREPLACE onto existing", func() error { return unix.Renameat2(unix.AT_FDCWD, d+"/g", unix.AT_FDCWD, d+"/a/f", unix.RENAME_NOREPLACE) }, syscall.EEXIST},
+		{"rename NOREPLACE onto existing", func() error {
+			return unix.Renameat2(unix.AT_FDCWD, d+"/g", unix.AT_FDCWD, d+"/a/f", unix.RENAME_NOREPLACE)
+		}, syscall.EEXIST},
 		{"rename file onto dir", func() error { return syscall.Rename(d+"/g", d+"/empty") }, syscall.EISDIR},
 		{"rename dir onto file", func() error { return os.Rename(d+"/empty", d+"/g") }, syscall.ENOTDIR},
 		{"rename dir onto non-empty dir", func() error { return syscall.Rename(d+"/empty", d+"/full") }, syscall.ENOTEMPTY},
