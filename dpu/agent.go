@@ -30,9 +30,20 @@ type Agent struct {
 	// Host View false negatives, never to decide.
 	Resident func(memnode.Key) bool
 
+	// kernel, if set, is the Host View of the kernel page cache above
+	// the host's (FUSE files): pages it holds are never read from the
+	// host, so they are not prefetched either.
+	kernel atomic.Pointer[hostview.Set]
+
+	seq     Sequential
+	scratch sync.Pool // *[]Access for ReadAhead
+
 	// Counters.
 	Parsed, Prefetches, Skipped, LostStreams, QueueDrops atomic.Uint64
-	Evictions                                            atomic.Uint64
+	// KernelSkipped counts prefetches skipped because the kernel page
+	// cache holds the page.
+	KernelSkipped atomic.Uint64
+	Evictions     atomic.Uint64
 	// FalseNegatives counts prefetches of pages the host cache held.
 	FalseNegatives atomic.Uint64
 }
@@ -163,6 +174,10 @@ func (a *Agent) loop() {
 					a.Skipped.Add(1)
 					continue
 				}
+				if kv := a.kernel.Load(); kv != nil && kv.Contains(k) {
+					a.KernelSkipped.Add(1)
+					continue
+				}
 				a.Prefetches.Add(1)
 				if a.Resident != nil && a.Resident(memnode.Key(k)) {
 					a.FalseNegatives.Add(1)
@@ -171,6 +186,40 @@ func (a *Agent) loop() {
 			}
 		}
 	}
+}
+
+// SetKernelView gives the agent the Host View of the kernel page cache.
+func (a *Agent) SetKernelView(kv *hostview.Set) { a.kernel.Store(kv) }
+
+// Read-ahead sources: streams from different sources are told apart.
+const (
+	SourceFUSE   = iota // READs reaching the FUSE server
+	SourceKernel        // reads the kernel page cache saw (tracker)
+)
+
+// ReadAhead tells the agent that source src read n pages from first. With
+// current set the pages themselves are prefetched too (a READ about to be
+// served); the sequential predictor adds the pages past them.
+func (a *Agent) ReadAhead(src int, first memnode.Key, n int, current bool) {
+	p, _ := a.scratch.Get().(*[]Access)
+	if p == nil {
+		p = new([]Access)
+	}
+	acc := (*p)[:0]
+	if current {
+		for i := 0; i < min(n, 256); i++ {
+			acc = append(acc, Access{memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), Read})
+		}
+	}
+	var buf [256]memnode.Key
+	for _, k := range a.seq.Access(src, first, n, buf[:0]) {
+		acc = append(acc, Access{k, Read})
+	}
+	if len(acc) > 0 {
+		a.enqueue(acc)
+	}
+	*p = acc
+	a.scratch.Put(p)
 }
 
 // Prefetched adapts the Loading Zone to pagestore.Prefetched.

@@ -27,7 +27,7 @@ func TestFioVerify(t *testing.T) {
 		t.Run(fmt.Sprintf("direct=%d", direct), func(t *testing.T) {
 			out, err := exec.Command("fio", "--name=fsjob", "--filename="+e.path(fmt.Sprintf("fio%d", direct)),
 				"--size=32M", "--bs=4k", "--rw=randwrite", "--ioengine=psync", fmt.Sprintf("--direct=%d", direct),
-				"--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--numjobs=1", "--randrepeat=0",
+				"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0", "--do_verify=1", "--numjobs=1", "--randrepeat=0",
 				"--output-format=terse").CombinedOutput()
 			require.NoError(t, err, "%s", out)
 			assert.NotContains(t, string(out), "verify", "%s", out)

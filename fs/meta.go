@@ -123,14 +123,56 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 	if crc32.Checksum(buf, castagnoli) != sum {
 		return nil, fmt.Errorf("fs: metadata generation %d: %w: checksum mismatch", gen, memnode.ErrCorrupt)
 	}
-	var s snapshot
-	if err := gob.NewDecoder(bytes.NewReader(buf)).Decode(&s); err != nil {
-		return nil, fmt.Errorf("fs: metadata generation %d: %w: %v", gen, memnode.ErrCorrupt, err)
-	}
-	if s.Version != snapshotVersion {
-		return nil, fmt.Errorf("fs: metadata version %d, want %d", s.Version, snapshotVersion)
+	s, err := decodeSnapshot(buf)
+	if err != nil {
+		return nil, fmt.Errorf("fs: metadata generation %d: %w", gen, err)
 	}
 	m.gen, m.slot = gen, slot
+	return s, nil
+}
+
+// decodeSnapshot decodes and checks a snapshot: a root directory, every
+// entry naming an inode, every directory's parent a directory reaching
+// the root. The model relies on all of it (rename walks parents).
+func decodeSnapshot(b []byte) (*snapshot, error) {
+	var s snapshot
+	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&s); err != nil {
+		return nil, fmt.Errorf("%w: %v", memnode.ErrCorrupt, err)
+	}
+	if s.Version != snapshotVersion {
+		return nil, fmt.Errorf("%w: version %d, want %d", memnode.ErrCorrupt, s.Version, snapshotVersion)
+	}
+	byIno := make(map[uint64]*inode, len(s.Inodes))
+	for _, n := range s.Inodes {
+		if n == nil || n.Ino == 0 || n.Ino >= volumeInoBase || byIno[n.Ino] != nil || (n.Ino >= s.NextIno && n.Ino != rootIno) {
+			return nil, fmt.Errorf("%w: bad or repeated inode", memnode.ErrCorrupt)
+		}
+		if n.isReg() && n.Vol == "" {
+			return nil, fmt.Errorf("%w: file %d without a data volume", memnode.ErrCorrupt, n.Ino)
+		}
+		byIno[n.Ino] = n
+	}
+	if r := byIno[rootIno]; r == nil || !r.isDir() {
+		return nil, fmt.Errorf("%w: no root directory", memnode.ErrCorrupt)
+	}
+	for _, n := range s.Inodes {
+		for name, ino := range n.Entries {
+			c := byIno[ino]
+			if !n.isDir() || c == nil || checkName(name) != 0 || ino == rootIno || (c.isDir() && c.Parent != n.Ino) {
+				return nil, fmt.Errorf("%w: directory %d entry %q", memnode.ErrCorrupt, n.Ino, name)
+			}
+		}
+		if !n.isDir() {
+			continue
+		}
+		p, steps := n, 0
+		for p.Ino != rootIno {
+			if p = byIno[p.Parent]; p == nil || !p.isDir() || steps > len(s.Inodes) {
+				return nil, fmt.Errorf("%w: directory %d does not reach the root", memnode.ErrCorrupt, n.Ino)
+			}
+			steps++
+		}
+	}
 	return &s, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pd3-go/pd3/hostview/pagecache"
 )
 
 // ErrNoFUSE means this machine cannot mount: no usable /dev/fuse, or (not
@@ -69,20 +70,12 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: mounting at %s: %w", dir, err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(dir, &st); err != nil {
+	dev, err := pagecache.DevOf(dir)
+	if err != nil {
 		srv.Unmount()
 		return nil, fmt.Errorf("fs: %w", err)
 	}
-	return &Mounted{FS: f, Dir: dir, Server: srv, Dev: kernelDev(st.Dev)}, nil
-}
-
-// kernelDev converts a stat(2) device number to the kernel's internal
-// encoding, which tracepoints report.
-func kernelDev(d uint64) uint32 {
-	major := (d >> 8) & 0xfff
-	minor := (d & 0xff) | ((d >> 12) & 0xfff00)
-	return uint32(major<<20 | minor)
+	return &Mounted{FS: f, Dir: dir, Server: srv, Dev: dev}, nil
 }
 
 // Unmount detaches the mount, lazily if it stays busy (an open file or a

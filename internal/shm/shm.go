@@ -151,3 +151,28 @@ func FutexWait(w *atomic.Uint32, val uint32, timeout time.Duration) {
 func FutexWake(w *atomic.Uint32, n int) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWake, uintptr(n), 0, 0, 0)
 }
+
+// Residency calls fn with the page-cache residency of each page of the
+// n-byte file f (mincore over a read-only mapping), in windows of 1 GiB
+// so that terabyte sparse files cost no more than a window's vector.
+func Residency(f *os.File, n int64, fn func(page int64, resident bool)) error {
+	const window = 1 << 30
+	vec := make([]byte, window/4096)
+	for off := int64(0); off < n; off += window {
+		size := int(min(window, n-off))
+		mem, err := unix.Mmap(int(f.Fd()), off, size, unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return fmt.Errorf("shm: mapping %s: %w", f.Name(), err)
+		}
+		pages := (size + 4095) / 4096
+		_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(unsafe.SliceData(mem))), uintptr(size), uintptr(unsafe.Pointer(unsafe.SliceData(vec))))
+		unix.Munmap(mem)
+		if e != 0 {
+			return fmt.Errorf("shm: mincore %s: %w", f.Name(), e)
+		}
+		for i, v := range vec[:pages] {
+			fn(off/4096+int64(i), v&1 != 0)
+		}
+	}
+	return nil
+}

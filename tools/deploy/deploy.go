@@ -21,6 +21,7 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/hostview/pagecache"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -152,7 +153,10 @@ type HostConfig struct {
 	// Mount, if set, mounts the FUSE filesystem FSName there.
 	Mount  string
 	FSName string
-	Log    *slog.Logger
+	// KernelViewPages sizes the Host View of the kernel page cache
+	// (default 1 Mi pages: 4 GiB of cached file data).
+	KernelViewPages int
+	Log             *slog.Logger
 }
 
 // Host is a running host: cache, remote client and frontends.
@@ -172,6 +176,11 @@ type Host struct {
 	HostView *hostview.Set
 	FS       *fs.FS
 	Mounted  *fs.Mounted // nil unless Mount was set
+	// Tracker follows the mount's kernel page cache into KernelView (the
+	// agent's second Host View); nil when off, TrackerErr says why.
+	Tracker    *pagecache.Tracker
+	KernelView *pagecache.View
+	TrackerErr error
 
 	closeOnce sync.Once
 	done      chan error
@@ -291,7 +300,11 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if err := os.MkdirAll(cfg.Mount, 0o755); err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
-	f, err := fs.Open(ctx, fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, Log: cfg.Log})
+	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, Log: cfg.Log}
+	if a := h.Agent; a != nil {
+		fcfg.OnRead = func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceFUSE, first, n, true) }
+	}
+	f, err := fs.Open(ctx, fcfg)
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
@@ -301,6 +314,24 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: %w", err)
 	}
 	h.FS, h.Mounted = f, m
+	if h.Agent == nil {
+		h.TrackerErr = errors.New("no embedded DPU agent to feed")
+		return nil
+	}
+	pages := cfg.KernelViewPages
+	if pages <= 0 {
+		pages = 1 << 20
+	}
+	kv := hostview.New(pages, 2)
+	a := h.Agent
+	view := &pagecache.View{Set: kv, KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceKernel, first, n, false) }}
+	tr, err := pagecache.Start(m.Dev, view)
+	if err != nil {
+		h.TrackerErr = err
+		return nil
+	}
+	a.SetKernelView(kv)
+	h.Tracker, h.KernelView = tr, view
 	return nil
 }
 
@@ -369,6 +400,9 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 func (h *Host) Close(ctx context.Context) error {
 	var err error
 	h.closeOnce.Do(func() {
+		if h.Tracker != nil {
+			h.Tracker.Close()
+		}
 		var umountErr error
 		if h.Mounted != nil {
 			umountErr = h.Mounted.Unmount(ctx)

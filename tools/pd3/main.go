@@ -17,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(upCmd(), serveCmd(), mountCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd())
+	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd())
 	// PD3_CPUPROFILE=prefix profiles this process (and the children a
 	// benchmark starts) into prefix.<pid>, for `go tool pprof`.
 	if prefix := os.Getenv("PD3_CPUPROFILE"); prefix != "" {

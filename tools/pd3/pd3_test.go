@@ -571,3 +571,47 @@ func TestMountStopsCleanlyAndPersists(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, out, "accepts 1 arg")
 }
+
+// TestCachestat: cachestat reports a file read through a pd3 mount with
+// its reads, misses and cached pages.
+func TestCachestat(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for the mount and eBPF")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	m := start(t, []string{"memory node"}, "mount", mnt, "--cache", "1MiB")
+	require.Eventually(t, func() bool { return strings.Contains(m.Output(), "mounted at") }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, os.WriteFile(mnt+"/data", bytes.Repeat([]byte{7}, 1<<20), 0o644))
+	syscall.Sync()
+	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, pd3Bin, "cachestat", mnt, "--count", "1", "--interval", "1500ms")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	time.Sleep(500 * time.Millisecond) // the tracker attaches
+	for range 3 {
+		_, err := os.ReadFile(mnt + "/data")
+		require.NoError(t, err)
+	}
+	require.NoError(t, cmd.Wait(), "%s", out.String())
+	var row []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[6] == "data" {
+			row = f
+		}
+	}
+	require.NotNil(t, row, "%s", out.String())
+	// READ MISSES HIT% CACHED PAGES CACHED% FILE
+	reads, _ := strconv.Atoi(row[0])
+	misses, _ := strconv.Atoi(row[1])
+	assert.Equal(t, "256", row[3], "every page cached after reading it: %s", out.String())
+	assert.Equal(t, "256", row[4])
+	assert.Equal(t, 256, misses, "the first read missed every page: %s", out.String())
+	assert.GreaterOrEqual(t, reads, 3*256, "three reads of 256 pages: %s", out.String())
+}

@@ -244,6 +244,11 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	}
 	if h.Mounted != nil {
 		fmt.Printf("pd3: filesystem %q mounted at %s (NBD volumes under %s/volumes)\n", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir)
+		if h.Tracker != nil {
+			fmt.Println("pd3: page-cache tracker on: the agent skips pages the kernel caches")
+		} else {
+			fmt.Printf("pd3: page-cache tracker off: %v\n", h.TrackerErr)
+		}
 	}
 	if h.PageAddr != "" {
 		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)

@@ -1,0 +1,77 @@
+package dpu
+
+import (
+	"sync"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// Sequential predicts the next pages of sequential streams, one stream per
+// (source, volume): a read that starts where the previous one of its
+// stream ended doubles the window (up to MaxWindow pages) and the window
+// after it is predicted; any other read resets the stream. It backs the
+// FUSE path, where the kernel's own readahead has already sent the READs
+// of the current window by the time the agent hears of the read: only the
+// pages beyond it can be fetched before they are asked for.
+type Sequential struct {
+	// MaxWindow bounds the pages predicted per read (default 256: 1 MiB).
+	MaxWindow int
+
+	mu      sync.Mutex
+	streams map[seqKey]*seqStream
+}
+
+type seqKey struct {
+	src int
+	vol uint16
+}
+
+type seqStream struct {
+	next   uint64 // the page a sequential read would start at
+	window int
+}
+
+// maxStreams bounds the streams remembered; past it they are forgotten
+// wholesale (a cold start for each, never unbounded memory).
+const maxStreams = 4096
+
+// Access records a read of n pages from first by source src and appends
+// the pages to prefetch to out.
+func (s *Sequential) Access(src int, first memnode.Key, n int, out []memnode.Key) []memnode.Key {
+	if n <= 0 {
+		return out
+	}
+	maxW := s.MaxWindow
+	if maxW <= 0 {
+		maxW = 256
+	}
+	k := seqKey{src, first.Volume()}
+	s.mu.Lock()
+	if s.streams == nil || len(s.streams) >= maxStreams {
+		s.streams = make(map[seqKey]*seqStream)
+	}
+	st := s.streams[k]
+	if st == nil {
+		st = &seqStream{}
+		s.streams[k] = st
+	}
+	end := first.Page() + uint64(n)
+	// A read that overlaps the end of the previous one (readahead windows
+	// and page-aligned re-reads do) still continues the stream.
+	if first.Page() <= st.next && end > st.next && st.next != 0 {
+		st.window = min(max(2*st.window, n, 8), maxW)
+	} else {
+		st.window = 0
+	}
+	st.next = end
+	w := st.window
+	s.mu.Unlock()
+	for i := 0; i < w; i++ {
+		p := end + uint64(i)
+		if p >= 1<<memnode.PageBits {
+			break
+		}
+		out = append(out, memnode.MakeKey(first.Volume(), p))
+	}
+	return out
+}

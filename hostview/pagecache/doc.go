@@ -1,0 +1,23 @@
+// Package pagecache follows the kernel page cache of one mounted
+// filesystem with eBPF, so the DPU agent's Host View covers the kernel's
+// cache above the host's page store (FUSE files).
+//
+// Four classic tracepoints, filtered in the kernel to the mount's device,
+// feed a ring buffer: mm_filemap_add_to_page_cache and
+// mm_filemap_delete_from_page_cache (what the kernel holds), and
+// mm_filemap_get_pages and mm_filemap_fault (what reads ask for, hits
+// included). The loader checks each tracepoint's field layout in tracefs
+// against the compiled program and refuses to attach on a mismatch.
+// Classic tracepoints rather than tp_btf: their contexts carry inode,
+// index and device already decoded, so the program needs no kernel
+// structure layouts (no CO-RE, no vmlinux.h) and runs on kernels without
+// BTF.
+//
+// The object is built by bpf2go (make generate, needs clang) and the
+// outputs are committed, so building pd3 needs no C toolchain.
+//
+// A get_pages event arrives after the kernel has queued the READs for the
+// pages it names (readahead adds the pages, sends the READs, then the
+// trace fires), so the agent uses read events to predict past the
+// kernel's window, not to fetch the window itself.
+package pagecache

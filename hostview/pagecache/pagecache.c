@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//go:build ignore
+
+// Page-cache events of one filesystem (one s_dev), from the kernel's
+// filemap tracepoints, sent to user space through a ring buffer. Contexts
+// are the classic tracepoint layouts; the Go loader checks them against
+// tracefs before attaching, so a kernel with another layout turns the
+// tracker off instead of feeding it garbage.
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+enum kind { KIND_ADD = 1, KIND_DELETE = 2, KIND_ACCESS = 3 };
+
+struct event {
+	__u64 ino;
+	__u64 first;
+	__u64 last;
+	__u32 kind;
+	__u32 pad;
+};
+
+// The mount's device as the kernel encodes it (MAJOR << 20 | MINOR),
+// set by the loader.
+volatile const __u32 target_dev = 0;
+
+// Keeps struct event in the BTF for bpf2go.
+const struct event *unused_event __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22);
+} events SEC(".maps");
+
+// counters[0] counts events dropped because the ring was full,
+// counters[1] events submitted (so user space can wait for all of them).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+static __always_inline void count(__u32 i)
+{
+	__u64 *n = bpf_map_lookup_elem(&counters, &i);
+	if (n)
+		(*n)++;
+}
+
+struct page_ctx { // mm_filemap_add_to_page_cache, mm_filemap_delete_from_page_cache
+	__u64 common;
+	__u64 pfn;
+	__u64 i_ino;
+	__u64 index;
+	__u32 s_dev;
+	__u8 order;
+};
+
+struct range_ctx { // mm_filemap_get_pages, mm_filemap_fault (no last_index)
+	__u64 common;
+	__u64 i_ino;
+	__u32 s_dev;
+	__u32 pad;
+	__u64 index;
+	__u64 last_index;
+};
+
+static __always_inline int emit(__u32 kind, __u64 ino, __u64 first, __u64 last)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(0);
+		return 0;
+	}
+	e->ino = ino;
+	e->first = first;
+	e->last = last;
+	e->kind = kind;
+	e->pad = 0;
+	count(1);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
+int page_added(struct page_ctx *ctx)
+{
+	if (ctx->s_dev != target_dev)
+		return 0;
+	return emit(KIND_ADD, ctx->i_ino, ctx->index, ctx->index + (1ULL << (ctx->order & 31)) - 1);
+}
+
+SEC("tracepoint/filemap/mm_filemap_delete_from_page_cache")
+int page_deleted(struct page_ctx *ctx)
+{
+	if (ctx->s_dev != target_dev)
+		return 0;
+	return emit(KIND_DELETE, ctx->i_ino, ctx->index, ctx->index + (1ULL << (ctx->order & 31)) - 1);
+}
+
+SEC("tracepoint/filemap/mm_filemap_get_pages")
+int pages_read(struct range_ctx *ctx)
+{
+	if (ctx->s_dev != target_dev)
+		return 0;
+	return emit(KIND_ACCESS, ctx->i_ino, ctx->index, ctx->last_index);
+}
+
+SEC("tracepoint/filemap/mm_filemap_fault")
+int page_fault(struct range_ctx *ctx)
+{
+	if (ctx->s_dev != target_dev)
+		return 0;
+	return emit(KIND_ACCESS, ctx->i_ino, ctx->index, ctx->index);
+}

@@ -1,0 +1,245 @@
+package pagecache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// Kind is what happened to a range of a file's pages.
+type Kind uint32
+
+const (
+	Added    Kind = 1 // the kernel page cache now holds the pages
+	Deleted  Kind = 2 // it dropped them
+	Accessed Kind = 3 // a read or fault asked for them (hit or miss)
+)
+
+// Event is a range of pages, first to last inclusive, of inode Ino.
+type Event struct {
+	Kind        Kind
+	Ino         uint64
+	First, Last uint64
+}
+
+// Sink receives events, in kernel order, from one goroutine.
+type Sink interface {
+	Event(Event)
+}
+
+// ErrUnavailable means the tracker cannot run here (not root, no
+// tracefs, a kernel without the tracepoints or with another layout).
+var ErrUnavailable = errors.New("page-cache tracker unavailable")
+
+// Tracker follows the kernel page cache of one mounted filesystem.
+type Tracker struct {
+	objs  pagecacheObjects
+	links []link.Link
+	rd    *ringbuf.Reader
+	done  chan struct{}
+	once  sync.Once
+
+	// Events counts events delivered to the sink.
+	Events atomic.Uint64
+}
+
+// tracefs is where classic tracepoints are described.
+const tracefs = "/sys/kernel/tracing"
+
+// layouts are the tracepoint fields the BPF program reads, as "name:offset:size".
+var layouts = map[string][]string{
+	"mm_filemap_add_to_page_cache":      {"i_ino:16:8", "index:24:8", "s_dev:32:4", "order:36:1"},
+	"mm_filemap_delete_from_page_cache": {"i_ino:16:8", "index:24:8", "s_dev:32:4", "order:36:1"},
+	"mm_filemap_get_pages":              {"i_ino:8:8", "s_dev:16:4", "index:24:8", "last_index:32:8"},
+	"mm_filemap_fault":                  {"i_ino:8:8", "s_dev:16:4", "index:24:8"},
+}
+
+var progs = []string{"mm_filemap_add_to_page_cache", "mm_filemap_delete_from_page_cache", "mm_filemap_get_pages", "mm_filemap_fault"}
+
+// ensureTracefs mounts tracefs if it is missing (root only).
+func ensureTracefs() error {
+	if _, err := os.Stat(tracefs + "/events"); err == nil {
+		return nil
+	}
+	if err := unix.Mount("tracefs", tracefs, "tracefs", 0, ""); err != nil {
+		return fmt.Errorf("%w: mounting tracefs at %s: %v", ErrUnavailable, tracefs, err)
+	}
+	return nil
+}
+
+// checkLayout compares a tracepoint's format with what the program reads.
+func checkLayout(name string) error {
+	b, err := os.ReadFile(tracefs + "/events/filemap/" + name + "/format")
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		var decl, off, size string
+		for _, part := range strings.Split(strings.TrimSpace(line), ";") {
+			part = strings.TrimSpace(part)
+			switch {
+			case strings.HasPrefix(part, "field:"):
+				decl = part[len("field:"):]
+			case strings.HasPrefix(part, "offset:"):
+				off = part[len("offset:"):]
+			case strings.HasPrefix(part, "size:"):
+				size = part[len("size:"):]
+			}
+		}
+		if decl != "" {
+			f := strings.Fields(decl)
+			fields[strings.TrimLeft(f[len(f)-1], "*")] = off + ":" + size
+		}
+	}
+	for _, want := range layouts[name] {
+		field, loc, _ := strings.Cut(want, ":")
+		if fields[field] != loc {
+			return fmt.Errorf("%w: tracepoint %s has %s at %q, the program reads %s", ErrUnavailable, name, field, fields[field], loc)
+		}
+	}
+	return nil
+}
+
+// Start loads the programs for the filesystem whose device (kernel
+// encoding, MAJOR<<20|MINOR) is dev and feeds sink until Close.
+func Start(dev uint32, sink Sink) (*Tracker, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: needs root", ErrUnavailable)
+	}
+	if err := ensureTracefs(); err != nil {
+		return nil, err
+	}
+	for _, p := range progs {
+		if err := checkLayout(p); err != nil {
+			return nil, err
+		}
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	spec, err := loadPagecache()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if err := spec.Variables["target_dev"].Set(dev); err != nil {
+		return nil, fmt.Errorf("pagecache: %w", err)
+	}
+	t := &Tracker{done: make(chan struct{})}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+		return nil, fmt.Errorf("%w: loading: %v", ErrUnavailable, err)
+	}
+	for i, p := range []*ebpf.Program{t.objs.PageAdded, t.objs.PageDeleted, t.objs.PagesRead, t.objs.PageFault} {
+		l, err := link.Tracepoint("filemap", progs[i], p, nil)
+		if err != nil {
+			t.closeObjs()
+			return nil, fmt.Errorf("%w: attaching %s: %v", ErrUnavailable, progs[i], err)
+		}
+		t.links = append(t.links, l)
+	}
+	if t.rd, err = ringbuf.NewReader(t.objs.Events); err != nil {
+		t.closeObjs()
+		return nil, fmt.Errorf("pagecache: %w", err)
+	}
+	go t.read(sink)
+	return t, nil
+}
+
+func (t *Tracker) read(sink Sink) {
+	defer close(t.done)
+	var rec ringbuf.Record
+	for {
+		if err := t.rd.ReadInto(&rec); err != nil {
+			return // closed
+		}
+		b := rec.RawSample
+		if len(b) < 32 {
+			continue
+		}
+		sink.Event(Event{
+			Ino:   binary.LittleEndian.Uint64(b),
+			First: binary.LittleEndian.Uint64(b[8:]),
+			Last:  binary.LittleEndian.Uint64(b[16:]),
+			Kind:  Kind(binary.LittleEndian.Uint32(b[24:])),
+		})
+		t.Events.Add(1)
+	}
+}
+
+// Lost reports events dropped in the kernel because the ring was full;
+// after a loss Host View may miss pages (a redundant prefetch) or keep
+// dropped ones (a missed prefetch) until the pages change again.
+func (t *Tracker) Lost() uint64 { return t.counter(0) }
+
+func (t *Tracker) counter(i uint32) uint64 {
+	var per []uint64
+	if err := t.objs.Counters.Lookup(i, &per); err != nil {
+		return 0
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n
+}
+
+// Sync waits until every event emitted before the call has reached the
+// sink (tests use it after reading or dropping caches).
+func (t *Tracker) Sync(ctx context.Context) error {
+	want := t.counter(1)
+	for {
+		if t.Events.Load() >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.done:
+			return errors.New("pagecache: tracker closed")
+		default:
+		}
+		unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
+	}
+}
+
+// Close detaches the programs and stops delivering events.
+func (t *Tracker) Close() error {
+	t.once.Do(func() {
+		for _, l := range t.links {
+			l.Close()
+		}
+		t.rd.Close()
+		<-t.done
+		t.closeObjs()
+	})
+	return nil
+}
+
+func (t *Tracker) closeObjs() {
+	for _, l := range t.links {
+		l.Close()
+	}
+	t.objs.Close()
+}
+
+// DevOf returns the device of the filesystem holding path in the kernel's
+// internal encoding (MAJOR<<20 | MINOR), which the tracepoints report;
+// stat(2) encodes it differently.
+func DevOf(path string) (uint32, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return uint32(unix.Major(st.Dev)<<20 | unix.Minor(st.Dev)), nil
+}

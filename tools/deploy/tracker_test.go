@@ -1,0 +1,104 @@
+package deploy
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/shm"
+)
+
+func dropCaches(t *testing.T) {
+	t.Helper()
+	unix.Sync()
+	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0))
+}
+
+// residency asks the kernel (mincore) which pages of p it caches.
+func residency(t *testing.T, p string, size int) []bool {
+	t.Helper()
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	out := make([]bool, (size+4095)/4096)
+	require.NoError(t, shm.Residency(f, int64(size), func(i int64, r bool) { out[i] = r }))
+	return out
+}
+
+// TestTrackerFollowsKernelPageCache: reading part of a file through the
+// mount puts exactly the pages the kernel caches (mincore's answer) in the
+// kernel Host View, and dropping the caches takes them out again.
+func TestTrackerFollowsKernelPageCache(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for the mount, eBPF and drop_caches")
+	}
+	if err := fs.Available(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mn, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { cancel(); mn.Close() })
+	dir := t.TempDir()
+	h, err := StartHost(ctx, HostConfig{Memnode: mn.Addr, Volumes: []VolumeSpec{{"disk0", 16 << 20}}, DPU: "embedded", Mount: dir, CacheBytes: 4 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, h.Close(context.Background())) })
+	require.NotNil(t, h.Tracker, "tracker off: %v", h.TrackerErr)
+
+	const size = 4 << 20
+	p := dir + "/data"
+	require.NoError(t, os.WriteFile(p, make([]byte, size), 0o644))
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(p, &st))
+	inView := func(i int) bool {
+		k, ok := h.FS.KeyOf(st.Ino, uint64(i))
+		require.True(t, ok)
+		return h.KernelView.Set.Contains(uint64(k))
+	}
+	sync := func() {
+		sctx, c := context.WithTimeout(ctx, 10*time.Second)
+		defer c()
+		require.NoError(t, h.Tracker.Sync(sctx))
+	}
+	dropCaches(t)
+	sync()
+	for i := range size / 4096 {
+		require.False(t, inView(i), "page %d in view after drop_caches", i)
+	}
+
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	buf := make([]byte, 256<<10)
+	_, err = f.ReadAt(buf, 1<<20)
+	require.NoError(t, err)
+	_, err = f.ReadAt(buf[:4096], 3<<20)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	sync()
+	res := residency(t, p, size)
+	cached := 0
+	for i, r := range res {
+		assert.Equal(t, r, inView(i), "page %d: kernel caches it %v", i, r)
+		if r {
+			cached++
+		}
+	}
+	assert.GreaterOrEqual(t, cached, 65, "the reads cached at least the pages they read")
+	assert.Less(t, cached, size/4096, "and not the whole file")
+	assert.Zero(t, h.Tracker.Lost())
+
+	dropCaches(t)
+	sync()
+	for i := range size / 4096 {
+		assert.False(t, inView(i), "page %d still in view after drop_caches", i)
+	}
+	stats := h.KernelView.Files()
+	require.NotEmpty(t, stats)
+}
