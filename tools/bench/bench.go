@@ -187,6 +187,16 @@ func StartChild(ctx context.Context, exe string, want []string, args ...string) 
 	return c, nil
 }
 
+// WaitOutput waits until the child has printed s.
+func (c *Child) WaitOutput(s string, timeout time.Duration) error {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(c.Output(), s) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no %q from the child within %v", s, timeout)
+}
+
 // RSS is the child's resident memory.
 func (c *Child) RSS() uint64 { n, _ := procstat.RSS(c.Pid); return n }
 

@@ -179,7 +179,13 @@ func freePort() (int, error) {
 
 // runFio runs a job file and returns its aggregate IOPS and latencies.
 func runFio(ctx context.Context, job string, env []string) (Result, error) {
-	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", job)
+	return runFioArgs(ctx, []string{job}, env)
+}
+
+// runFioArgs runs fio with args (a job file, or options).
+func runFioArgs(ctx context.Context, args []string, env []string) (Result, error) {
+	job := args[0]
+	cmd := exec.CommandContext(ctx, "fio", append([]string{"--output-format=json"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.Output()
 	if err != nil {
@@ -204,7 +210,7 @@ func runFio(ctx context.Context, job string, env []string) (Result, error) {
 	if j.Write.IOPS > st.IOPS {
 		st = j.Write
 	}
-	r := Result{Ops: st.TotalIOs, OpsPerSec: st.IOPS, GBytesPerSec: st.IOPS * 4096 / 1e9,
+	r := Result{Ops: st.TotalIOs, OpsPerSec: st.IOPS, GBytesPerSec: st.BwBytes / 1e9,
 		P50us: st.ClatNs.Percentile["50.000000"] / 1e3, P99us: st.ClatNs.Percentile["99.000000"] / 1e3}
 	if j.Error != 0 {
 		r.Errors = uint64(j.Error)
@@ -216,6 +222,7 @@ func runFio(ctx context.Context, job string, env []string) (Result, error) {
 type fioStats struct {
 	IOPS     float64 `json:"iops"`
 	TotalIOs uint64  `json:"total_ios"`
+	BwBytes  float64 `json:"bw_bytes"`
 	ClatNs   struct {
 		Percentile map[string]float64 `json:"percentile"`
 	} `json:"clat_ns"`

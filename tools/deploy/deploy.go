@@ -302,7 +302,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	}
 	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, Log: cfg.Log}
 	if a := h.Agent; a != nil {
-		fcfg.OnRead = func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceFUSE, first, n, true) }
+		fcfg.OnRead = func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceFUSE, first, n, false) }
 	}
 	f, err := fs.Open(ctx, fcfg)
 	if err != nil {

@@ -192,6 +192,39 @@ func benchCmd() *cobra.Command {
 	nbdc.Flags().DurationVar(&nopt.Runtime, "runtime", 10*time.Second, "per job")
 	nbdc.Flags().DurationVar(&nopt.Ramp, "ramp", 2*time.Second, "unmeasured start of each job")
 
+	var fopt bench.FUSEOptions
+	var fsystems, fjobs, fsize, fcache string
+	fusec := &cobra.Command{
+		Use:   "fuse",
+		Short: "fio on a file of a pd3 mount, nbdfuse over nbdkit memory and tmpfs (IOPS ratios; root)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if fopt.Exe, err = exe(); err != nil {
+				return err
+			}
+			fopt.Systems, fopt.Jobs = strings.Split(fsystems, ","), strings.Split(fjobs, ",")
+			if fopt.Size, err = units.ParseSize(fsize); err != nil {
+				return fmt.Errorf("--size: %w", err)
+			}
+			if fopt.Cache, err = units.ParseSize(fcache); err != nil {
+				return fmt.Errorf("--cache: %w", err)
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.FUSE(ctx, fopt)
+			if err != nil {
+				return err
+			}
+			return rep.Print(os.Stdout, asJSON)
+		},
+	}
+	fusec.Flags().StringVar(&fsystems, "systems", strings.Join(bench.FUSESystems, ","), "what to compare: "+strings.Join(bench.FUSESystems, ","))
+	fusec.Flags().StringVar(&fjobs, "jobs", strings.Join(bench.FUSEJobs, ","), "fio runs: PATTERN-ENGINE-DEPTH-direct|buffered, PATTERN randread (4 KiB) or seqread1m")
+	fusec.Flags().StringVar(&fsize, "size", "1GiB", "file size")
+	fusec.Flags().StringVar(&fcache, "cache", "64MiB", "pd3 host cache")
+	fusec.Flags().DurationVar(&fopt.Runtime, "runtime", 10*time.Second, "per job")
+
 	var gsize string
 	gonbd := &cobra.Command{
 		Use: "gonbd-server", Hidden: true, Args: cobra.NoArgs,
@@ -229,6 +262,6 @@ func benchCmd() *cobra.Command {
 	}
 	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
-	cmd.AddCommand(transport, page, hv, lzc, nbdc, gonbd, raw)
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw)
 	return cmd
 }

@@ -1,0 +1,248 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/units"
+)
+
+// FUSEOptions configure the FUSE benchmark.
+type FUSEOptions struct {
+	Exe     string
+	Systems []string
+	Jobs    []string
+	Size    uint64
+	Cache   uint64
+	Runtime time.Duration
+}
+
+// FUSESystems are the ways to expose memory as a file that FUSE compares:
+// pd3 (memory node, 64 MiB host cache, agent), pd3 without prefetching
+// (--dpu none), nbdfuse over nbdkit's memory plugin, and tmpfs (the local
+// limit: the data in this machine's memory).
+var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-nbdkit", "tmpfs"}
+
+// FUSEJobs name fio runs as pattern-engine-depth-direct.
+var FUSEJobs = []string{
+	"randread-psync-1-direct", "randread-libaio-16-direct",
+	"randread-psync-1-buffered", "randread-libaio-16-buffered",
+	"seqread1m-psync-1-buffered", "seqread1m-psync-1-direct",
+}
+
+// fuseJobArgs turns a job name into fio options.
+func fuseJobArgs(job string) ([]string, error) {
+	f := strings.Split(job, "-")
+	if len(f) != 4 {
+		return nil, fmt.Errorf("bad FUSE job %q (want pattern-engine-depth-direct|buffered)", job)
+	}
+	args := []string{"--ioengine=" + f[1], "--iodepth=" + f[2]}
+	switch f[0] {
+	case "randread":
+		args = append(args, "--rw=randread", "--bs=4k")
+	case "seqread1m":
+		args = append(args, "--rw=read", "--bs=1M")
+	default:
+		return nil, fmt.Errorf("bad FUSE job pattern %q", f[0])
+	}
+	switch f[3] {
+	case "direct":
+		args = append(args, "--direct=1")
+	case "buffered":
+		args = append(args, "--direct=0")
+	default:
+		return nil, fmt.Errorf("bad FUSE job mode %q", f[3])
+	}
+	return args, nil
+}
+
+// FUSE lays out a file on each system, then runs each job with the kernel
+// page cache dropped before it, and reports IOPS (and GB/s) with ratios.
+func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("bench fuse needs root (mounts, drop_caches)")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		return nil, errors.New("fio is not installed (make deps-system)")
+	}
+	rep := &Report{Bench: "fuse", Machine: Machine(), Ratios: map[string]float64{}}
+	iops := map[string]map[string]float64{}
+	for _, sys := range opt.Systems {
+		file, proc, stop, err := startFUSESystem(ctx, opt, sys)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		iops[sys] = map[string]float64{}
+		base := []string{"--name=pd3", "--filename=" + file, "--size=" + strconv.FormatUint(opt.Size, 10), "--thread"}
+		if _, err := runFioArgs(ctx, append(base, "--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"), nil); err != nil {
+			stop()
+			return nil, fmt.Errorf("%s: laying out: %w", sys, err)
+		}
+		for _, job := range opt.Jobs {
+			args, err := fuseJobArgs(job)
+			if err != nil {
+				stop()
+				return nil, err
+			}
+			dropCaches()
+			var cpu0 time.Duration
+			if proc != nil {
+				cpu0 = proc.CPU()
+			}
+			r, err := runFioArgs(ctx, append(append(base, args...), "--time_based", "--runtime="+strconv.Itoa(int(opt.Runtime.Seconds())), "--norandommap", "--randrepeat=0"), nil)
+			if err != nil {
+				stop()
+				return nil, fmt.Errorf("%s %s: %w", sys, job, err)
+			}
+			r.System, r.Config = sys, job
+			if proc != nil {
+				if r.Ops > 0 {
+					r.HostCPUusOp = us(proc.CPU()-cpu0) / float64(r.Ops)
+				}
+				r.HostRSS = proc.RSS()
+			}
+			rep.Results = append(rep.Results, r)
+			iops[sys][job] = r.OpsPerSec
+		}
+		stop()
+	}
+	for _, job := range opt.Jobs {
+		for _, base := range []string{"nbdfuse-nbdkit", "tmpfs", "pd3-noprefetch"} {
+			if iops["pd3"][job] > 0 && iops[base][job] > 0 {
+				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
+			}
+		}
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; nbdkit memory holds the data in its own memory",
+		units.FormatSize(opt.Size), opt.Runtime, units.FormatSize(opt.Cache)))
+	return rep, nil
+}
+
+func dropCaches() {
+	syscall.Sync()
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
+}
+
+// waitMounted polls /proc/self/mounts for dir.
+func waitMounted(dir string) error {
+	for i := 0; i < 600; i++ {
+		b, _ := os.ReadFile("/proc/self/mounts")
+		if strings.Contains(string(b), " "+dir+" ") {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not mounted after 30s", dir)
+}
+
+// startFUSESystem mounts a system and returns the file to test, the
+// process to measure (nil for tmpfs) and a stop function.
+func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, *Child, func(), error) {
+	dir, err := os.MkdirTemp("", "pd3-fuse-bench-")
+	if err != nil {
+		return "", nil, nil, err
+	}
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		return "", nil, nil, err
+	}
+	cleanup := func() {
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+		os.RemoveAll(dir)
+	}
+	switch sys {
+	case "pd3", "pd3-noprefetch":
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+		if err != nil {
+			cleanup()
+			return "", nil, nil, err
+		}
+		dpu := "embedded"
+		if sys == "pd3-noprefetch" {
+			dpu = "none"
+		}
+		host, err := StartChild(ctx, opt.Exe, nil, "serve", "--memnode", node.Addrs["memory node"], "--mount", mnt,
+			"--volume", "disk0:4MiB", "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "", "--page", "", "--dpu", dpu)
+		if err != nil {
+			node.Stop()
+			cleanup()
+			return "", nil, nil, err
+		}
+		stop := func() { host.Stop(); node.Stop(); cleanup() }
+		if err := host.WaitOutput("mounted at", 30*time.Second); err != nil {
+			stop()
+			return "", nil, nil, err
+		}
+		return filepath.Join(mnt, "bench"), host, stop, nil
+	case "nbdfuse-nbdkit":
+		for _, bin := range []string{"nbdkit", "nbdfuse"} {
+			if _, err := exec.LookPath(bin); err != nil {
+				cleanup()
+				return "", nil, nil, fmt.Errorf("%s is not installed (make deps-system)", bin)
+			}
+		}
+		// TCP on loopback, as pd3's host reaches its memory node.
+		port, err := freePort()
+		if err != nil {
+			cleanup()
+			return "", nil, nil, err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		kit := exec.CommandContext(ctx, "nbdkit", "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "memory", strconv.FormatUint(opt.Size, 10))
+		kit.Stderr = os.Stderr
+		if err := kit.Start(); err != nil {
+			cleanup()
+			return "", nil, nil, err
+		}
+		kitChild := &Child{cmd: kit, Pid: kit.Process.Pid, Addrs: map[string]string{}}
+		for i := 0; ; i++ {
+			if nc, err := net.Dial("tcp", addr); err == nil {
+				nc.Close()
+				break
+			}
+			if i > 400 {
+				kitChild.Stop()
+				cleanup()
+				return "", nil, nil, errors.New("nbdkit did not start")
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+		fuse := exec.CommandContext(ctx, "nbdfuse", filepath.Join(mnt, "bench"), "nbd://"+addr)
+		fuse.Stderr = os.Stderr
+		if err := fuse.Start(); err != nil {
+			kitChild.Stop()
+			cleanup()
+			return "", nil, nil, err
+		}
+		fuseChild := &Child{cmd: fuse, Pid: fuse.Process.Pid, Addrs: map[string]string{}}
+		stop := func() {
+			exec.Command("fusermount3", "-u", mnt).Run()
+			fuseChild.Stop()
+			kitChild.Stop()
+			cleanup()
+		}
+		if err := waitMounted(mnt); err != nil {
+			stop()
+			return "", nil, nil, err
+		}
+		return filepath.Join(mnt, "bench"), kitChild, stop, nil
+	case "tmpfs":
+		size := strconv.FormatUint(opt.Size+64<<20, 10)
+		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
+			cleanup()
+			return "", nil, nil, fmt.Errorf("mounting tmpfs: %w", err)
+		}
+		return filepath.Join(mnt, "bench"), nil, cleanup, nil
+	}
+	cleanup()
+	return "", nil, nil, fmt.Errorf("unknown FUSE system %q (have %v)", sys, FUSESystems)
+}
