@@ -98,10 +98,15 @@ bench: build
 bench-nbd: build deps-system
 	./$(BIN) bench nbd
 
+# fio on a pd3 mount vs nbdfuse over nbdkit memory and tmpfs (root).
+bench-fuse: build deps-system
+	./$(BIN) bench fuse
+
 # PostgreSQL on ext4 on a loop device over nbdfuse over pd3's NBD export,
 # pgbench vs the same on local disk (root). PGBENCH_SECONDS=60 for longer.
 pgbench-nbd: build deps-system
 	./tools/pgbench-nbd.sh
 
 clean:
+	-fusermount3 -u pd3-mnt 2>/dev/null
 	rm -rf bin

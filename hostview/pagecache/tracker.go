@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -156,11 +157,20 @@ func Start(dev uint32, sink Sink) (*Tracker, error) {
 	return t, nil
 }
 
+// pollInterval is how often the reader drains the ring: the programs
+// wake it only when the ring is a quarter full, so Host View lags the
+// kernel by at most this much.
+const pollInterval = 2 * time.Millisecond
+
 func (t *Tracker) read(sink Sink) {
 	defer close(t.done)
 	var rec ringbuf.Record
 	for {
+		t.rd.SetDeadline(time.Now().Add(pollInterval))
 		if err := t.rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				continue
+			}
 			return // closed
 		}
 		b := rec.RawSample
