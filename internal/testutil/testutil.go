@@ -3,7 +3,9 @@ package testutil
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -22,4 +24,32 @@ func Seed(t testing.TB) uint64 {
 	}
 	t.Logf("seed %d (PD3_SEED=%d to replay)", s, s)
 	return s
+}
+
+// DropCaches empties the kernel page cache (root only). Call
+// LockPageCache first.
+func DropCaches(t testing.TB) {
+	t.Helper()
+	syscall.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0); err != nil {
+		t.Fatalf("dropping caches: %v", err)
+	}
+}
+
+// LockPageCache takes, until the test ends, a lock shared by every test
+// that drops or inspects the kernel page cache, across test binaries:
+// `go test ./...` runs packages in parallel, and a test that compares the
+// page cache with what it expects must not see another drop it midway.
+// Call it once per test.
+func LockPageCache(t testing.TB) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "pd3-test-pagecache.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatalf("page-cache lock: %v", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatalf("page-cache lock: %v", err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
 }

@@ -94,21 +94,12 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 				return nil, err
 			}
 			dropCaches()
-			var cpu0 time.Duration
-			if proc != nil {
-				cpu0 = proc.CPU()
-			}
-			r, err := runFioArgs(ctx, append(append(base, args...), "--time_based", "--runtime="+strconv.Itoa(int(opt.Runtime.Seconds())), "--norandommap", "--randrepeat=0"), nil)
+			r, err := measured(proc, sys, job, func() (Result, error) {
+				return runFioArgs(ctx, append(append(base, args...), "--time_based", "--runtime="+strconv.Itoa(int(opt.Runtime.Seconds())), "--norandommap", "--randrepeat=0"), nil)
+			})
 			if err != nil {
 				stop()
-				return nil, fmt.Errorf("%s %s: %w", sys, job, err)
-			}
-			r.System, r.Config = sys, job
-			if proc != nil {
-				if r.Ops > 0 {
-					r.HostCPUusOp = us(proc.CPU()-cpu0) / float64(r.Ops)
-				}
-				r.HostRSS = proc.RSS()
+				return nil, err
 			}
 			rep.Results = append(rep.Results, r)
 			iops[sys][job] = r.OpsPerSec

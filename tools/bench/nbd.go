@@ -70,18 +70,13 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 			return nil, fmt.Errorf("%s: filling: %w", sys, err)
 		}
 		for _, job := range opt.Jobs {
-			cpu0 := server.CPU()
-			r, err := runFio(ctx, filepath.Join(dir, job+".fio"), env)
+			r, err := measured(server, sys, job, func() (Result, error) {
+				return runFio(ctx, filepath.Join(dir, job+".fio"), env)
+			})
 			if err != nil {
 				stop()
-				return nil, fmt.Errorf("%s %s: %w", sys, job, err)
+				return nil, err
 			}
-			cpu := server.CPU() - cpu0
-			r.System, r.Config = sys, job
-			if r.Ops > 0 {
-				r.HostCPUusOp = us(cpu) / float64(r.Ops)
-			}
-			r.HostRSS = server.RSS()
 			rep.Results = append(rep.Results, r)
 			iops[sys][job] = r.OpsPerSec
 		}
@@ -175,6 +170,27 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// measured runs one fio job and adds the server's CPU per operation and
+// RSS (proc may be nil: nothing to measure).
+func measured(proc *Child, sys, job string, run func() (Result, error)) (Result, error) {
+	var cpu0 time.Duration
+	if proc != nil {
+		cpu0 = proc.CPU()
+	}
+	r, err := run()
+	if err != nil {
+		return r, fmt.Errorf("%s %s: %w", sys, job, err)
+	}
+	r.System, r.Config = sys, job
+	if proc != nil {
+		if r.Ops > 0 {
+			r.HostCPUusOp = us(proc.CPU()-cpu0) / float64(r.Ops)
+		}
+		r.HostRSS = proc.RSS()
+	}
+	return r, nil
 }
 
 // runFio runs a job file and returns its aggregate IOPS and latencies.

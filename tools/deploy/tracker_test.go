@@ -9,17 +9,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/internal/testutil"
 )
-
-func dropCaches(t *testing.T) {
-	t.Helper()
-	unix.Sync()
-	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0))
-}
 
 // residency asks the kernel (mincore) which pages of p it caches.
 func residency(t *testing.T, p string, size int) []bool {
@@ -42,6 +36,7 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	if err := fs.Available(); err != nil {
 		t.Skip(err)
 	}
+	testutil.LockPageCache(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	mn, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
@@ -67,7 +62,7 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 		defer c()
 		require.NoError(t, h.Tracker.Sync(sctx))
 	}
-	dropCaches(t)
+	testutil.DropCaches(t)
 	sync()
 	for i := range size / 4096 {
 		require.False(t, inView(i), "page %d in view after drop_caches", i)
@@ -94,7 +89,7 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	assert.Less(t, cached, size/4096, "and not the whole file")
 	assert.Zero(t, h.Tracker.Lost())
 
-	dropCaches(t)
+	testutil.DropCaches(t)
 	sync()
 	for i := range size / 4096 {
 		assert.False(t, inView(i), "page %d still in view after drop_caches", i)

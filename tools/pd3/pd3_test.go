@@ -581,12 +581,12 @@ func TestCachestat(t *testing.T) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse")
 	}
+	testutil.LockPageCache(t)
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	m := start(t, []string{"memory node"}, "mount", mnt, "--cache", "1MiB")
 	require.Eventually(t, func() bool { return strings.Contains(m.Output(), "mounted at") }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, os.WriteFile(mnt+"/data", bytes.Repeat([]byte{7}, 1<<20), 0o644))
-	syscall.Sync()
-	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0))
+	testutil.DropCaches(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
