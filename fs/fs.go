@@ -316,6 +316,10 @@ func fillAttr(n *inode, a *fuse.Attr) {
 	a.Ino = n.Ino
 	a.Mode = n.Mode
 	a.Nlink = n.Nlink
+	if n.Ino == rootIno {
+		// volumes/ is a subdirectory too; find(1) trusts nlink-2.
+		a.Nlink++
+	}
 	a.Size = n.Size
 	a.Blocks = (n.Size + 511) / 512
 	a.Blksize = memnode.PageSize

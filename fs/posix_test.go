@@ -76,6 +76,8 @@ func TestErrno(t *testing.T) {
 		}, syscall.EOPNOTSUPP},
 		{"rmdir volumes", func() error { return syscall.Rmdir(d + "/volumes") }, syscall.EBUSY},
 		{"mkdir volumes", func() error { return os.Mkdir(d+"/volumes", 0o755) }, syscall.EEXIST},
+		{"create in volumes", func() error { return os.WriteFile(d+"/volumes/new", nil, 0o644) }, syscall.EPERM},
+		{"rename into volumes", func() error { return os.Rename(d+"/g", d+"/volumes/g") }, syscall.EXDEV},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,6 +226,15 @@ func TestSemantics(t *testing.T) {
 			names = append(names, de.Name())
 		}
 		assert.Equal(t, []string{"a", "b", "c"}, names)
+		root, err := os.ReadDir(d)
+		require.NoError(t, err)
+		dirs := 0
+		for _, de := range root {
+			if de.IsDir() {
+				dirs++
+			}
+		}
+		assert.Equal(t, uint64(2+dirs), nlink(t, d), "root nlink counts volumes/ too")
 		var sf unix.Statfs_t
 		require.NoError(t, unix.Statfs(d, &sf))
 		assert.Equal(t, int64(4096), sf.Bsize)

@@ -61,6 +61,27 @@ func (d *volumesDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno
 	return gofs.NewListDirStream(list), 0
 }
 
+// The volumes directory is read-only as a directory: volumes are created
+// with `pd3 up/serve --volume`, not here.
+
+func (d *volumesDir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EPERM
+}
+
+func (d *volumesDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+func (d *volumesDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+func (d *volumesDir) Unlink(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+func (d *volumesDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return syscall.EPERM
+}
+
 func volumeAttr(v memnode.VolumeInfo) fuse.Attr {
 	return fuse.Attr{
 		Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG | 0o600, Nlink: 1,
