@@ -74,7 +74,7 @@ func mount(t *testing.T, addr, dir string, cache int64, nbdVolumes ...deploy.Vol
 		st.AddVolume(v)
 		e.nbd = append(e.nbd, v)
 	}
-	e.fs, err = fs.Open(ctx, fs.Config{Client: c, Store: st, Volumes: e.nbd, SyncInterval: -1})
+	e.fs, err = fs.Open(ctx, fs.Config{Client: c, Store: st, Volumes: e.nbd, SyncInterval: -1, LeaseTTL: time.Second})
 	require.NoError(t, err)
 	e.m, err = fs.Mount(e.fs, dir)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,9 @@ type Config struct {
 	// SyncInterval is how often changed metadata is written back without
 	// an fsync (0: 1 s; negative: only on fsync and Close).
 	SyncInterval time.Duration
+	// LeaseTTL is how long the mount lease lasts without renewal (default
+	// 5 s): after a host crash, the next Open waits up to this long.
+	LeaseTTL time.Duration
 	// OnRead, if set, sees every READ's first page key and page count
 	// before the read is served: the agent's request mirror for FUSE.
 	OnRead func(first memnode.Key, pages int)
@@ -58,6 +62,8 @@ type FS struct {
 	vols    map[uint16]memnode.VolumeInfo
 
 	syncMu sync.Mutex // serialises snapshots
+	lease  lease
+	fenced atomic.Bool // the lease was lost: write nothing more
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -78,6 +84,9 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if cfg.SyncInterval == 0 {
 		cfg.SyncInterval = time.Second
 	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 5 * time.Second
+	}
 	mv, err := cfg.Client.OpenOrCreate(ctx, "fs."+cfg.Name+".meta", metaVolSize)
 	if err != nil {
 		return nil, fmt.Errorf("fs: metadata volume: %w", err)
@@ -94,8 +103,13 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	for _, v := range cfg.Volumes {
 		f.vols[v.ID] = v
 	}
+	f.lease = lease{c: cfg.Client, vol: mv.ID, ttl: cfg.LeaseTTL}
+	if err := f.lease.acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
+		return nil, err
+	}
 	snap, err := f.meta.load(ctx)
 	if err != nil {
+		f.lease.release(ctx)
 		return nil, err
 	}
 	if snap == nil {
@@ -148,12 +162,15 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	return f, nil
 }
 
-// Close writes back dirty pages and the metadata and stops the syncer.
-// The mount must be gone.
+// Close writes back dirty pages and the metadata, stops the syncer and
+// gives up the lease. The mount must be gone.
 func (f *FS) Close(ctx context.Context) error {
 	close(f.stop)
 	<-f.done
-	return f.Sync(ctx)
+	if err := f.Sync(ctx); err != nil {
+		return err
+	}
+	return f.lease.release(ctx)
 }
 
 // Sync makes everything written so far durable at the memory node: dirty
@@ -167,6 +184,9 @@ func (f *FS) Sync(ctx context.Context) error {
 
 // syncMeta writes a snapshot if the metadata changed since the last one.
 func (f *FS) syncMeta(ctx context.Context) error {
+	if f.fenced.Load() {
+		return fmt.Errorf("fs: %w: not writing metadata", ErrMounted)
+	}
 	f.syncMu.Lock()
 	defer f.syncMu.Unlock()
 	f.mu.RLock()
@@ -196,22 +216,44 @@ func (f *FS) syncMeta(ctx context.Context) error {
 	return nil
 }
 
+// syncLoop renews the lease (every third of its TTL) and saves changed
+// metadata every SyncInterval. A lost lease fences the filesystem: it
+// writes no more metadata and refuses changes.
 func (f *FS) syncLoop() {
 	defer close(f.done)
-	if f.cfg.SyncInterval < 0 {
-		<-f.stop
-		return
+	tick := f.cfg.LeaseTTL / 3
+	if f.cfg.SyncInterval > 0 {
+		tick = min(tick, f.cfg.SyncInterval)
 	}
-	t := time.NewTicker(f.cfg.SyncInterval)
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	var lastSync, lastRenew time.Time
 	for {
 		select {
 		case <-f.stop:
 			return
-		case <-t.C:
+		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if err := f.syncMeta(ctx); err != nil {
-				f.cfg.Log.Warn("fs: background metadata sync", "err", err)
+			if !f.fenced.Load() && now.Sub(lastRenew) >= f.cfg.LeaseTTL/3 {
+				err := f.lease.renew(ctx)
+				if errors.Is(err, memnode.ErrClosed) {
+					cancel()
+					return // the host is going away without Close
+				}
+				if errors.Is(err, ErrMounted) {
+					f.fenced.Store(true)
+					f.cfg.Log.Error("fs: another host took the filesystem over; refusing further changes", "err", err)
+				} else if err != nil {
+					f.cfg.Log.Warn("fs: lease renewal", "err", err)
+				} else {
+					lastRenew = now
+				}
+			}
+			if f.cfg.SyncInterval > 0 && now.Sub(lastSync) >= f.cfg.SyncInterval {
+				if err := f.syncMeta(ctx); err != nil {
+					f.cfg.Log.Warn("fs: background metadata sync", "err", err)
+				}
+				lastSync = now
 			}
 			cancel()
 		}
@@ -290,6 +332,15 @@ func (f *FS) release(ctx context.Context, n *inode) {
 		// The next mount deletes it as an orphan.
 		f.cfg.Log.Warn("fs: freeing a deleted file's volume", "volume", n.Vol, "err", err)
 	}
+}
+
+// writable refuses changes once the lease is lost: another host owns the
+// tree now, and what this one wrote would be deleted as orphans.
+func (f *FS) writable() syscall.Errno {
+	if f.fenced.Load() {
+		return syscall.EROFS
+	}
+	return 0
 }
 
 // errno maps an error from below to what the caller should see.

@@ -108,6 +108,9 @@ func (n *node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 }
 
 func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	if size, ok := in.GetSize(); ok {
 		if e := n.truncate(ctx, size); e != 0 {
 			return e
@@ -214,6 +217,9 @@ func (n *node) newInode(ctx context.Context, mode uint32) *inode {
 }
 
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if e := n.f.writable(); e != 0 {
+		return nil, nil, 0, e
+	}
 	if e := checkName(name); e != 0 {
 		return nil, nil, 0, e
 	}
@@ -234,6 +240,9 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if e := n.f.writable(); e != 0 {
+		return nil, e
+	}
 	if e := checkName(name); e != 0 {
 		return nil, e
 	}
@@ -249,6 +258,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if e := n.f.writable(); e != 0 {
+		return nil, e
+	}
 	if e := checkName(name); e != 0 {
 		return nil, e
 	}
@@ -274,6 +286,9 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if e := n.f.writable(); e != 0 {
+		return nil, e
+	}
 	if e := checkName(name); e != 0 {
 		return nil, e
 	}
@@ -322,6 +337,9 @@ func (f *FS) unlinkLocked(c *inode, now int64) bool {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	f := n.f
 	f.mu.Lock()
 	d, e := n.dir()
@@ -353,6 +371,9 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	if n.ino == rootIno && name == volumesName {
 		return syscall.EBUSY
 	}
@@ -383,6 +404,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	if e := checkName(newName); e != 0 {
 		return e
 	}
@@ -606,6 +630,9 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 }
 
 func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	if e := n.f.writable(); e != 0 {
+		return 0, e
+	}
 	c, vol, _, io, e := n.file()
 	if e != 0 {
 		return 0, e
@@ -645,6 +672,9 @@ func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) sysca
 // (the memory node allocates on write, so space is not reserved), punching
 // a hole trims the pages, and zeroing a range trims and may extend.
 func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	const supported = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
 	if mode&^supported != 0 {
 		return syscall.EOPNOTSUPP

@@ -3,6 +3,7 @@ package fs_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,11 +12,15 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/tools/deploy"
 )
 
@@ -226,4 +231,52 @@ func TestVolumesShareTheCache(t *testing.T) {
 	out, err := exec.Command("ls", e.path("volumes")).CombinedOutput()
 	require.NoError(t, err)
 	assert.Equal(t, "disk0", strings.TrimSpace(string(out)))
+}
+
+// TestLease: a second host cannot open a mounted filesystem; after a
+// crash it waits out the lease; a host whose lease is taken over stops
+// changing anything (EROFS) instead of fighting the new owner.
+func TestLease(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0)
+	ctx := context.Background()
+	c2, err := memnode.Dial(ctx, addr, memnode.ClientOptions{})
+	require.NoError(t, err)
+	defer c2.Close()
+	st2, err := pagestore.New(pagestore.MemnodeRemote{C: c2}, pagestore.Options{CacheBytes: 1 << 20})
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = fs.Open(ctx, fs.Config{Client: c2, Store: st2, LeaseTTL: time.Second})
+	assert.ErrorIs(t, err, fs.ErrMounted)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	// Another host takes the word over behind e's back.
+	meta, err := c2.Open(ctx, "fs.pd3.meta")
+	require.NoError(t, err)
+	cur, err := c2.CompareAndSwap(ctx, meta.ID, 4096, 0, 0)
+	require.NoError(t, err)
+	foreign := uint64(time.Now().Add(time.Hour).Unix())<<32 | 12345
+	prev, err := c2.CompareAndSwap(ctx, meta.ID, 4096, cur, foreign)
+	require.NoError(t, err)
+	require.Equal(t, cur, prev)
+	require.Eventually(t, func() bool {
+		err := os.WriteFile(e.path("after"), []byte("x"), 0o644)
+		return errors.Is(err, syscall.EROFS)
+	}, 5*time.Second, 50*time.Millisecond, "the fenced host still accepts changes")
+	err = e.m.Unmount(ctx)
+	assert.ErrorIs(t, err, fs.ErrMounted, "a fenced host writes no metadata, even at unmount")
+	e.m = nil
+	e.c.Close()
+}
+
+// TestCrashedHostLeaseExpires: after a crash the next host waits for the
+// lease (1 s here) instead of failing.
+func TestCrashedHostLeaseExpires(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0)
+	dir := e.dir
+	e.crash()
+	start := time.Now()
+	mount(t, addr, dir, 0)
+	assert.Less(t, time.Since(start), 4*time.Second)
 }

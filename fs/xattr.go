@@ -29,6 +29,9 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	if len(attr) > 255 || attr == "" {
 		return syscall.ERANGE
 	}
@@ -58,6 +61,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if e := n.f.writable(); e != 0 {
+		return e
+	}
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
 	c := n.f.inodes[n.ino]

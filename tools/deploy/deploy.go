@@ -151,8 +151,9 @@ type HostConfig struct {
 	Workers   int
 	OpTimeout time.Duration
 	// Mount, if set, mounts the FUSE filesystem FSName there.
-	Mount  string
-	FSName string
+	Mount   string
+	FSName  string
+	FSLease time.Duration
 	// KernelViewPages sizes the Host View of the kernel page cache
 	// (default 1 Mi pages: 4 GiB of cached file data).
 	KernelViewPages int
@@ -300,7 +301,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if err := os.MkdirAll(cfg.Mount, 0o755); err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
-	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, Log: cfg.Log}
+	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
 	if a := h.Agent; a != nil {
 		fcfg.OnRead = func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceFUSE, first, n, false) }
 	}

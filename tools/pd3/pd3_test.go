@@ -632,7 +632,7 @@ func TestMountHostKilledKeepsFsynced(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testutil.Seed(t), 3))
 	want := map[string][]byte{}
 	for round := range 3 {
-		host := start(t, nil, "mount", mnt, "--memnode", node.Addrs["memory node"], "--cache", "1MiB")
+		host := start(t, nil, "mount", mnt, "--memnode", node.Addrs["memory node"], "--cache", "1MiB", "--fs-lease", "1s")
 		require.Eventually(t, func() bool { return strings.Contains(host.Output(), "mounted at") }, 10*time.Second, 10*time.Millisecond)
 		for name, data := range want {
 			got, err := os.ReadFile(filepath.Join(mnt, name))
