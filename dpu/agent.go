@@ -143,6 +143,7 @@ func (a *Agent) loop() {
 	defer close(a.done)
 	var work []Access
 	keys := make([]uint64, 0, 64)
+	todo := make([]memnode.Key, 0, 64)
 	idx := make([]int, 0, 64)
 	found := make([]bool, 64)
 	for {
@@ -182,9 +183,28 @@ func (a *Agent) loop() {
 				if a.Resident != nil && a.Resident(memnode.Key(k)) {
 					a.FalseNegatives.Add(1)
 				}
-				a.engine.Prefetch(memnode.Key(k))
+				todo = append(todo, memnode.Key(k))
 			}
+			a.issue(todo)
+			todo = todo[:0]
 		}
+	}
+}
+
+// issue prefetches keys, consecutive pages of a volume as runs (one
+// request each) and the rest one by one.
+func (a *Agent) issue(keys []memnode.Key) {
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && j-i < MaxRun && keys[j] == keys[j-1]+1 && keys[j].Volume() == keys[i].Volume() {
+			j++
+		}
+		if j-i == 1 {
+			a.engine.Prefetch(keys[i])
+		} else {
+			a.engine.PrefetchRun(keys[i], j-i)
+		}
+		i = j
 	}
 }
 

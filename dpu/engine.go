@@ -40,6 +40,7 @@ type Engine struct {
 	flights  sync.Pool
 
 	bufs  chan []byte  // free prefetch buffers; bounds prefetches in flight
+	runs  chan *run    // free run buffers; bounds runs in flight
 	compl chan pending // prefetches in issue order, for the completion loop
 
 	ctx    context.Context
@@ -61,7 +62,23 @@ type pending struct {
 	f    *flight
 	call memnode.Call
 	buf  []byte
+	run  *run // a run of pages read with one request; k, f and buf unused
 }
+
+// run is a prefetch of consecutive pages with one READ. flights[i] is nil
+// for a page already in flight when the run was issued.
+type run struct {
+	first   memnode.Key
+	n       int
+	flights [MaxRun]*flight
+	buf     []byte
+}
+
+// MaxRun is the most pages one prefetch request carries.
+const MaxRun = 64
+
+// runBuffers bounds the runs in flight.
+const runBuffers = 16
 
 // flight is a prefetch in flight. Host misses on its key wait for it
 // (done closes when it is placed or given up) instead of reading the page a
@@ -86,12 +103,16 @@ func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInF
 		c: c, hv: hv, lz: lz,
 		inflight: make(map[memnode.Key]*flight, maxInFlight),
 		bufs:     make(chan []byte, maxInFlight),
-		compl:    make(chan pending, maxInFlight),
+		compl:    make(chan pending, maxInFlight+runBuffers),
 		ctx:      ctx, cancel: cancel,
 		done: make(chan struct{}),
 	}
 	for i := 0; i < maxInFlight; i++ {
 		e.bufs <- make([]byte, memnode.PageSize)
+	}
+	e.runs = make(chan *run, runBuffers)
+	for i := 0; i < runBuffers; i++ {
+		e.runs <- &run{buf: make([]byte, MaxRun*memnode.PageSize)}
 	}
 	e.flights.New = func() any { return new(flight) }
 	go e.completions()
@@ -129,33 +150,96 @@ func (e *Engine) Prefetch(k memnode.Key) {
 	call := e.c.PrefetchAsync(e.ctx, k, buf)
 	e.mu.Unlock()
 	e.Issued.Add(1)
-	e.compl <- pending{k, f, call, buf}
+	e.compl <- pending{k: k, f: f, call: call, buf: buf}
+}
+
+// PrefetchRun fetches the n (≤ MaxRun) pages from first into the Loading
+// Zone with one request, skipping pages already in flight. Like Prefetch
+// it never waits: without a free run buffer the run is dropped.
+func (e *Engine) PrefetchRun(first memnode.Key, n int) {
+	n = min(n, MaxRun)
+	var r *run
+	select {
+	case r = <-e.runs:
+	default:
+		e.Throttled.Add(uint64(n))
+		return
+	}
+	r.first, r.n = first, n
+	e.mu.Lock()
+	issued := 0
+	for i := 0; i < n; i++ {
+		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		if _, ok := e.inflight[k]; ok {
+			r.flights[i] = nil
+			e.Deduped.Add(1)
+			continue
+		}
+		e.gen++
+		f := e.flights.Get().(*flight)
+		f.gen, f.waiters, f.done = e.gen, 0, nil
+		e.inflight[k] = f
+		r.flights[i] = f
+		issued++
+	}
+	if issued == 0 {
+		e.mu.Unlock()
+		e.runs <- r
+		return
+	}
+	call := e.c.ReadAsync(e.ctx, first.Volume(), first.Page()*memnode.PageSize, r.buf[:n*memnode.PageSize])
+	e.mu.Unlock()
+	e.Issued.Add(uint64(issued))
+	e.compl <- pending{call: call, run: r}
+}
+
+// complete applies a finished prefetch of page k (its flight f, its bytes
+// page) under e.mu: placed unless a write-back overtook it.
+func (e *Engine) complete(k memnode.Key, f *flight, page []byte, err error) {
+	if e.inflight[k] != f {
+		// A write-back of the key was queued meanwhile: this page may
+		// predate it and must not be served.
+		e.Stale.Add(1)
+	} else {
+		delete(e.inflight, k)
+		if err != nil {
+			e.Failed.Add(1)
+		} else {
+			e.lz.Place(uint64(k), page)
+			if e.hv != nil {
+				e.hv.Add(uint64(k))
+			}
+			e.Placed.Add(1)
+		}
+	}
+	if f.done != nil {
+		close(f.done) // waiters look in the Loading Zone now
+	}
 }
 
 func (e *Engine) completions() {
 	defer close(e.done)
 	for p := range e.compl {
+		if r := p.run; r != nil {
+			err := p.call.Wait(e.ctx)
+			e.mu.Lock()
+			for i, f := range r.flights[:r.n] {
+				if f != nil {
+					e.complete(memnode.MakeKey(r.first.Volume(), r.first.Page()+uint64(i)), f, r.buf[i*memnode.PageSize:(i+1)*memnode.PageSize], err)
+				}
+			}
+			e.mu.Unlock()
+			for _, f := range r.flights[:r.n] {
+				if f != nil {
+					e.flights.Put(f)
+				}
+			}
+			e.runs <- r
+			continue
+		}
 		err := p.call.Wait(e.ctx)
 		e.mu.Lock()
-		if e.inflight[p.k] != p.f {
-			// A write-back of the key was queued meanwhile: this page may
-			// predate it and must not be served.
-			e.Stale.Add(1)
-		} else {
-			delete(e.inflight, p.k)
-			if err != nil {
-				e.Failed.Add(1)
-			} else {
-				e.lz.Place(uint64(p.k), p.buf)
-				if e.hv != nil {
-					e.hv.Add(uint64(p.k))
-				}
-				e.Placed.Add(1)
-			}
-		}
-		if p.f.done != nil {
-			close(p.f.done) // waiters look in the Loading Zone now
-		}
+		e.complete(p.k, p.f, p.buf, err)
 		e.mu.Unlock()
 		e.flights.Put(p.f) // waiters keep only the channel
 		e.bufs <- p.buf
@@ -199,6 +283,78 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 	e.hv.Add(uint64(k))
 	return nil
 }
+
+// ReadPages implements pagestore.PagesReader: the host's miss on a run of
+// pages. Pages with a prefetch in flight wait for it, as ReadPage does;
+// each stretch of the others is read with one request. The store holds
+// the run's frames locked, so no write-back of these pages can be queued
+// meanwhile.
+func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) error {
+	n := len(p) / memnode.PageSize
+	key := func(i int) memnode.Key { return memnode.MakeKey(first.Volume(), first.Page()+uint64(i)) }
+	var waits [MaxRun]chan struct{}
+	var calls [MaxRun]memnode.Call
+	var starts [MaxRun]int
+	nc := 0
+	e.mu.Lock()
+	for i := 0; i < n; {
+		if i < MaxRun {
+			if f, ok := e.inflight[key(i)]; ok {
+				if f.done == nil {
+					f.done = make(chan struct{})
+				}
+				f.waiters++
+				waits[i] = f.done
+				i++
+				continue
+			}
+		}
+		j := i + 1
+		for j < n && (j >= MaxRun || e.inflight[key(j)] == nil) {
+			j++
+		}
+		starts[nc] = i
+		calls[nc] = e.c.ReadAsync(ctx, first.Volume(), key(i).Page()*memnode.PageSize, p[i*memnode.PageSize:j*memnode.PageSize])
+		nc++
+		i = j
+	}
+	e.mu.Unlock()
+	var errs error
+	for c := 0; c < nc; c++ {
+		errs = errors.Join(errs, calls[c].Wait(ctx))
+	}
+	if errs != nil {
+		return errs
+	}
+	for i := 0; i < min(n, MaxRun); i++ {
+		if waits[i] == nil {
+			continue
+		}
+		dst := p[i*memnode.PageSize : (i+1)*memnode.PageSize]
+		select {
+		case <-waits[i]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if e.lz.CheckAndReturn(uint64(key(i)), dst) == memnode.PageSize {
+			e.Joined.Add(1)
+			continue
+		}
+		// Stale or failed: read it ourselves.
+		if err := e.c.ReadAt(ctx, first.Volume(), key(i).Page()*memnode.PageSize, dst); err != nil {
+			return err
+		}
+	}
+	e.HostReads.Add(uint64(n))
+	if e.hv != nil {
+		for i := 0; i < n; i++ {
+			e.hv.Add(uint64(key(i)))
+		}
+	}
+	return nil
+}
+
+var _ pagestore.PagesReader = (*Engine)(nil)
 
 // Trim implements pagestore.Trimmer: like a write-back, it invalidates the
 // pages' Host View entries, Loading Zone records and in-flight prefetches

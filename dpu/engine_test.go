@@ -51,6 +51,14 @@ func newRig(t *testing.T, lzRecords int) *rig {
 	return &rig{e: e, hv: hv, lz: lz, vol: vol}
 }
 
+// inFlight reports whether a prefetch of k is outstanding.
+func (e *Engine) inFlight(k memnode.Key) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.inflight[k]
+	return ok
+}
+
 func versioned(v uint64) []byte {
 	p := make([]byte, memnode.PageSize)
 	binary.LittleEndian.PutUint64(p, v)
@@ -59,34 +67,64 @@ func versioned(v uint64) []byte {
 
 // TestWriteBackNeverLeavesOldCopy: after a write-back of page k returns,
 // the Loading Zone must not serve an older version of k — whether the old
-// copy was placed before the write-back or was still in flight.
+// copy was placed before the write-back or was still in flight, and
+// whether it was prefetched alone or in a run of pages.
 func TestWriteBackNeverLeavesOldCopy(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		prefetch func(e *Engine, k memnode.Key)
+	}{
+		{"page", func(e *Engine, k memnode.Key) { e.Prefetch(k) }},
+		{"run", func(e *Engine, k memnode.Key) { e.PrefetchRun(k-1, 4) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, 256)
+			ctx := context.Background()
+			dst := make([]byte, memnode.PageSize)
+			for i := uint64(0); i < 200; i++ {
+				k := memnode.MakeKey(r.vol.ID, 1+i%200)
+				require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2 * i)}))
+				if i%2 == 0 {
+					// Old copy already placed.
+					placed := r.e.Placed.Load()
+					tc.prefetch(r.e, k)
+					require.Eventually(t, func() bool { return r.e.Placed.Load() > placed && !r.e.inFlight(k) }, 5*time.Second, time.Millisecond)
+					assert.True(t, r.hv.Contains(uint64(k)), "a placed page is in Host View")
+				} else {
+					// Old copy in flight: the prefetch is queued before the write.
+					tc.prefetch(r.e, k)
+				}
+				require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2*i + 1)}))
+				assert.False(t, r.hv.Contains(uint64(k)), "a written-back page leaves Host View")
+				// Let any in-flight prefetch complete, then look.
+				time.Sleep(200 * time.Microsecond)
+				if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+					require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "Loading Zone served a page older than its write-back (round %d)", i)
+				}
+			}
+			assert.Positive(t, r.lz.Invalidated.Load(), "placed copies were invalidated")
+			t.Logf("invalidated %d, stale in-flight dropped %d", r.lz.Invalidated.Load(), r.e.Stale.Load())
+		})
+	}
+}
+
+// TestPrefetchRunPlacesEveryPage: a run lands each page, with its own
+// bytes, in the Loading Zone and Host View.
+func TestPrefetchRunPlacesEveryPage(t *testing.T) {
 	r := newRig(t, 256)
 	ctx := context.Background()
-	dst := make([]byte, memnode.PageSize)
-	for i := uint64(0); i < 200; i++ {
-		k := memnode.MakeKey(r.vol.ID, i%256)
-		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2 * i)}))
-		if i%2 == 0 {
-			// Old copy already placed.
-			placed := r.e.Placed.Load()
-			r.e.Prefetch(k)
-			require.Eventually(t, func() bool { return r.e.Placed.Load() > placed }, 5*time.Second, time.Millisecond)
-			assert.True(t, r.hv.Contains(uint64(k)), "a placed page is in Host View")
-		} else {
-			// Old copy in flight: the prefetch is queued before the write.
-			r.e.Prefetch(k)
-		}
-		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2*i + 1)}))
-		assert.False(t, r.hv.Contains(uint64(k)), "a written-back page leaves Host View")
-		// Let any in-flight prefetch complete, then look.
-		time.Sleep(200 * time.Microsecond)
-		if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
-			require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "Loading Zone served a page older than its write-back (round %d)", i)
-		}
+	for p := uint64(10); p < 30; p++ {
+		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
 	}
-	assert.Positive(t, r.lz.Invalidated.Load(), "placed copies were invalidated")
-	t.Logf("invalidated %d, stale in-flight dropped %d", r.lz.Invalidated.Load(), r.e.Stale.Load())
+	r.e.Prefetch(memnode.MakeKey(r.vol.ID, 12)) // in flight or placed: the run skips or re-reads it
+	r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 10), 20)
+	require.Eventually(t, func() bool { return r.e.Placed.Load() >= 20 }, 5*time.Second, time.Millisecond)
+	dst := make([]byte, memnode.PageSize)
+	for p := uint64(10); p < 30; p++ {
+		k := memnode.MakeKey(r.vol.ID, p)
+		require.Equal(t, memnode.PageSize, r.lz.CheckAndReturn(uint64(k), dst), "page %d", p)
+		assert.Equal(t, p, binary.LittleEndian.Uint64(dst))
+	}
 }
 
 // TestPrefetchAfterWriteSeesIt: a prefetch issued after a write-back
@@ -114,4 +152,25 @@ func TestDuplicatePrefetchesAreDeduped(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return r.e.Placed.Load()+r.e.Deduped.Load() == 20 || r.e.Issued.Load() > 1 }, 5*time.Second, time.Millisecond)
 	assert.Positive(t, r.e.Deduped.Load())
+}
+
+// TestReadPagesJoinsPrefetches: a host run read over pages being
+// prefetched gets every page's bytes, waiting for the prefetches it meets.
+func TestReadPagesJoinsPrefetches(t *testing.T) {
+	r := newRig(t, 256)
+	ctx := context.Background()
+	for p := uint64(40); p < 60; p++ {
+		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
+	}
+	for round := 0; round < 50; round++ {
+		r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 44), 8)
+		r.e.Prefetch(memnode.MakeKey(r.vol.ID, 55))
+		buf := make([]byte, 20*memnode.PageSize)
+		require.NoError(t, r.e.ReadPages(ctx, memnode.MakeKey(r.vol.ID, 40), buf))
+		for i := 0; i < 20; i++ {
+			require.Equal(t, uint64(40+i), binary.LittleEndian.Uint64(buf[i*memnode.PageSize:]), "round %d page %d", round, 40+i)
+		}
+	}
+	t.Logf("joined %d", r.e.Joined.Load())
+	assert.Positive(t, r.e.Joined.Load(), "some pages were taken from prefetches in flight")
 }

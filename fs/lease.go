@@ -29,7 +29,9 @@ type lease struct {
 	cur uint64 // the word we last wrote
 }
 
-func leaseWord(exp time.Time, id uint32) uint64 { return uint64(exp.Unix())<<32 | uint64(id) }
+// leaseWord encodes a lease; the expiry is rounded up to the next second,
+// so a lease never lasts less than its TTL between renewals.
+func leaseWord(exp time.Time, id uint32) uint64 { return uint64(exp.Unix()+1)<<32 | uint64(id) }
 
 func (l *lease) read(ctx context.Context) (uint64, error) {
 	// A CAS whose old value cannot match (holder id 0 with expiry 0 is

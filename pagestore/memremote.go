@@ -64,6 +64,17 @@ func (m *MemRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
 	return nil
 }
 
+// ReadPages implements PagesReader.
+func (m *MemRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
+	for i := 0; i < len(p)/PageSize; i++ {
+		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		if err := m.ReadPage(ctx, k, p[i*PageSize:(i+1)*PageSize]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // WritePages implements Remote.
 func (m *MemRemote) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
 	if err := m.fault(ctx); err != nil {

@@ -46,37 +46,159 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 // maxParallelMisses bounds the concurrent loads of one ReadRange.
 const maxParallelMisses = 64
 
+// PagesReader is implemented by Remotes that read consecutive pages of a
+// volume with one request; multi-page ReadRange misses then cost one
+// request per run instead of one per page.
+type PagesReader interface {
+	// ReadPages fills p (a whole number of pages) with the pages from
+	// first on.
+	ReadPages(ctx context.Context, first Key, p []byte) error
+}
+
+// maxRun bounds the pages one batched load claims: 256 KiB per request,
+// and never more than a sixteenth of the cache (frames stay locked until
+// the request returns).
+const maxRun = 64
+
 // loadMissing brings the non-resident pages of a range into the cache
-// concurrently. A page evicted again before the caller copies it is simply
-// read once more; this only warms the cache.
+// concurrently: runs of consecutive missing pages in one request each when
+// the Remote can (PagesReader), else page by page. A page evicted again
+// before the caller copies it is simply read once more; this only warms
+// the cache.
 func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64) error {
+	pr, batched := s.remote.(PagesReader)
+	run := min(maxRun, len(s.frames)/16)
+	if run < 2 {
+		batched = false
+	}
 	var (
 		wg    sync.WaitGroup
 		sem   = make(chan struct{}, maxParallelMisses)
 		errMu sync.Mutex
 		first error
 	)
-	err := s.eachPage(vol, off, n, func(k Key, _, _ int, _ uint64) error {
-		if s.Resident(k) {
-			return nil
+	fail := func(err error) {
+		errMu.Lock()
+		first = cmp.Or(first, err)
+		errMu.Unlock()
+	}
+	var runStart Key
+	runLen := 0
+	startRun := func() {
+		if runLen == 0 {
+			return
 		}
+		k, m := runStart, runLen
+		runLen = 0
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tmp := s.pages.Get().(*[PageSize]byte)
-			if err := s.Get(ctx, k, tmp[:]); err != nil {
-				errMu.Lock()
-				first = cmp.Or(first, err)
-				errMu.Unlock()
+			defer func() { <-sem }()
+			if batched && m > 1 {
+				if err := s.loadRun(ctx, pr, k, m); err != nil {
+					fail(err)
+				}
+				return
 			}
-			s.pages.Put(tmp)
-			<-sem
+			tmp := s.pages.Get().(*[PageSize]byte)
+			defer s.pages.Put(tmp)
+			if err := s.Get(ctx, k, tmp[:]); err != nil {
+				fail(err)
+			}
 		}()
+	}
+	err := s.eachPage(vol, off, n, func(k Key, _, _ int, _ uint64) error {
+		if s.Resident(k) {
+			startRun()
+			return nil
+		}
+		if runLen > 0 && (!batched || runLen == run) {
+			startRun()
+		}
+		if runLen == 0 {
+			runStart = k
+		}
+		runLen++
 		return nil
 	})
+	startRun()
 	wg.Wait()
 	return cmp.Or(err, first)
+}
+
+// loadRun loads up to m consecutive pages from first. Pages that turn out
+// to be cached or being loaded by someone else end the run early; pages
+// the Loading Zone holds are taken from it, and the rest are read with one
+// remote request per consecutive stretch.
+func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int) error {
+	var frames [maxRun]int32
+	got := 0
+	for got < m {
+		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(got))
+		if s.Resident(k) {
+			break
+		}
+		f, err := s.claimFrame(ctx)
+		if err != nil {
+			s.abandonRun(first, frames[:got])
+			return fmt.Errorf("reading pages from %v: %w", first, err)
+		}
+		if !s.publish(k, f) {
+			break
+		}
+		frames[got] = f
+		got++
+	}
+	if got == 0 {
+		return nil
+	}
+	var fromLZ [maxRun]bool
+	if lz := s.opt.Prefetched; lz != nil {
+		for i, f := range frames[:got] {
+			if lz.CheckAndReturn(memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f)) == PageSize {
+				fromLZ[i] = true
+				s.lzHits.Add(1)
+			}
+		}
+	}
+	buf := s.runBufs.Get().(*[maxRun * PageSize]byte)
+	defer s.runBufs.Put(buf)
+	s.misses.Add(uint64(got))
+	for i := 0; i < got; {
+		if fromLZ[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < got && !fromLZ[j] {
+			j++
+		}
+		s.remoteReads.Add(uint64(j - i))
+		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		if err := pr.ReadPages(ctx, k, buf[i*PageSize:j*PageSize]); err != nil {
+			s.abandonRun(first, frames[:got])
+			return fmt.Errorf("reading pages from %v: %w", k, err)
+		}
+		for x := i; x < j; x++ {
+			copy(s.page(frames[x]), buf[x*PageSize:])
+		}
+		i = j
+	}
+	for i, f := range frames[:got] {
+		fr := &s.frames[f]
+		fr.valid = true
+		fr.mu.Unlock()
+		s.track(f, memnode.MakeKey(first.Volume(), first.Page()+uint64(i)))
+	}
+	return nil
+}
+
+// abandonRun unpublishes the frames a failed run claimed.
+func (s *Store) abandonRun(first Key, frames []int32) {
+	for i, f := range frames {
+		s.unpublish(memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), f)
+	}
 }
 
 // WriteRange writes p at byte offset off of volume vol. Whole pages are

@@ -3,6 +3,7 @@ package pagestore
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -12,20 +13,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestRangesModel: random unaligned reads, writes and zeroings of a volume
-// through an 8-page cache, against a flat byte-slice model.
+// TestRangesModel: random unaligned reads (up to 12 pages), writes and
+// zeroings of a volume against a flat byte-slice model, through an 8-page
+// cache (page-by-page loads) and a 64-page one (batched runs of 4).
 func TestRangesModel(t *testing.T) {
-	for _, pol := range PolicyNames {
-		t.Run(pol, func(t *testing.T) {
+	for _, tc := range []struct {
+		pol    string
+		frames int
+	}{{"s3fifo", 8}, {"clock", 8}, {"s3fifo", 64}, {"clock", 64}} {
+		pol := tc.pol
+		t.Run(fmt.Sprintf("%s/%d", pol, tc.frames), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(testutil.Seed(t), 5))
 			rem := NewMemRemote()
-			const pages = 64
-			s := newTestStore(t, rem, 8, pol, pages)
+			const pages = 256
+			s := newTestStore(t, rem, tc.frames, pol, pages)
 			ctx := context.Background()
 			model := make([]byte, pages*PageSize)
 			for i := 0; i < 3000; i++ {
 				off := rng.Uint64N(uint64(len(model)))
-				n := 1 + rng.Uint64N(min(uint64(len(model))-off, 3*PageSize))
+				n := 1 + rng.Uint64N(min(uint64(len(model))-off, 12*PageSize))
 				switch rng.IntN(6) {
 				case 0, 1:
 					p := make([]byte, n)

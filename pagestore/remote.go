@@ -47,3 +47,10 @@ func (r MemnodeRemote) Trim(ctx context.Context, vol uint16, off, n uint64) erro
 }
 
 var _ Trimmer = MemnodeRemote{}
+
+// ReadPages implements PagesReader: one READ for the whole run.
+func (r MemnodeRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
+	return r.C.ReadAt(ctx, first.Volume(), first.Page()*PageSize, p)
+}
+
+var _ PagesReader = MemnodeRemote{}

@@ -99,7 +99,8 @@ type Store struct {
 	free    []int32
 	claim   func(int32) bool // TryLock of a frame, made once to avoid a closure per eviction
 
-	pages sync.Pool // *[PageSize]byte scratch pages for partial reads
+	pages   sync.Pool // *[PageSize]byte scratch pages for partial reads
+	runBufs sync.Pool // *[maxRun * PageSize]byte for batched loads
 
 	flushMu  sync.Mutex // serialises Flush
 	flushBuf []byte     // guarded by flushMu
@@ -158,6 +159,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 		s.free[i] = int32(n - 1 - i)
 	}
 	s.pages.New = func() any { return new([PageSize]byte) }
+	s.runBufs.New = func() any { return new([maxRun * PageSize]byte) }
 	s.claim = func(f int32) bool {
 		fr := &s.frames[f]
 		if fr.wb.Load() || !fr.mu.TryLock() {
