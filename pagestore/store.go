@@ -61,6 +61,11 @@ type Options struct {
 	// OnEvict, if set, receives keys of pages leaving the cache (called
 	// with no locks held by the store, possibly concurrently).
 	OnEvict func(Key)
+	// RetryFor is how long a write-back that fails because the remote is
+	// unreachable is retried — by an eviction that needs the frame, and by
+	// Flush — before the error reaches the caller. A memory node that
+	// restarts within it is invisible to clients. 0: no retries.
+	RetryFor time.Duration
 }
 
 // DefaultCacheBytes is the default cache capacity.
@@ -433,6 +438,7 @@ func (s *Store) track(f int32, k Key) {
 // evicting (and writing back) a page if no frame is free.
 func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 	var waited time.Duration
+	var failedAt time.Time // first failed write-back of a victim
 	for attempt := 0; ; attempt++ {
 		s.evictMu.Lock()
 		if n := len(s.free); n > 0 {
@@ -476,7 +482,17 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 				// Keep the page: it is the only copy of an acknowledged write.
 				fr.mu.Unlock()
 				s.track(f, k)
-				return -1, fmt.Errorf("writing back page %v: %w", k, err)
+				s.wbFailures.Add(1)
+				if failedAt.IsZero() {
+					failedAt = time.Now()
+				}
+				if !s.retryable(err) || time.Since(failedAt) >= s.opt.RetryFor {
+					return -1, fmt.Errorf("writing back page %v: %w", k, err)
+				}
+				if err := sleepCtx(ctx, retryBackoff); err != nil {
+					return -1, err
+				}
+				continue
 			}
 			s.writeBacks.Add(1)
 			fr.dirty.Store(false)
@@ -502,6 +518,45 @@ const maxClaimWait = 10 * time.Second
 // while the batch travels; a page rewritten meanwhile stays dirty. Flushes
 // run one at a time.
 func (s *Store) Flush(ctx context.Context) error {
+	var failedAt time.Time
+	for {
+		err := s.flushOnce(ctx)
+		if err == nil || !s.retryable(err) {
+			return err
+		}
+		if failedAt.IsZero() {
+			failedAt = time.Now()
+		}
+		if time.Since(failedAt) >= s.opt.RetryFor {
+			return err
+		}
+		if err := sleepCtx(ctx, retryBackoff); err != nil {
+			return err
+		}
+	}
+}
+
+// retryBackoff paces write-back retries against an unreachable remote.
+const retryBackoff = 50 * time.Millisecond
+
+// retryable tells a remote that may come back (connection lost, timed
+// out) from an answer that will not change.
+func (s *Store) retryable(err error) bool {
+	return s.opt.RetryFor > 0 && errors.Is(err, memnode.ErrConnLost)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Store) flushOnce(ctx context.Context) error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	if s.flushBuf == nil {

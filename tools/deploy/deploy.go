@@ -208,7 +208,9 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	h := &Host{Client: c, done: make(chan error, 1)}
-	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy}
+	// A write-back that cannot reach the node is retried for one operation
+	// timeout before clients see EIO: a node restart inside it is invisible.
+	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout}
 	var remote pagestore.Remote = pagestore.MemnodeRemote{C: c}
 	switch cfg.DPU {
 	case "", "none":
