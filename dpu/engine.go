@@ -376,6 +376,20 @@ func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 
 var _ pagestore.Trimmer = (*Engine)(nil)
 
+// Invalidate forgets k as a write-back does — Host View entry, Loading
+// Zone record, prefetch in flight — for a write that reached the memory
+// node by another connection (the host's direct path in split mode). Call
+// it after that write is acknowledged: prefetches issued later read it.
+func (e *Engine) Invalidate(k memnode.Key) {
+	e.mu.Lock()
+	if e.hv != nil {
+		e.hv.Delete(uint64(k))
+	}
+	e.lz.Invalidate(uint64(k))
+	delete(e.inflight, k)
+	e.mu.Unlock()
+}
+
 // WritePages implements pagestore.Remote: write-backs, invalidating first.
 func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
 	const batch = 64

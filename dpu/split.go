@@ -52,6 +52,9 @@ const (
 	msgRead   = 'R'
 	msgWrite  = 'W'
 	msgTrim   = 'T'
+	// msgInvalidate: the host wrote a page back on its own connection
+	// while this agent lived; forget it as a write-back would.
+	msgInvalidate = 'I'
 
 	// Mirror protocols (byte 1 of a mirror message).
 	ProtoPage = 'P'
@@ -221,6 +224,11 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			}
 			jobs <- job{op: msgTrim, tag: binary.LittleEndian.Uint32(m[4:]), vol: binary.LittleEndian.Uint16(m[2:]),
 				off: binary.LittleEndian.Uint64(m[16:]), n: binary.LittleEndian.Uint64(m[24:]), free: &bufs}
+		case msgInvalidate:
+			if len(m) < 16 {
+				break
+			}
+			jobs <- job{op: msgInvalidate, tag: binary.LittleEndian.Uint32(m[4:]), key: memnode.Key(binary.LittleEndian.Uint64(m[8:])), free: &bufs}
 		case msgRead, msgWrite:
 			if len(m) < 16 {
 				break
@@ -257,6 +265,11 @@ func (j job) run(ctx context.Context, e *Engine, r *replier) {
 	var hdr [8]byte
 	binary.LittleEndian.PutUint32(hdr[4:], j.tag)
 	hdr[0] = j.op
+	if j.op == msgInvalidate {
+		e.Invalidate(j.key)
+		r.send(ctx, hdr[:], nil)
+		return
+	}
 	if j.op == msgTrim {
 		if err := e.Trim(ctx, j.vol, j.off, j.n); err != nil {
 			hdr[1] = replyErr
@@ -313,7 +326,15 @@ type Link struct {
 	name   string
 	direct pagestore.Remote
 
-	cur atomic.Pointer[attachment]
+	cur       atomic.Pointer[attachment]
+	deadEpoch atomic.Uint64 // the last agent declared dead
+	// directMu is held shared by every write-back or trim that goes the
+	// direct path, and exclusively while an agent is attached: a newly
+	// attached agent's prefetches travel on its own memnode connection, so
+	// a direct WRITE still in flight could land after such a prefetch read
+	// the old page (JUNE BERRY's rule: one queue per page). Attaching waits
+	// for those writes; writes that start after it go through the agent.
+	directMu sync.RWMutex
 
 	mu    sync.Mutex // serialises ring A producers
 	pmu   sync.Mutex // guards calls and nextTag
@@ -416,7 +437,9 @@ func (l *Link) tryAttach(deadEpoch uint64) {
 	}
 	a := &attachment{region: region, a: ra, b: rb, lz: z, epoch: epoch, beat: beat, done: make(chan struct{})}
 	go l.readReplies(a)
+	l.directMu.Lock()
 	l.cur.Store(a)
+	l.directMu.Unlock()
 	l.Attaches.Add(1)
 }
 
@@ -429,7 +452,6 @@ func (l *Link) watch() {
 	defer t.Stop()
 	var lastBeat uint64
 	lastMove := time.Now()
-	var deadEpoch uint64
 	for {
 		select {
 		case <-l.stop:
@@ -438,7 +460,7 @@ func (l *Link) watch() {
 		}
 		a := l.cur.Load()
 		if a == nil {
-			l.tryAttach(deadEpoch)
+			l.tryAttach(l.deadEpoch.Load())
 			lastMove = time.Now()
 			continue
 		}
@@ -447,7 +469,6 @@ func (l *Link) watch() {
 			continue
 		}
 		if time.Since(lastMove) > deadAfter {
-			deadEpoch = a.epoch
 			l.kill(a)
 		}
 	}
@@ -456,7 +477,12 @@ func (l *Link) watch() {
 // kill declares a dead: it stops being consulted and every call waiting on
 // it fails over to the direct path.
 func (l *Link) kill(a *attachment) {
-	a.dead.Store(true)
+	if a.dead.Swap(true) {
+		return // already killed
+	}
+	// Never re-attach to this epoch: its Loading Zone may hold what the
+	// host could not invalidate.
+	l.deadEpoch.Store(a.epoch)
 	l.cur.CompareAndSwap(a, nil)
 	l.Deaths.Add(1)
 	l.pmu.Lock()
@@ -618,7 +644,7 @@ func (l *Link) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
 func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
 	a := l.cur.Load()
 	if a == nil || a.dead.Load() {
-		return l.direct.WritePages(ctx, keys, pages)
+		return l.writeDirect(ctx, keys, pages)
 	}
 	// Send every write, then collect the replies: one round trip per
 	// batch, no goroutine per page.
@@ -647,9 +673,50 @@ func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byt
 	l.AgentWrites.Add(uint64(len(keys) - len(redoK)))
 	if len(redoK) > 0 {
 		l.Fallbacks.Add(uint64(len(redoK)))
-		return l.direct.WritePages(ctx, redoK, redoP)
+		if err := l.writeDirect(ctx, redoK, redoP); err != nil {
+			return err
+		}
+		l.invalidate(ctx, a, redoK)
 	}
 	return nil
+}
+
+// invalidate tells a live agent about pages written back around it, so a
+// prefetch it issued before (or in flight during) the direct write cannot
+// serve the old copy. If the agent cannot be told, it is declared dead:
+// its Loading Zone is never consulted again.
+func (l *Link) invalidate(ctx context.Context, a *attachment, keys []memnode.Key) {
+	if a.dead.Load() {
+		return
+	}
+	calls := make([]*linkCall, len(keys))
+	ok := true
+	for i, k := range keys {
+		if calls[i] = l.start(a, msgInvalidate, k, nil, nil); calls[i] == nil {
+			ok = false
+		}
+	}
+	for _, c := range calls {
+		if c != nil && l.wait(ctx, c) != nil {
+			ok = false
+		}
+	}
+	if !ok && !a.dead.Load() {
+		l.kill(a)
+	}
+}
+
+// writeDirect writes back on the host's own connection, holding off any
+// agent attach until the writes are acknowledged. If an agent attached
+// meanwhile, the writes go through it instead.
+func (l *Link) writeDirect(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+	l.directMu.RLock()
+	if a := l.cur.Load(); a != nil && !a.dead.Load() {
+		l.directMu.RUnlock()
+		return l.WritePages(ctx, keys, pages)
+	}
+	defer l.directMu.RUnlock()
+	return l.direct.WritePages(ctx, keys, pages)
 }
 
 // Trim implements pagestore.Trimmer through the agent (which invalidates
@@ -674,6 +741,8 @@ func (l *Link) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	if !ok {
 		return fmt.Errorf("dpu: direct path cannot trim")
 	}
+	l.directMu.RLock() // as writeDirect: no attach while a trim is in flight
+	defer l.directMu.RUnlock()
 	return direct.Trim(ctx, vol, off, n)
 }
 
