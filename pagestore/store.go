@@ -110,6 +110,11 @@ type Store struct {
 	flushMu  sync.Mutex // serialises Flush
 	flushBuf []byte     // guarded by flushMu
 
+	fmu       sync.Mutex // guards the flush rounds
+	fcond     *sync.Cond // signalled when a round ends
+	flushing  bool
+	nextRound *flushRound
+
 	vmu     sync.RWMutex
 	volumes map[uint16]memnode.VolumeInfo
 
@@ -164,6 +169,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 		s.free[i] = int32(n - 1 - i)
 	}
 	s.pages.New = func() any { return new([PageSize]byte) }
+	s.fcond = sync.NewCond(&s.fmu)
 	s.runBufs.New = func() any { return new([maxRun * PageSize]byte) }
 	s.claim = func(f int32) bool {
 		fr := &s.frames[f]
@@ -517,7 +523,45 @@ const maxClaimWait = 10 * time.Second
 // remote. Dirty pages are copied out in batches, so reads and writes go on
 // while the batch travels; a page rewritten meanwhile stays dirty. Flushes
 // run one at a time.
+//
+// Concurrent callers share rounds: a caller joins the next round that has
+// not started (every write it completed before calling is then covered)
+// and one of that round's callers runs it for all of them. Thirty-two
+// FUA writers thus cost a few flushes, not thirty-two in a row.
 func (s *Store) Flush(ctx context.Context) error {
+	s.fmu.Lock()
+	if s.nextRound == nil {
+		s.nextRound = &flushRound{}
+	}
+	r := s.nextRound
+	for s.flushing && !r.done {
+		s.fcond.Wait()
+	}
+	if r.done {
+		s.fmu.Unlock()
+		return r.err
+	}
+	s.flushing = true
+	s.nextRound = nil
+	s.fmu.Unlock()
+	// The round serves other callers too: one caller's cancellation must
+	// not fail theirs (it is bounded by the retry budget and timeouts).
+	err := s.flushRetrying(context.WithoutCancel(ctx))
+	s.fmu.Lock()
+	r.err, r.done = err, true
+	s.flushing = false
+	s.fcond.Broadcast()
+	s.fmu.Unlock()
+	return err
+}
+
+// flushRound is one Flush pass and the callers waiting for it.
+type flushRound struct {
+	done bool
+	err  error
+}
+
+func (s *Store) flushRetrying(ctx context.Context) error {
 	var failedAt time.Time
 	for {
 		err := s.flushOnce(ctx)

@@ -3,7 +3,7 @@ package linearize
 import (
 	"context"
 
-	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
@@ -25,7 +25,7 @@ func (p PageClient) Write(pg uint64, buf []byte) error {
 func (p PageClient) Sync() error { return p.C.Sync(context.Background()) }
 
 // NBDClient runs the workload over NBD, page pg at byte pg×4096.
-type NBDClient struct{ C *testutil.NBDClient }
+type NBDClient struct{ C *nbdclient.Client }
 
 func (n NBDClient) Read(pg uint64, buf []byte) error  { return n.C.Read(pg*4096, buf) }
 func (n NBDClient) Write(pg uint64, buf []byte) error { return n.C.Write(pg*4096, buf) }

@@ -71,6 +71,9 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		}
 		for _, job := range opt.Jobs {
 			r, err := measured(server, sys, job, func() (Result, error) {
+				if nativeJobs[job] {
+					return runNative(ctx, uri, job, opt.Size, opt.Runtime, opt.Ramp)
+				}
 				return runFio(ctx, filepath.Join(dir, job+".fio"), env)
 			})
 			if err != nil {

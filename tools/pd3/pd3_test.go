@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/linearize"
+	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -495,7 +496,7 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl, err := testutil.DialNBD(host.Addrs["NBD server"], "disk0")
+			cl, err := nbdclient.Dial(host.Addrs["NBD server"], "disk0")
 			if !assert.NoError(t, err) {
 				return
 			}

@@ -1,4 +1,8 @@
-package testutil
+// Package nbdclient is a minimal synchronous NBD client: fixed-newstyle
+// handshake with GO, then one request at a time with simple replies. The
+// tests use it where a real client cannot be steered precisely, and the
+// NBD benchmark for what fio's nbd engine cannot send (FUA).
+package nbdclient
 
 import (
 	"bufio"
@@ -9,22 +13,21 @@ import (
 	"time"
 )
 
-// NBDClient is a minimal synchronous NBD client for tests: fixed-newstyle
-// handshake with GO, then one request at a time with simple replies.
-type NBDClient struct {
+// Client is one NBD connection.
+type Client struct {
 	nc     net.Conn
 	r      *bufio.Reader
 	Size   uint64
 	cookie uint64
 }
 
-// DialNBD connects to export on addr.
-func DialNBD(addr, export string) (*NBDClient, error) {
+// Dial connects to export on addr.
+func Dial(addr, export string) (*Client, error) {
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	c := &NBDClient{nc: nc, r: bufio.NewReader(nc)}
+	c := &Client{nc: nc, r: bufio.NewReader(nc)}
 	if err := c.handshake(export); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("NBD handshake: %w", err)
@@ -32,7 +35,7 @@ func DialNBD(addr, export string) (*NBDClient, error) {
 	return c, nil
 }
 
-func (c *NBDClient) handshake(export string) error {
+func (c *Client) handshake(export string) error {
 	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.nc.SetDeadline(time.Time{})
 	if _, err := io.ReadFull(c.r, make([]byte, 18)); err != nil {
@@ -69,15 +72,19 @@ func (c *NBDClient) handshake(export string) error {
 }
 
 // Close disconnects politely.
-func (c *NBDClient) Close() error {
+func (c *Client) Close() error {
 	c.request(2, 0, 0, nil)
 	return c.nc.Close()
 }
 
-func (c *NBDClient) request(typ uint16, off uint64, n uint32, payload []byte) error {
+func (c *Client) request(typ uint16, off uint64, n uint32, payload []byte) error {
+	return c.requestFlags(0, typ, off, n, payload)
+}
+
+func (c *Client) requestFlags(flags, typ uint16, off uint64, n uint32, payload []byte) error {
 	c.cookie++
 	h := binary.BigEndian.AppendUint32(nil, 0x25609513)
-	h = binary.BigEndian.AppendUint16(h, 0)
+	h = binary.BigEndian.AppendUint16(h, flags)
 	h = binary.BigEndian.AppendUint16(h, typ)
 	h = binary.BigEndian.AppendUint64(h, c.cookie)
 	h = binary.BigEndian.AppendUint64(h, off)
@@ -86,7 +93,7 @@ func (c *NBDClient) request(typ uint16, off uint64, n uint32, payload []byte) er
 	return err
 }
 
-func (c *NBDClient) reply(data []byte) error {
+func (c *Client) reply(data []byte) error {
 	var h [16]byte
 	if _, err := io.ReadFull(c.r, h[:]); err != nil {
 		return err
@@ -105,7 +112,7 @@ func (c *NBDClient) reply(data []byte) error {
 }
 
 // Read reads len(p) bytes at off.
-func (c *NBDClient) Read(off uint64, p []byte) error {
+func (c *Client) Read(off uint64, p []byte) error {
 	if err := c.request(0, off, uint32(len(p)), nil); err != nil {
 		return err
 	}
@@ -113,15 +120,25 @@ func (c *NBDClient) Read(off uint64, p []byte) error {
 }
 
 // Write writes p at off.
-func (c *NBDClient) Write(off uint64, p []byte) error {
+func (c *Client) Write(off uint64, p []byte) error {
 	if err := c.request(1, off, uint32(len(p)), p); err != nil {
 		return err
 	}
 	return c.reply(nil)
 }
 
+// WriteFUA writes p at off with Force Unit Access: the reply comes once
+// the write is durable.
+func (c *Client) WriteFUA(off uint64, p []byte) error {
+	const cmdFlagFUA = 1 << 0
+	if err := c.requestFlags(cmdFlagFUA, 1, off, uint32(len(p)), p); err != nil {
+		return err
+	}
+	return c.reply(nil)
+}
+
 // Flush asks the server to make acknowledged writes durable.
-func (c *NBDClient) Flush() error {
+func (c *Client) Flush() error {
 	if err := c.request(3, 0, 0, nil); err != nil {
 		return err
 	}
