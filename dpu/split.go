@@ -55,6 +55,9 @@ const (
 	// msgInvalidate: the host wrote a page back on its own connection
 	// while this agent lived; forget it as a write-back would.
 	msgInvalidate = 'I'
+	// msgResident: pages the host cache holds, sent when an agent
+	// attaches so a restarted agent's Host View starts full, not empty.
+	msgResident = 'H'
 
 	// Mirror protocols (byte 1 of a mirror message).
 	ProtoPage = 'P'
@@ -218,6 +221,12 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			for p := m[8:]; len(p) >= 8; p = p[8:] {
 				a.Evicted(memnode.Key(binary.LittleEndian.Uint64(p)))
 			}
+		case msgResident:
+			keys := make([]Access, 0, len(m[8:])/8)
+			for p := m[8:]; len(p) >= 8; p = p[8:] {
+				keys = append(keys, Access{memnode.Key(binary.LittleEndian.Uint64(p)), Write})
+			}
+			a.enqueue(keys)
 		case msgTrim:
 			if len(m) < 32 {
 				break
@@ -346,8 +355,11 @@ type Link struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// Counters.
+	resident atomic.Pointer[func(yield func(memnode.Key))] // SetResident
+
+	// Counters. Resynced counts pages reported to attaching agents.
 	Attaches, Deaths, Fallbacks, MirrorDrops, AgentReads, AgentWrites atomic.Uint64
+	Resynced                                                          atomic.Uint64
 }
 
 type attachment struct {
@@ -441,6 +453,9 @@ func (l *Link) tryAttach(deadEpoch uint64) {
 	l.cur.Store(a)
 	l.directMu.Unlock()
 	l.Attaches.Add(1)
+	if each := l.resident.Load(); each != nil {
+		go l.resync(a, *each)
+	}
 }
 
 // watch checks the agent's heartbeat, declares it dead when it stops, and
@@ -761,6 +776,44 @@ func (l *Link) CheckAndReturn(k memnode.Key, dst []byte) int {
 		return 0
 	}
 	return a.lz.CheckAndReturn(uint64(k), dst)
+}
+
+// SetResident gives the Link a way to list the pages the host cache holds;
+// they are sent to every agent that attaches from then on.
+func (l *Link) SetResident(each func(yield func(memnode.Key))) { l.resident.Store(&each) }
+
+// resync tells a newly attached agent which pages the host cache holds,
+// 512 keys per message. An eviction racing the walk can leave a key the
+// host no longer holds: one skipped prefetch, never a wrong answer.
+func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
+	const perMsg = 512
+	var hdr [8]byte
+	hdr[0] = msgResident
+	buf := make([]byte, 0, perMsg*8)
+	flush := func() bool {
+		if len(buf) == 0 {
+			return true
+		}
+		ok := l.send(a, true, hdr[:], buf)
+		if ok {
+			l.Resynced.Add(uint64(len(buf) / 8))
+		}
+		buf = buf[:0]
+		return ok
+	}
+	alive := true
+	each(func(k memnode.Key) {
+		if !alive {
+			return
+		}
+		buf = binary.LittleEndian.AppendUint64(buf, uint64(k))
+		if len(buf) == cap(buf) {
+			alive = flush()
+		}
+	})
+	if alive {
+		flush()
+	}
 }
 
 // Evicted forwards a host cache eviction to the agent (dropped if the agent

@@ -97,3 +97,49 @@ func TestInvalidateDropsOldCopies(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachResyncsHostView: an agent that attaches (a restart, say)
+// learns the pages the host cache holds, so it does not prefetch them.
+func TestAttachResyncsHostView(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &memnode.Server{Store: memnode.NewStore(0)}
+	go srv.Serve(ctx, ln)
+	defer srv.Close()
+	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	vol, err := c.Create(ctx, "v", 1<<20)
+	require.NoError(t, err)
+
+	name := fmt.Sprintf("test-resync-%d", time.Now().UnixNano())
+	l := OpenLink(name, pagestore.MemnodeRemote{C: c})
+	defer l.Close()
+	held := []memnode.Key{memnode.MakeKey(vol.ID, 3), memnode.MakeKey(vol.ID, 9), memnode.MakeKey(vol.ID, 200)}
+	// Enough keys for several 512-key messages; repeats are harmless.
+	var extra []memnode.Key
+	for p := uint64(0); p < 1000; p++ {
+		extra = append(extra, memnode.MakeKey(vol.ID, 10+p%100))
+	}
+	l.SetResident(func(yield func(memnode.Key)) {
+		for _, k := range append(held, extra...) {
+			yield(k)
+		}
+	})
+	agents := make(chan *SplitAgent, 1)
+	go RunSplitAgent(ctx, SplitAgentConfig{Name: name, Client: c, LZRecords: 64, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+	a := <-agents
+	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		for _, k := range held {
+			if !a.HV.Contains(uint64(k)) {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "the agent's Host View lacks pages the host holds")
+	assert.Equal(t, uint64(len(held)+len(extra)), l.Resynced.Load())
+	assert.False(t, a.HV.Contains(uint64(memnode.MakeKey(vol.ID, 150))), "a page the host does not hold")
+}

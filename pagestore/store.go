@@ -270,6 +270,19 @@ func (s *Store) lookup(k Key) (int32, bool) {
 	return f, ok
 }
 
+// EachResident calls fn with the key of every page in the cache now.
+func (s *Store) EachResident(fn func(Key)) {
+	for f := range s.frames {
+		fr := &s.frames[f]
+		fr.mu.RLock()
+		k, valid := fr.key, fr.valid
+		fr.mu.RUnlock()
+		if valid {
+			fn(k)
+		}
+	}
+}
+
 // Resident reports whether page k is in the cache now.
 func (s *Store) Resident(k Key) bool {
 	_, ok := s.lookup(k)

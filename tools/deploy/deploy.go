@@ -262,6 +262,9 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	if h.Agent != nil {
 		h.Agent.Resident = st.Resident
 	}
+	if h.Link != nil {
+		h.Link.SetResident(st.EachResident)
+	}
 	if cfg.Writeback > 0 {
 		wctx, cancel := context.WithCancel(ctx)
 		st.StartWriteback(wctx, cfg.Writeback)
