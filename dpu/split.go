@@ -58,6 +58,12 @@ const (
 	// msgResident: pages the host cache holds, sent when an agent
 	// attaches so a restarted agent's Host View starts full, not empty.
 	msgResident = 'H'
+	// msgKernel: a range of pages the kernel page cache added (m[1] = 1)
+	// or dropped (m[1] = 2), from the host's page-cache tracker.
+	msgKernel = 'K'
+	// msgReadAhead: a read of a range seen by the host (FUSE READ or the
+	// kernel's read events; m[1] = source), for the sequential predictor.
+	msgReadAhead = 'A'
 
 	// Mirror protocols (byte 1 of a mirror message).
 	ProtoPage = 'P'
@@ -99,6 +105,7 @@ type SplitAgent struct {
 	Engine *Engine
 	Zone   *loadingzone.Zone
 	HV     *hostview.Set
+	Kernel *hostview.Set // the host's kernel page cache (FUSE files)
 	Epoch  uint64
 }
 
@@ -144,6 +151,8 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 	defer e.Close()
 	a := NewAgent(hv, z, e, func() Parser { return new(PageParser) })
 	defer a.Close()
+	kv := hostview.New(cfg.HostPages+cfg.LZRecords+1024, 2)
+	a.SetKernelView(kv)
 
 	shm.U64(b, offSRingSize).Store(uint64(cfg.RingBytes))
 	shm.U64(b, offSRecords).Store(uint64(cfg.LZRecords))
@@ -181,7 +190,7 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 		}()
 	}
 	if ready != nil {
-		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Epoch: epoch})
+		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Kernel: kv, Epoch: epoch})
 	}
 	if cfg.OnReady != nil {
 		cfg.OnReady(epoch)
@@ -220,6 +229,24 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 		case msgEvict:
 			for p := m[8:]; len(p) >= 8; p = p[8:] {
 				a.Evicted(memnode.Key(binary.LittleEndian.Uint64(p)))
+			}
+		case msgKernel, msgReadAhead:
+			if len(m) < 20 {
+				break
+			}
+			first := memnode.Key(binary.LittleEndian.Uint64(m[8:]))
+			n := min(int(binary.LittleEndian.Uint32(m[16:])), 1<<12)
+			switch {
+			case m[0] == msgReadAhead:
+				a.ReadAhead(int(m[1]), first, n, false)
+			case m[1] == 1:
+				for i := 0; i < n; i++ {
+					kv.Add(uint64(memnode.MakeKey(first.Volume(), first.Page()+uint64(i))))
+				}
+			default:
+				for i := 0; i < n; i++ {
+					kv.Delete(uint64(memnode.MakeKey(first.Volume(), first.Page()+uint64(i))))
+				}
 			}
 		case msgResident:
 			keys := make([]Access, 0, len(m[8:])/8)
@@ -813,6 +840,36 @@ func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
 	})
 	if alive {
 		flush()
+	}
+}
+
+// KernelRange tells the agent the kernel page cache added (or dropped) n
+// pages from first: the host's tracker feeding the agent's kernel Host
+// View. Dropped when no agent is attached or its ring is full (a hint).
+func (l *Link) KernelRange(added bool, first memnode.Key, n int) {
+	kind := byte(2)
+	if added {
+		kind = 1
+	}
+	l.rangeMsg(msgKernel, kind, first, n)
+}
+
+// ReadAhead tells the agent source src read n pages from first.
+func (l *Link) ReadAhead(src int, first memnode.Key, n int) {
+	l.rangeMsg(msgReadAhead, byte(src), first, n)
+}
+
+func (l *Link) rangeMsg(op, arg byte, first memnode.Key, n int) {
+	a := l.cur.Load()
+	if a == nil {
+		return
+	}
+	var m [20]byte
+	m[0], m[1] = op, arg
+	binary.LittleEndian.PutUint64(m[8:], uint64(first))
+	binary.LittleEndian.PutUint32(m[16:], uint32(n))
+	if !l.send(a, false, m[:]) {
+		l.MirrorDrops.Add(1)
 	}
 }
 

@@ -143,3 +143,42 @@ func TestAttachResyncsHostView(t *testing.T) {
 	assert.Equal(t, uint64(len(held)+len(extra)), l.Resynced.Load())
 	assert.False(t, a.HV.Contains(uint64(memnode.MakeKey(vol.ID, 150))), "a page the host does not hold")
 }
+
+// TestSplitAgentGetsFUSEEvents: the kernel page-cache ranges and the read
+// ranges a host sees reach an agent process: its kernel Host View follows
+// them and sequential reads are prefetched past.
+func TestSplitAgentGetsFUSEEvents(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &memnode.Server{Store: memnode.NewStore(0)}
+	go srv.Serve(ctx, ln)
+	defer srv.Close()
+	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	vol, err := c.Create(ctx, "v", 1<<20)
+	require.NoError(t, err)
+	name := fmt.Sprintf("test-fuse-%d", time.Now().UnixNano())
+	l := OpenLink(name, pagestore.MemnodeRemote{C: c})
+	defer l.Close()
+	agents := make(chan *SplitAgent, 1)
+	go RunSplitAgent(ctx, SplitAgentConfig{Name: name, Client: c, LZRecords: 256, HostPages: 1024, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+	a := <-agents
+	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond)
+
+	k := func(p uint64) memnode.Key { return memnode.MakeKey(vol.ID, p) }
+	l.KernelRange(true, k(10), 4)
+	l.KernelRange(false, k(10), 2)
+	require.Eventually(t, func() bool {
+		return !a.Kernel.Contains(uint64(k(10))) && !a.Kernel.Contains(uint64(k(11))) &&
+			a.Kernel.Contains(uint64(k(12))) && a.Kernel.Contains(uint64(k(13)))
+	}, 5*time.Second, 10*time.Millisecond, "kernel Host View does not follow the ranges")
+
+	l.ReadAhead(SourceFUSE, k(100), 8)
+	l.ReadAhead(SourceFUSE, k(108), 8) // sequential: predicts from 116 on
+	require.Eventually(t, func() bool { return a.Engine.Placed.Load() >= 8 }, 5*time.Second, 10*time.Millisecond)
+	dst := make([]byte, memnode.PageSize)
+	assert.Equal(t, memnode.PageSize, a.Zone.CheckAndReturn(uint64(k(116)), dst), "the page after the stream was prefetched")
+}

@@ -11,8 +11,11 @@ import (
 // View is a Sink that keeps a Host View of one mount's kernel page cache
 // (page keys, for the agent) and per-file counters (for cachestat).
 type View struct {
-	// Set receives the keys of the pages the kernel holds.
+	// Set, if set, receives the keys of the pages the kernel holds.
 	Set *hostview.Set
+	// OnRange, if set, hears the same as ranges (a split agent gets them
+	// as messages).
+	OnRange func(added bool, first memnode.Key, pages int)
 	// KeyOf maps (inode, page index) to the page's key; false for files
 	// without data pages (nothing to track).
 	KeyOf func(ino, index uint64) (memnode.Key, bool)
@@ -76,19 +79,22 @@ func (v *View) Event(e Event) {
 		return
 	}
 	vol, base := first.Volume(), first.Page()
-	switch e.Kind {
-	case Added:
+	if v.OnRange != nil && e.Kind != Accessed {
+		v.OnRange(e.Kind == Added, first, int(n))
+	}
+	switch {
+	case v.Set == nil:
+	case e.Kind == Added:
 		for i := uint64(0); i < n; i++ {
 			v.Set.Add(uint64(memnode.MakeKey(vol, base+i)))
 		}
-	case Deleted:
+	case e.Kind == Deleted:
 		for i := uint64(0); i < n; i++ {
 			v.Set.Delete(uint64(memnode.MakeKey(vol, base+i)))
 		}
-	case Accessed:
-		if v.OnRead != nil {
-			v.OnRead(first, int(n))
-		}
+	}
+	if e.Kind == Accessed && v.OnRead != nil {
+		v.OnRead(first, int(n))
 	}
 }
 

@@ -307,8 +307,18 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: %w", err)
 	}
 	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
-	if a := h.Agent; a != nil {
-		fcfg.OnRead = func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceFUSE, first, n, false) }
+	// The FUSE request mirror and the tracker's events go to the agent:
+	// in this process, or as messages to an agent process.
+	var readAhead func(src int, first memnode.Key, n int)
+	switch {
+	case h.Agent != nil:
+		a := h.Agent
+		readAhead = func(src int, first memnode.Key, n int) { a.ReadAhead(src, first, n, false) }
+	case h.Link != nil:
+		readAhead = h.Link.ReadAhead
+	}
+	if readAhead != nil {
+		fcfg.OnRead = func(first memnode.Key, n int) { readAhead(dpu.SourceFUSE, first, n) }
 	}
 	f, err := fs.Open(ctx, fcfg)
 	if err != nil {
@@ -320,23 +330,30 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: %w", err)
 	}
 	h.FS, h.Mounted = f, m
-	if h.Agent == nil {
-		h.TrackerErr = errors.New("no embedded DPU agent to feed")
+	if readAhead == nil {
+		h.TrackerErr = errors.New("no DPU agent to feed")
 		return nil
 	}
-	pages := cfg.KernelViewPages
-	if pages <= 0 {
-		pages = 1 << 20
+	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) { readAhead(dpu.SourceKernel, first, n) }}
+	var kv *hostview.Set
+	if h.Agent != nil {
+		pages := cfg.KernelViewPages
+		if pages <= 0 {
+			pages = 1 << 20
+		}
+		kv = hostview.New(pages, 2)
+		view.Set = kv
+	} else {
+		view.OnRange = h.Link.KernelRange
 	}
-	kv := hostview.New(pages, 2)
-	a := h.Agent
-	view := &pagecache.View{Set: kv, KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) { a.ReadAhead(dpu.SourceKernel, first, n, false) }}
 	tr, err := pagecache.Start(m.Dev, view)
 	if err != nil {
 		h.TrackerErr = err
 		return nil
 	}
-	a.SetKernelView(kv)
+	if kv != nil {
+		h.Agent.SetKernelView(kv)
+	}
 	h.Tracker, h.KernelView = tr, view
 	return nil
 }
