@@ -27,50 +27,64 @@ func (b *blockingRemote) WritePages(ctx context.Context, keys []memnode.Key, pag
 	return b.Remote.WritePages(ctx, keys, pages)
 }
 
-// TestAttachWaitsForDirectWrites: an agent that appears while the host is
-// writing back on its own connection is attached only once that write is
-// acknowledged, so none of the agent's prefetches can overtake it.
-func TestAttachWaitsForDirectWrites(t *testing.T) {
+// splitRig is a memory node, a host Link and (once started) an agent
+// process's loop, all in this process.
+type splitRig struct {
+	ctx  context.Context
+	c    *memnode.Client
+	vol  memnode.VolumeInfo
+	name string
+}
+
+func newSplitRig(t *testing.T) *splitRig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &memnode.Server{Store: memnode.NewStore(0)}
 	go srv.Serve(ctx, ln)
-	defer srv.Close()
-	dial := func() *memnode.Client {
-		c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
-		require.NoError(t, err)
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	host, agentConn := dial(), dial()
-	vol, err := host.Create(ctx, "v", 1<<20)
+	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
 	require.NoError(t, err)
+	vol, err := c.Create(ctx, "v", 1<<20)
+	require.NoError(t, err)
+	t.Cleanup(func() { cancel(); c.Close(); srv.Close() })
+	return &splitRig{ctx: ctx, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano())}
+}
 
-	name := fmt.Sprintf("test-attach-%d", time.Now().UnixNano())
-	direct := &blockingRemote{Remote: pagestore.MemnodeRemote{C: host}, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	l := OpenLink(name, direct)
+// startAgent runs an agent on the rig's region until the test ends.
+func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *SplitAgent {
+	t.Helper()
+	agents := make(chan *SplitAgent, 1)
+	go RunSplitAgent(r.ctx, SplitAgentConfig{Name: r.name, Client: c, LZRecords: 256, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+	return <-agents
+}
+
+// TestAttachWaitsForDirectWrites: an agent that appears while the host is
+// writing back on its own connection is attached only once that write is
+// acknowledged, so none of the agent's prefetches can overtake it.
+func TestAttachWaitsForDirectWrites(t *testing.T) {
+	r := newSplitRig(t)
+	ctx := r.ctx
+	agentConn, err := memnode.Dial(ctx, r.c.Addr(), memnode.ClientOptions{})
+	require.NoError(t, err)
+	defer agentConn.Close()
+	direct := &blockingRemote{Remote: pagestore.MemnodeRemote{C: r.c}, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	l := OpenLink(r.name, direct)
 	defer l.Close()
 
-	k := memnode.MakeKey(vol.ID, 5)
+	k := memnode.MakeKey(r.vol.ID, 5)
 	page := make([]byte, memnode.PageSize)
 	binary.LittleEndian.PutUint64(page, 42)
 	wrote := make(chan error, 1)
 	go func() { wrote <- l.WritePages(ctx, []memnode.Key{k}, [][]byte{page}) }()
 	<-direct.entered // the direct write is in flight
 
-	agentDone := make(chan error, 1)
-	go func() {
-		agentDone <- RunSplitAgent(ctx, SplitAgentConfig{Name: name, Client: agentConn, LZRecords: 64, HostPages: 64, RingBytes: 1 << 20}, nil)
-	}()
+	r.startAgent(t, agentConn)
 	time.Sleep(400 * time.Millisecond) // several attach attempts
 	assert.False(t, l.Attached(), "attached while a direct write-back was in flight")
 	close(direct.release)
 	require.NoError(t, <-wrote)
 	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond, "attaches once the write is done")
-	cancel()
-	<-agentDone
 }
 
 // TestInvalidateDropsOldCopies: after a write by another connection and
@@ -101,21 +115,9 @@ func TestInvalidateDropsOldCopies(t *testing.T) {
 // TestAttachResyncsHostView: an agent that attaches (a restart, say)
 // learns the pages the host cache holds, so it does not prefetch them.
 func TestAttachResyncsHostView(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &memnode.Server{Store: memnode.NewStore(0)}
-	go srv.Serve(ctx, ln)
-	defer srv.Close()
-	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
-	require.NoError(t, err)
-	defer c.Close()
-	vol, err := c.Create(ctx, "v", 1<<20)
-	require.NoError(t, err)
-
-	name := fmt.Sprintf("test-resync-%d", time.Now().UnixNano())
-	l := OpenLink(name, pagestore.MemnodeRemote{C: c})
+	r := newSplitRig(t)
+	vol := r.vol
+	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
 	defer l.Close()
 	held := []memnode.Key{memnode.MakeKey(vol.ID, 3), memnode.MakeKey(vol.ID, 9), memnode.MakeKey(vol.ID, 200)}
 	// Enough keys for several 512-key messages; repeats are harmless.
@@ -128,9 +130,7 @@ func TestAttachResyncsHostView(t *testing.T) {
 			yield(k)
 		}
 	})
-	agents := make(chan *SplitAgent, 1)
-	go RunSplitAgent(ctx, SplitAgentConfig{Name: name, Client: c, LZRecords: 64, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
-	a := <-agents
+	a := r.startAgent(t, r.c)
 	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		for _, k := range held {
@@ -148,24 +148,11 @@ func TestAttachResyncsHostView(t *testing.T) {
 // ranges a host sees reach an agent process: its kernel Host View follows
 // them and sequential reads are prefetched past.
 func TestSplitAgentGetsFUSEEvents(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &memnode.Server{Store: memnode.NewStore(0)}
-	go srv.Serve(ctx, ln)
-	defer srv.Close()
-	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
-	require.NoError(t, err)
-	defer c.Close()
-	vol, err := c.Create(ctx, "v", 1<<20)
-	require.NoError(t, err)
-	name := fmt.Sprintf("test-fuse-%d", time.Now().UnixNano())
-	l := OpenLink(name, pagestore.MemnodeRemote{C: c})
+	r := newSplitRig(t)
+	vol := r.vol
+	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
 	defer l.Close()
-	agents := make(chan *SplitAgent, 1)
-	go RunSplitAgent(ctx, SplitAgentConfig{Name: name, Client: c, LZRecords: 256, HostPages: 1024, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
-	a := <-agents
+	a := r.startAgent(t, r.c)
 	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond)
 
 	k := func(p uint64) memnode.Key { return memnode.MakeKey(vol.ID, p) }
