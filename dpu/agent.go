@@ -217,27 +217,25 @@ const (
 	SourceKernel        // reads the kernel page cache saw (tracker)
 )
 
-// ReadAhead tells the agent that source src read n pages from first. With
-// current set the pages themselves are prefetched too (a READ about to be
-// served); the sequential predictor adds the pages past them.
-func (a *Agent) ReadAhead(src int, first memnode.Key, n int, current bool) {
+// ReadAhead tells the agent that source src read n pages from first, in
+// a file that ends before page end (0: unknown). The sequential predictor
+// prefetches past streams; the pages read themselves are already being
+// served.
+func (a *Agent) ReadAhead(src int, first memnode.Key, n int, end uint64) {
+	var buf [256]memnode.Key
+	keys := a.seq.Access(src, first, n, end, buf[:0])
+	if len(keys) == 0 {
+		return
+	}
 	p, _ := a.scratch.Get().(*[]Access)
 	if p == nil {
 		p = new([]Access)
 	}
 	acc := (*p)[:0]
-	if current {
-		for i := 0; i < min(n, 256); i++ {
-			acc = append(acc, Access{memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), Read})
-		}
-	}
-	var buf [256]memnode.Key
-	for _, k := range a.seq.Access(src, first, n, buf[:0]) {
+	for _, k := range keys {
 		acc = append(acc, Access{k, Read})
 	}
-	if len(acc) > 0 {
-		a.enqueue(acc)
-	}
+	a.enqueue(acc)
 	*p = acc
 	a.scratch.Put(p)
 }

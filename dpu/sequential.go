@@ -29,6 +29,7 @@ type seqKey struct {
 type seqStream struct {
 	next   uint64 // the page a sequential read would start at
 	window int
+	ahead  uint64 // pages below this were predicted already
 }
 
 // maxStreams bounds the streams remembered; past it they are forgotten
@@ -36,8 +37,9 @@ type seqStream struct {
 const maxStreams = 4096
 
 // Access records a read of n pages from first by source src and appends
-// the pages to prefetch to out.
-func (s *Sequential) Access(src int, first memnode.Key, n int, out []memnode.Key) []memnode.Key {
+// the pages to prefetch to out, none at or past page end (the file's end;
+// 0: no bound).
+func (s *Sequential) Access(src int, first memnode.Key, n int, end uint64, out []memnode.Key) []memnode.Key {
 	if n <= 0 {
 		return out
 	}
@@ -55,22 +57,26 @@ func (s *Sequential) Access(src int, first memnode.Key, n int, out []memnode.Key
 		st = &seqStream{}
 		s.streams[k] = st
 	}
-	end := first.Page() + uint64(n)
+	last := first.Page() + uint64(n)
 	// A read that overlaps the end of the previous one (readahead windows
 	// and page-aligned re-reads do) still continues the stream.
-	if first.Page() <= st.next && end > st.next && st.next != 0 {
+	if first.Page() <= st.next && last > st.next && st.next != 0 {
 		st.window = min(max(2*st.window, n, 8), maxW)
 	} else {
-		st.window = 0
+		st.window, st.ahead = 0, 0
 	}
-	st.next = end
-	w := st.window
+	st.next = last
+	if end == 0 {
+		end = 1 << memnode.PageBits
+	}
+	// Only pages not predicted before: a stream of page faults would
+	// otherwise re-propose the same window for every page.
+	from, to := max(last, st.ahead), min(last+uint64(st.window), end)
+	if to > from {
+		st.ahead = to
+	}
 	s.mu.Unlock()
-	for i := 0; i < w; i++ {
-		p := end + uint64(i)
-		if p >= 1<<memnode.PageBits {
-			break
-		}
+	for p := from; p < to; p++ {
 		out = append(out, memnode.MakeKey(first.Volume(), p))
 	}
 	return out

@@ -238,7 +238,11 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			n := min(int(binary.LittleEndian.Uint32(m[16:])), 1<<12)
 			switch {
 			case m[0] == msgReadAhead:
-				a.ReadAhead(int(m[1]), first, n, false)
+				var end uint64
+				if len(m) >= 28 {
+					end = binary.LittleEndian.Uint64(m[20:])
+				}
+				a.ReadAhead(int(m[1]), first, n, end)
 			case m[1] == 1:
 				for i := 0; i < n; i++ {
 					kv.Add(uint64(memnode.MakeKey(first.Volume(), first.Page()+uint64(i))))
@@ -851,23 +855,25 @@ func (l *Link) KernelRange(added bool, first memnode.Key, n int) {
 	if added {
 		kind = 1
 	}
-	l.rangeMsg(msgKernel, kind, first, n)
+	l.rangeMsg(msgKernel, kind, first, n, 0)
 }
 
-// ReadAhead tells the agent source src read n pages from first.
-func (l *Link) ReadAhead(src int, first memnode.Key, n int) {
-	l.rangeMsg(msgReadAhead, byte(src), first, n)
+// ReadAhead tells the agent source src read n pages from first, in a file
+// that ends before page end (0: unknown).
+func (l *Link) ReadAhead(src int, first memnode.Key, n int, end uint64) {
+	l.rangeMsg(msgReadAhead, byte(src), first, n, end)
 }
 
-func (l *Link) rangeMsg(op, arg byte, first memnode.Key, n int) {
+func (l *Link) rangeMsg(op, arg byte, first memnode.Key, n int, end uint64) {
 	a := l.cur.Load()
 	if a == nil {
 		return
 	}
-	var m [20]byte
+	var m [28]byte
 	m[0], m[1] = op, arg
 	binary.LittleEndian.PutUint64(m[8:], uint64(first))
 	binary.LittleEndian.PutUint32(m[16:], uint32(n))
+	binary.LittleEndian.PutUint64(m[20:], end)
 	if !l.send(a, false, m[:]) {
 		l.MirrorDrops.Add(1)
 	}

@@ -163,8 +163,8 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 			a.Kernel.Contains(uint64(k(12))) && a.Kernel.Contains(uint64(k(13)))
 	}, 5*time.Second, 10*time.Millisecond, "kernel Host View does not follow the ranges")
 
-	l.ReadAhead(SourceFUSE, k(100), 8)
-	l.ReadAhead(SourceFUSE, k(108), 8) // sequential: predicts from 116 on
+	l.ReadAhead(SourceFUSE, k(100), 8, 0)
+	l.ReadAhead(SourceFUSE, k(108), 8, 0) // sequential: predicts from 116 on
 	require.Eventually(t, func() bool { return a.Engine.Placed.Load() >= 8 }, 5*time.Second, 10*time.Millisecond)
 	dst := make([]byte, memnode.PageSize)
 	assert.Equal(t, memnode.PageSize, a.Zone.CheckAndReturn(uint64(k(116)), dst), "the page after the stream was prefetched")

@@ -39,9 +39,10 @@ type Config struct {
 	// LeaseTTL is how long the mount lease lasts without renewal (default
 	// 5 s): after a host crash, the next Open waits up to this long.
 	LeaseTTL time.Duration
-	// OnRead, if set, sees every READ's first page key and page count
-	// before the read is served: the agent's request mirror for FUSE.
-	OnRead func(first memnode.Key, pages int)
+	// OnRead, if set, sees every READ's first page key and page count,
+	// and the file's end in pages, before the read is served: the agent's
+	// request mirror for FUSE.
+	OnRead func(first memnode.Key, pages int, end uint64)
 	Log    *slog.Logger
 }
 
@@ -60,6 +61,7 @@ type FS struct {
 	changes uint64 // bumped by every metadata change
 	saved   uint64 // changes covered by the last snapshot
 	vols    map[uint16]memnode.VolumeInfo
+	byVol   map[uint16]*inode // regular files by data volume id
 
 	syncMu sync.Mutex // serialises snapshots
 	lease  lease
@@ -97,6 +99,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		inodes: make(map[uint64]*inode),
 		io:     make(map[uint64]*sync.RWMutex),
 		vols:   make(map[uint16]memnode.VolumeInfo),
+		byVol:  make(map[uint16]*inode),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
@@ -144,6 +147,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		}
 		delete(byName, n.Vol)
 		n.vol = v.ID
+		f.byVol[v.ID] = n
 		cfg.Store.AddVolume(v)
 	}
 	if f.inodes[rootIno] == nil {
@@ -283,6 +287,20 @@ func (f *FS) KeyOf(ino, index uint64) (memnode.Key, bool) {
 	return memnode.MakeKey(vol, index), true
 }
 
+// EndOf returns the end, in pages, of the file whose page k is (0 if k
+// belongs to no file): predictions stop there.
+func (f *FS) EndOf(k memnode.Key) uint64 {
+	if v, ok := f.vols[k.Volume()]; ok {
+		return v.Size / memnode.PageSize
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if n := f.byVol[k.Volume()]; n != nil {
+		return (n.Size + memnode.PageSize - 1) / memnode.PageSize
+	}
+	return 0
+}
+
 // InodeOfVolume is the inverse of KeyOf's volume part: the inode whose
 // data lives in volume vol.
 func (f *FS) InodeOfVolume(vol uint16) (uint64, bool) {
@@ -322,6 +340,9 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	f.mu.Lock()
 	delete(f.inodes, n.Ino)
 	delete(f.io, n.Ino)
+	if f.byVol[n.vol] == n {
+		delete(f.byVol, n.vol)
+	}
 	f.changes++
 	f.mu.Unlock()
 	if n.vol == 0 {

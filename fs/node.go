@@ -233,6 +233,9 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		n.f.release(ctx, c)
 		return nil, nil, 0, e
 	}
+	n.f.mu.Lock()
+	n.f.byVol[v.ID] = c
+	n.f.mu.Unlock()
 	n.f.mu.RLock()
 	fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
@@ -618,7 +621,7 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 	if n.f.cfg.OnRead != nil {
 		first := uint64(off) / memnode.PageSize
 		last := (uint64(off) + uint64(len(dest)) - 1) / memnode.PageSize
-		n.f.cfg.OnRead(memnode.MakeKey(vol, first), int(last-first+1))
+		n.f.cfg.OnRead(memnode.MakeKey(vol, first), int(last-first+1), (size+memnode.PageSize-1)/memnode.PageSize)
 	}
 	io.RLock()
 	err := n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)

@@ -35,6 +35,8 @@ type FileStats struct {
 	// Accessed counts pages read or faulted; Added pages brought in (read
 	// misses, and pages written). Hits are Accessed minus the misses.
 	Accessed, Added uint64
+
+	lastFirst, lastLast uint64 // the last read range, to drop repeats
 }
 
 // Hits estimates cache hits as accesses not matched by an insertion, as
@@ -72,6 +74,14 @@ func (v *View) Event(e Event) {
 	case Deleted:
 		fs.Resident = max(0, fs.Resident-int64(n))
 	case Accessed:
+		// The kernel reports a read once per batch of pages it hands
+		// out, each time from the batch to the end of the request: the
+		// later reports are suffixes of the first and add nothing.
+		if e.Last == fs.lastLast && e.First > fs.lastFirst && fs.Accessed > 0 {
+			v.mu.Unlock()
+			return
+		}
+		fs.lastFirst, fs.lastLast = e.First, e.Last
 		fs.Accessed += n
 	}
 	v.mu.Unlock()

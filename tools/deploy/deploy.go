@@ -309,16 +309,15 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
 	// The FUSE request mirror and the tracker's events go to the agent:
 	// in this process, or as messages to an agent process.
-	var readAhead func(src int, first memnode.Key, n int)
+	var readAhead func(src int, first memnode.Key, n int, end uint64)
 	switch {
 	case h.Agent != nil:
-		a := h.Agent
-		readAhead = func(src int, first memnode.Key, n int) { a.ReadAhead(src, first, n, false) }
+		readAhead = h.Agent.ReadAhead
 	case h.Link != nil:
 		readAhead = h.Link.ReadAhead
 	}
 	if readAhead != nil {
-		fcfg.OnRead = func(first memnode.Key, n int) { readAhead(dpu.SourceFUSE, first, n) }
+		fcfg.OnRead = func(first memnode.Key, n int, end uint64) { readAhead(dpu.SourceFUSE, first, n, end) }
 	}
 	f, err := fs.Open(ctx, fcfg)
 	if err != nil {
@@ -334,7 +333,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		h.TrackerErr = errors.New("no DPU agent to feed")
 		return nil
 	}
-	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) { readAhead(dpu.SourceKernel, first, n) }}
+	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) { readAhead(dpu.SourceKernel, first, n, f.EndOf(first)) }}
 	var kv *hostview.Set
 	if h.Agent != nil {
 		pages := cfg.KernelViewPages

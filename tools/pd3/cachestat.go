@@ -44,6 +44,7 @@ root; residency does not.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "pd3: hits and misses unavailable (%v); showing residency only\n", err)
 			} else {
 				defer tr.Close()
+				fmt.Fprintf(cmd.OutOrStdout(), "pd3: tracing the page cache of %s\n", dir)
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

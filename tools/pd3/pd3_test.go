@@ -530,6 +530,24 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 	t.Logf("%d NBD operations over 4 connections linearizable across 2 agent kills", hist.Len())
 }
 
+// syncBuffer is a bytes.Buffer safe for a child's output and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 func mounted(dir string) bool {
 	b, _ := os.ReadFile("/proc/self/mounts")
 	return strings.Contains(string(b), " "+dir+" ")
@@ -592,10 +610,10 @@ func TestCachestat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, pd3Bin, "cachestat", mnt, "--count", "1", "--interval", "1500ms")
-	var out bytes.Buffer
+	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
-	time.Sleep(500 * time.Millisecond) // the tracker attaches
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "tracing the page cache") }, 10*time.Second, 5*time.Millisecond, "%s", out.String())
 	for range 3 {
 		_, err := os.ReadFile(mnt + "/data")
 		require.NoError(t, err)
@@ -615,6 +633,7 @@ func TestCachestat(t *testing.T) {
 	assert.Equal(t, "256", row[4])
 	assert.Equal(t, 256, misses, "the first read missed every page: %s", out.String())
 	assert.GreaterOrEqual(t, reads, 3*256, "three reads of 256 pages: %s", out.String())
+	assert.LessOrEqual(t, reads, 3*260, "each read counted once, not once per batch of pages: %s", out.String())
 }
 
 // TestMountHostKilledKeepsFsynced: a `pd3 mount` host SIGKILLed mid-run
