@@ -667,8 +667,21 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 // fsync is the durability barrier, as on a local filesystem.
 func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { return 0 }
 
+// Fsync of a file writes back that file's dirty pages, then the metadata
+// (which holds its size); a directory's fsync saves the metadata.
 func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
-	return n.f.errno("fsync", n.f.Sync(ctx))
+	n.f.mu.RLock()
+	var vol uint16
+	if c := n.f.inodes[n.ino]; c != nil {
+		vol = c.vol
+	}
+	n.f.mu.RUnlock()
+	if vol != 0 {
+		if err := n.f.cfg.Store.FlushVolume(ctx, vol); err != nil {
+			return n.f.errno("fsync", err)
+		}
+	}
+	return n.f.errno("fsync", n.f.syncMeta(ctx))
 }
 
 // Allocate implements fallocate: plain allocation only extends the size

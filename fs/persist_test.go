@@ -280,3 +280,29 @@ func TestCrashedHostLeaseExpires(t *testing.T) {
 	mount(t, addr, dir, 0)
 	assert.Less(t, time.Since(start), 4*time.Second)
 }
+
+// TestFsyncWritesOnlyItsFile: fsync of one file leaves another file's
+// dirty pages in the host cache (they are not its durability), and a
+// crash then keeps the fsynced file whole.
+func TestFsyncWritesOnlyItsFile(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 16<<20)
+	other := bytes.Repeat([]byte{0xBB}, 1<<20)
+	require.NoError(t, os.WriteFile(e.path("other"), other, 0o644))
+	before := e.st.Stats().DirtyPages
+	f, err := os.Create(e.path("synced"))
+	require.NoError(t, err)
+	data := bytes.Repeat([]byte{0xAA}, 1<<20)
+	_, err = f.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	require.NoError(t, f.Close())
+	assert.GreaterOrEqual(t, e.st.Stats().DirtyPages, before, "fsync of one file wrote back another's pages")
+	assert.Positive(t, e.st.Stats().DirtyPages)
+	dir := e.dir
+	e.crash()
+	e = mount(t, addr, dir, 16<<20)
+	got, err := os.ReadFile(e.path("synced"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data, got))
+}

@@ -135,7 +135,7 @@ func (v *volumeFile) Write(ctx context.Context, _ gofs.FileHandle, data []byte, 
 }
 
 func (v *volumeFile) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
-	return v.f.errno("fsync", v.f.cfg.Store.Flush(ctx))
+	return v.f.errno("fsync", v.f.cfg.Store.FlushVolume(ctx, v.v.ID))
 }
 
 func (v *volumeFile) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {

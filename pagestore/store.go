@@ -559,7 +559,7 @@ func (s *Store) Flush(ctx context.Context) error {
 	s.fmu.Unlock()
 	// The round serves other callers too: one caller's cancellation must
 	// not fail theirs (it is bounded by the retry budget and timeouts).
-	err := s.flushRetrying(context.WithoutCancel(ctx))
+	err := s.flushRetrying(context.WithoutCancel(ctx), 0)
 	s.fmu.Lock()
 	r.err, r.done = err, true
 	s.flushing = false
@@ -574,10 +574,18 @@ type flushRound struct {
 	err  error
 }
 
-func (s *Store) flushRetrying(ctx context.Context) error {
+// FlushVolume is Flush for the pages of volume vol only (a file's fsync).
+// It does not share rounds with other callers.
+func (s *Store) FlushVolume(ctx context.Context, vol uint16) error {
+	return s.flushRetrying(ctx, vol)
+}
+
+// flushRetrying flushes the pages of volume vol (0: all), retrying while
+// the remote is unreachable, for up to RetryFor.
+func (s *Store) flushRetrying(ctx context.Context, vol uint16) error {
 	var failedAt time.Time
 	for {
-		err := s.flushOnce(ctx)
+		err := s.flushOnce(ctx, vol)
 		if err == nil || !s.retryable(err) {
 			return err
 		}
@@ -613,7 +621,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (s *Store) flushOnce(ctx context.Context) error {
+func (s *Store) flushOnce(ctx context.Context, vol uint16) error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	if s.flushBuf == nil {
@@ -651,7 +659,7 @@ func (s *Store) flushOnce(ctx context.Context) error {
 			continue
 		}
 		fr.mu.RLock()
-		if !fr.valid || !fr.dirty.Load() {
+		if !fr.valid || !fr.dirty.Load() || (vol != 0 && fr.key.Volume() != vol) {
 			fr.mu.RUnlock()
 			continue
 		}
