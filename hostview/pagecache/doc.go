@@ -16,6 +16,12 @@
 // The object is built by bpf2go (make generate, needs clang) and the
 // outputs are committed, so building pd3 needs no C toolchain.
 //
+// The programs wake the reader only once a quarter of the 4 MiB ring is
+// waiting; the reader otherwise drains it every 2 ms (a wake-up per page
+// cost a context switch on the read path). get_pages fires once per batch
+// of pages a read hands out, each time to the end of the request; View
+// keeps the first report and drops the suffixes.
+//
 // A get_pages event arrives after the kernel has queued the READs for the
 // pages it names (readahead adds the pages, sends the READs, then the
 // trace fires), so the agent uses read events to predict past the
