@@ -804,3 +804,78 @@ func TestFioOverNBDSurvivesMemnodeCrashes(t *testing.T) {
 		require.NotContains(t, out, "verify: bad", "round %d", round)
 	}
 }
+
+// TestPartitionedMemnodeGivesEIO: the memory node runs in its own network
+// namespace behind a veth pair; with the link taken down (packets vanish,
+// no reset) reads that miss the cache fail with EIO within --op-timeout;
+// with it back up they succeed and the flushed data is intact.
+func TestPartitionedMemnodeGivesEIO(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make deps-system)")
+	}
+	ipCmd := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	id := strconv.Itoa(os.Getpid() % 10000)
+	ns, hostSide, nodeSide := "pd3t"+id, "pd3h"+id, "pd3n"+id
+	sub := strconv.Itoa(16 + os.Getpid()%200)
+	hostIP, nodeIP := "10.231."+sub+".1", "10.231."+sub+".2"
+	ipCmd("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) // takes the veth with it
+	ipCmd("link", "add", hostSide, "type", "veth", "peer", "name", nodeSide)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", hostSide).Run() })
+	ipCmd("link", "set", nodeSide, "netns", ns)
+	ipCmd("addr", "add", hostIP+"/30", "dev", hostSide)
+	ipCmd("link", "set", hostSide, "up")
+	ipCmd("netns", "exec", ns, "ip", "addr", "add", nodeIP+"/30", "dev", nodeSide)
+	ipCmd("netns", "exec", ns, "ip", "link", "set", nodeSide, "up")
+	ipCmd("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+	c, err := bench.StartChild(context.Background(), "ip", []string{"memory node"}, "netns", "exec", ns, pd3Bin, "memnode", "--listen", nodeIP+":7100")
+	require.NoError(t, err)
+	t.Cleanup(c.Stop)
+	host := start(t, []string{"NBD server"}, "serve", "--memnode", nodeIP+":7100", "--volume", "disk0:64MiB",
+		"--cache", "256KiB", "--nbd", "127.0.0.1:0", "--page", "", "--mount", "", "--dpu", "none", "--op-timeout", "1s")
+	uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
+	qemu := func(cmds ...string) (string, error) {
+		args := []string{"-f", "raw", uri}
+		for _, c := range cmds {
+			args = append(args, "-c", c)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "qemu-io", args...).CombinedOutput()
+		return string(out), err
+	}
+	out, err := qemu("write -P 0x5a 0 4M", "flush")
+	require.NoError(t, err, out)
+	require.False(t, qemuFailed(out), out)
+
+	ipCmd("link", "set", hostSide, "down")
+	down := true
+	t.Cleanup(func() {
+		if down {
+			exec.Command("ip", "link", "set", hostSide, "up").Run()
+		}
+	})
+	startT := time.Now()
+	out, _ = qemu("read -P 0x5a 32M 64k") // not cached: must reach the node
+	took := time.Since(startT)
+	assert.Contains(t, out, "Input/output error", "a partitioned memory node is an I/O error")
+	assert.Less(t, took, 15*time.Second, "bounded by --op-timeout, not a hang (took %v)", took)
+
+	ipCmd("link", "set", hostSide, "up")
+	down = false
+	require.Eventually(t, func() bool {
+		out, err := qemu("read -P 0x5a 0 4M", "read -P 0 32M 64k")
+		return err == nil && !qemuFailed(out)
+	}, 30*time.Second, 200*time.Millisecond, "service resumes after the partition and the flushed data is intact")
+}
