@@ -120,10 +120,21 @@ func (s *stream) Close() {}
 // unreflected; pd3 removes the key from Host View so it is prefetched again).
 func (a *Agent) Evicted(k memnode.Key) {
 	a.Evictions.Add(1)
-	a.enqueue([]Access{{k, Delete}})
+	a.enqueueLazy([]Access{{k, Delete}})
 }
 
-func (a *Agent) enqueue(acc []Access) {
+// lazyBatch is how many queued eviction notices wake the prefetcher on
+// their own. A notice only matters to the next prefetch decision, which
+// arrives with an access that wakes the prefetcher anyway (and is
+// processed after the notices queued before it); waking it for every
+// eviction cost a goroutine wake-up per host miss.
+const lazyBatch = 256
+
+func (a *Agent) enqueue(acc []Access) { a.push(acc, true) }
+
+func (a *Agent) enqueueLazy(acc []Access) { a.push(acc, false) }
+
+func (a *Agent) push(acc []Access, urgent bool) {
 	a.mu.Lock()
 	if len(a.pending)+len(acc) > maxPending {
 		a.mu.Unlock()
@@ -131,8 +142,12 @@ func (a *Agent) enqueue(acc []Access) {
 		return
 	}
 	a.pending = append(a.pending, acc...)
+	urgent = urgent || len(a.pending) >= lazyBatch
 	a.mu.Unlock()
 	a.Parsed.Add(uint64(len(acc)))
+	if !urgent {
+		return
+	}
 	select {
 	case a.kick <- struct{}{}:
 	default:
