@@ -286,25 +286,22 @@ func writeFileAtomic(name string, data []byte) error {
 
 // persister ties a Store to its directory.
 type persister struct {
-	dir   string
-	log   *plog
-	cpMu  sync.Mutex // one checkpoint at a time
-	files map[uint16]*os.File
-	fmu   sync.Mutex // guards files
+	dir string
+	log *plog
+	// cpMu allows one checkpoint at a time, and keeps Delete from
+	// removing a page file (and freeing its volume id) while a checkpoint
+	// may still write it. Lock order: cpMu, then Store.mu.
+	cpMu sync.Mutex
 }
 
+func (p *persister) pagePath(id uint16) string {
+	return filepath.Join(p.dir, "vol-"+strconv.Itoa(int(id))+".pages")
+}
+
+// pageFile opens a volume's page file. Files are opened per use, not kept:
+// a filesystem on the node may have tens of thousands of volumes.
 func (p *persister) pageFile(id uint16) (*os.File, error) {
-	p.fmu.Lock()
-	defer p.fmu.Unlock()
-	if f, ok := p.files[id]; ok {
-		return f, nil
-	}
-	f, err := os.OpenFile(filepath.Join(p.dir, "vol-"+strconv.Itoa(int(id))+".pages"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	p.files[id] = f
-	return f, nil
+	return os.OpenFile(p.pagePath(id), os.O_RDWR|os.O_CREATE, 0o600)
 }
 
 func (p *persister) saveVolumes(vs []VolumeInfo) error {
@@ -323,7 +320,7 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
 	s := NewStore(capacity)
-	p := &persister{dir: dir, files: map[uint16]*os.File{}}
+	p := &persister{dir: dir}
 	// Attached before replay so replayed trims mark their chunks; p.log is
 	// set once replay is done (nothing logs before that).
 	s.persist = p
@@ -344,8 +341,24 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("memnode: %w", err)
 		}
-		if err := s.loadPages(v.ID, f); err != nil {
+		err = s.loadPages(v.ID, f)
+		f.Close()
+		if err != nil {
 			return nil, err
+		}
+	}
+	// Page files of volumes the table no longer lists (a crash between a
+	// delete's table update and the file's removal) must not show through
+	// when their id is reused.
+	if olds, err := filepath.Glob(filepath.Join(dir, "vol-*.pages")); err == nil {
+		listed := map[string]bool{}
+		for _, v := range vs {
+			listed[p.pagePath(v.ID)] = true
+		}
+		for _, o := range olds {
+			if !listed[o] {
+				os.Remove(o)
+			}
 		}
 	}
 	// Log replay from the checkpoint.
@@ -527,6 +540,11 @@ func (s *Store) checkpointLocked() error {
 	s.mu.RUnlock()
 	buf := make([]byte, ChunkSize)
 	for _, v := range vols {
+		dirty := false
+		v.chunks.each(func(_ uint64, c *chunk) { dirty = dirty || c.dirty.Load() })
+		if !dirty {
+			continue // no open, no fdatasync for volumes nothing changed
+		}
 		f, err := p.pageFile(v.info.ID)
 		if err != nil {
 			return err
@@ -553,10 +571,11 @@ func (s *Store) checkpointLocked() error {
 				err = fmt.Errorf("memnode: checkpoint of volume %d: %w", v.info.ID, err)
 			}
 		})
-		if err != nil {
-			return err
+		if err == nil {
+			err = unix.Fdatasync(int(f.Fd()))
 		}
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		f.Close()
+		if err != nil {
 			return fmt.Errorf("memnode: checkpoint: %w", err)
 		}
 	}
@@ -613,11 +632,6 @@ func (s *Store) Close() error {
 	}
 	err := s.Checkpoint()
 	s.persist.log.close()
-	s.persist.fmu.Lock()
-	for _, f := range s.persist.files {
-		f.Close()
-	}
-	s.persist.fmu.Unlock()
 	return err
 }
 

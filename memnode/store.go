@@ -4,9 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -173,6 +171,12 @@ func (s *Store) List() []VolumeInfo {
 
 // Delete removes a volume and frees its memory.
 func (s *Store) Delete(name string) error {
+	if s.persist != nil {
+		// Wait out any checkpoint: it may be writing this volume's page
+		// file, which must be gone before the volume's id is reused.
+		s.persist.cpMu.Lock()
+		defer s.persist.cpMu.Unlock()
+	}
 	s.mu.Lock()
 	v, ok := s.byName[name]
 	if ok {
@@ -189,13 +193,7 @@ func (s *Store) Delete(name string) error {
 		return fmt.Errorf("deleting %q: %w", name, ErrNoVolume)
 	}
 	if s.persist != nil {
-		s.persist.fmu.Lock()
-		if f, ok := s.persist.files[v.info.ID]; ok {
-			f.Close()
-			delete(s.persist.files, v.info.ID)
-		}
-		s.persist.fmu.Unlock()
-		os.Remove(filepath.Join(s.persist.dir, "vol-"+strconv.Itoa(int(v.info.ID))+".pages"))
+		os.Remove(s.persist.pagePath(v.info.ID))
 	}
 	v.deleted.Store(true)
 	v.chunks.each(func(_ uint64, c *chunk) { s.freeChunk(c) })
