@@ -30,8 +30,9 @@ func (b *blockingRemote) WritePages(ctx context.Context, keys []memnode.Key, pag
 // splitRig is a memory node, a host Link and (once started) an agent
 // process's loop, all in this process.
 type splitRig struct {
-	ctx  context.Context
-	c    *memnode.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	c      *memnode.Client
 	vol  memnode.VolumeInfo
 	name string
 }
@@ -48,14 +49,20 @@ func newSplitRig(t *testing.T) *splitRig {
 	vol, err := c.Create(ctx, "v", 1<<20)
 	require.NoError(t, err)
 	t.Cleanup(func() { cancel(); c.Close(); srv.Close() })
-	return &splitRig{ctx: ctx, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano())}
+	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano())}
 }
 
 // startAgent runs an agent on the rig's region until the test ends.
 func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *SplitAgent {
 	t.Helper()
 	agents := make(chan *SplitAgent, 1)
-	go RunSplitAgent(r.ctx, SplitAgentConfig{Name: r.name, Client: c, LZRecords: 256, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		RunSplitAgent(r.ctx, SplitAgentConfig{Name: r.name, Client: c, LZRecords: 256, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+	}()
+	// The agent removes its region when it stops; wait for that.
+	t.Cleanup(func() { r.cancel(); <-done })
 	return <-agents
 }
 
