@@ -33,8 +33,8 @@ type splitRig struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	c      *memnode.Client
-	vol  memnode.VolumeInfo
-	name string
+	vol    memnode.VolumeInfo
+	name   string
 }
 
 func newSplitRig(t *testing.T) *splitRig {
