@@ -3,7 +3,7 @@ package fs
 import (
 	"bytes"
 	"context"
-	"encoding/gob"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -206,7 +206,7 @@ func (f *FS) syncMeta(ctx context.Context) error {
 		}
 	}
 	var buf bytes.Buffer
-	err := gob.NewEncoder(&buf).Encode(&snap)
+	err := json.NewEncoder(&buf).Encode(&snap)
 	f.mu.RUnlock()
 	if err != nil {
 		return fmt.Errorf("fs: encoding metadata: %w", err)

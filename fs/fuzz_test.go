@@ -2,7 +2,7 @@ package fs
 
 import (
 	"bytes"
-	"encoding/gob"
+	"encoding/json"
 	"syscall"
 	"testing"
 )
@@ -16,7 +16,7 @@ func FuzzSnapshot(f *testing.F) {
 		{Ino: 17, Mode: syscall.S_IFREG | 0o644, Nlink: 1, Vol: "fs.pd3.17", Size: 5},
 	}}
 	var b bytes.Buffer
-	if err := gob.NewEncoder(&b).Encode(&good); err != nil {
+	if err := json.NewEncoder(&b).Encode(&good); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(b.Bytes())

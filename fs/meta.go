@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/gob"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -34,7 +34,7 @@ const MaxFileSize = 4 << 40
 const maxName = 255
 
 // inode is the persistent state of a file, directory or symlink. Fields
-// are exported for gob; the model's lock guards them.
+// are exported for the JSON snapshot; the model's lock guards them.
 type inode struct {
 	Ino   uint64
 	Mode  uint32 // type and permission bits
@@ -68,7 +68,7 @@ type snapshot struct {
 	Inodes  []*inode
 }
 
-const snapshotVersion = 1
+const snapshotVersion = 2 // 2: JSON (1 was gob)
 
 // Metadata volume layout: a header page at 0 names which of two slots holds
 // the newest snapshot, with its generation, length and CRC. A snapshot is
@@ -136,7 +136,10 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 // the root. The model relies on all of it (rename walks parents).
 func decodeSnapshot(b []byte) (*snapshot, error) {
 	var s snapshot
-	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&s); err != nil {
+	// JSON, not gob: gob trusts the lengths it reads and a damaged
+	// snapshot could make it allocate gigabytes (FuzzSnapshot found one);
+	// JSON allocates in proportion to its input.
+	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("%w: %v", memnode.ErrCorrupt, err)
 	}
 	if s.Version != snapshotVersion {
