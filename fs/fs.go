@@ -48,15 +48,14 @@ type Config struct {
 
 // FS is the filesystem model: inodes, directories and their persistence.
 // Data lives in one memory-node volume per regular file, read and written
-// through the page store. mu guards all inodes; an inode's io lock orders
-// its data writes (shared) against truncation (exclusive).
+// through the page store. mu guards all inodes; an inode's own io lock
+// orders its data writes (shared) against truncation (exclusive).
 type FS struct {
 	cfg  Config
 	meta metaStore
 
 	mu      sync.RWMutex
 	inodes  map[uint64]*inode
-	io      map[uint64]*sync.RWMutex
 	nextIno uint64
 	changes uint64 // bumped by every metadata change
 	saved   uint64 // changes covered by the last snapshot
@@ -97,7 +96,6 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		cfg:    cfg,
 		meta:   metaStore{c: cfg.Client, vol: mv.ID},
 		inodes: make(map[uint64]*inode),
-		io:     make(map[uint64]*sync.RWMutex),
 		vols:   make(map[uint16]memnode.VolumeInfo),
 		byVol:  make(map[uint16]*inode),
 		stop:   make(chan struct{}),
@@ -134,7 +132,6 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	}
 	for _, n := range snap.Inodes {
 		f.inodes[n.Ino] = n
-		f.io[n.Ino] = new(sync.RWMutex)
 		if n.Entries == nil && n.isDir() {
 			n.Entries = map[string]uint64{}
 		}
@@ -301,22 +298,6 @@ func (f *FS) EndOf(k memnode.Key) uint64 {
 	return 0
 }
 
-// InodeOfVolume is the inverse of KeyOf's volume part: the inode whose
-// data lives in volume vol.
-func (f *FS) InodeOfVolume(vol uint16) (uint64, bool) {
-	if _, ok := f.vols[vol]; ok {
-		return volumeInoBase + uint64(vol), true
-	}
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	for _, n := range f.inodes {
-		if n.vol == vol {
-			return n.Ino, true
-		}
-	}
-	return 0, false
-}
-
 // newFile makes the data volume of a new regular file. A volume left by a
 // crashed run under the same name (its inode number was handed out but
 // never saved) is replaced.
@@ -339,7 +320,6 @@ func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, err
 func (f *FS) release(ctx context.Context, n *inode) {
 	f.mu.Lock()
 	delete(f.inodes, n.Ino)
-	delete(f.io, n.Ino)
 	if f.byVol[n.vol] == n {
 		delete(f.byVol, n.vol)
 	}

@@ -55,6 +55,9 @@ type inode struct {
 
 	vol   uint16 // the data volume's id in this run
 	opens int    // open handles; an unlinked file is freed at the last close
+	// io orders data writes (shared) against truncation (exclusive); it
+	// is not guarded by the model's lock.
+	io sync.RWMutex
 }
 
 func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFDIR }

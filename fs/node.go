@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"sort"
-	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -71,12 +70,28 @@ func (n *node) dir() (*inode, syscall.Errno) {
 	return d, 0
 }
 
+// isVolumes reports whether name in n is the synthetic volumes directory,
+// which no operation of the model may create, replace or remove.
+func (n *node) isVolumes(name string) bool { return n.ino == rootIno && name == volumesName }
+
+// child returns directory n and its entry name, mu held: ENOENT (with d
+// set) when the entry is absent.
+func (n *node) child(name string) (d, c *inode, e syscall.Errno) {
+	if d, e = n.dir(); e != 0 {
+		return nil, nil, e
+	}
+	if c = n.f.inodes[d.Entries[name]]; c == nil {
+		return d, nil, syscall.ENOENT
+	}
+	return d, c, 0
+}
+
 func (n *node) newChild(ctx context.Context, c *inode) *gofs.Inode {
 	return n.NewInode(ctx, &node{f: n.f, ino: c.Ino}, gofs.StableAttr{Mode: c.Mode & syscall.S_IFMT, Ino: c.Ino})
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ino == rootIno && name == volumesName {
+	if n.isVolumes(name) {
 		return n.volumesDir(ctx, out), 0
 	}
 	if len(name) > maxName {
@@ -84,13 +99,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	}
 	n.f.mu.RLock()
 	defer n.f.mu.RUnlock()
-	d, e := n.dir()
+	_, c, e := n.child(name)
 	if e != 0 {
 		return nil, e
-	}
-	c := n.f.inodes[d.Entries[name]]
-	if c == nil {
-		return nil, syscall.ENOENT
 	}
 	fillAttr(c, &out.Attr)
 	return n.newChild(ctx, c), 0
@@ -154,7 +165,7 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	}
 	f := n.f
 	f.mu.RLock()
-	c, io := f.inodes[n.ino], f.io[n.ino]
+	c := f.inodes[n.ino]
 	f.mu.RUnlock()
 	if c == nil {
 		return syscall.ENOENT
@@ -162,8 +173,8 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	if !c.isReg() {
 		return syscall.EISDIR
 	}
-	io.Lock()
-	defer io.Unlock()
+	c.io.Lock()
+	defer c.io.Unlock()
 	f.mu.RLock()
 	old, vol := c.Size, c.vol
 	f.mu.RUnlock()
@@ -190,7 +201,7 @@ func (n *node) add(name string, c *inode) syscall.Errno {
 	if e != 0 {
 		return e
 	}
-	if _, ok := d.Entries[name]; ok || (n.ino == rootIno && name == volumesName) {
+	if _, ok := d.Entries[name]; ok || n.isVolumes(name) {
 		return syscall.EEXIST
 	}
 	d.Entries[name] = c.Ino
@@ -199,7 +210,6 @@ func (n *node) add(name string, c *inode) syscall.Errno {
 	}
 	d.touch(c.Ctime)
 	f.inodes[c.Ino] = c
-	f.io[c.Ino] = new(sync.RWMutex)
 	f.changes++
 	return 0
 }
@@ -315,7 +325,7 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	case c.Nlink == 0:
 		return nil, syscall.ENOENT
 	}
-	if _, ok := d.Entries[name]; ok || (n.ino == rootIno && name == volumesName) {
+	if _, ok := d.Entries[name]; ok || n.isVolumes(name) {
 		return nil, syscall.EEXIST
 	}
 	now := nowNs()
@@ -345,18 +355,13 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	}
 	f := n.f
 	f.mu.Lock()
-	d, e := n.dir()
+	d, c, e := n.child(name)
 	if e != 0 {
 		f.mu.Unlock()
-		return e
-	}
-	c := f.inodes[d.Entries[name]]
-	if c == nil {
-		f.mu.Unlock()
-		if n.ino == rootIno && name == volumesName {
+		if e == syscall.ENOENT && n.isVolumes(name) {
 			return syscall.EISDIR
 		}
-		return syscall.ENOENT
+		return e
 	}
 	if c.isDir() {
 		f.mu.Unlock()
@@ -377,20 +382,16 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if e := n.f.writable(); e != 0 {
 		return e
 	}
-	if n.ino == rootIno && name == volumesName {
+	if n.isVolumes(name) {
 		return syscall.EBUSY
 	}
 	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	d, e := n.dir()
-	if e != 0 {
-		return e
-	}
-	c := f.inodes[d.Entries[name]]
+	d, c, e := n.child(name)
 	switch {
-	case c == nil:
-		return syscall.ENOENT
+	case e != 0:
+		return e
 	case !c.isDir():
 		return syscall.ENOTDIR
 	case len(c.Entries) > 0:
@@ -402,7 +403,6 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	d.touch(now)
 	f.unlinkLocked(c, now)
 	delete(f.inodes, c.Ino)
-	delete(f.io, c.Ino)
 	return 0
 }
 
@@ -420,7 +420,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 || flags == unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE {
 		return syscall.EINVAL
 	}
-	if (n.ino == rootIno && name == volumesName) || (np.ino == rootIno && newName == volumesName) {
+	if n.isVolumes(name) || np.isVolumes(newName) {
 		return syscall.EBUSY
 	}
 	f := n.f
@@ -503,7 +503,6 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			if old.isDir() {
 				dst.Nlink--
 				delete(f.inodes, old.Ino)
-				delete(f.io, old.Ino)
 			}
 			if f.unlinkLocked(old, now) && old.isReg() {
 				free = old
@@ -592,22 +591,22 @@ func (n *node) Release(ctx context.Context, _ gofs.FileHandle) syscall.Errno {
 	return 0
 }
 
-// file returns a regular file's data volume, size and io lock.
-func (n *node) file() (c *inode, vol uint16, size uint64, io *sync.RWMutex, e syscall.Errno) {
+// file returns a regular file's inode, data volume and size.
+func (n *node) file() (c *inode, vol uint16, size uint64, e syscall.Errno) {
 	n.f.mu.RLock()
 	defer n.f.mu.RUnlock()
 	c = n.f.inodes[n.ino]
 	if c == nil {
-		return nil, 0, 0, nil, syscall.ENOENT
+		return nil, 0, 0, syscall.ENOENT
 	}
 	if !c.isReg() {
-		return nil, 0, 0, nil, syscall.EISDIR
+		return nil, 0, 0, syscall.EISDIR
 	}
-	return c, c.vol, c.Size, n.f.io[n.ino], 0
+	return c, c.vol, c.Size, 0
 }
 
 func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	_, vol, size, io, e := n.file()
+	c, vol, size, e := n.file()
 	if e != 0 {
 		return nil, e
 	}
@@ -623,9 +622,9 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 		last := (uint64(off) + uint64(len(dest)) - 1) / memnode.PageSize
 		n.f.cfg.OnRead(memnode.MakeKey(vol, first), int(last-first+1), (size+memnode.PageSize-1)/memnode.PageSize)
 	}
-	io.RLock()
+	c.io.RLock()
 	err := n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
-	io.RUnlock()
+	c.io.RUnlock()
 	if err != nil {
 		return nil, n.f.errno("read", err)
 	}
@@ -636,7 +635,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	if e := n.f.writable(); e != 0 {
 		return 0, e
 	}
-	c, vol, _, io, e := n.file()
+	c, vol, _, e := n.file()
 	if e != 0 {
 		return 0, e
 	}
@@ -647,7 +646,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	if end > MaxFileSize {
 		return 0, syscall.EFBIG
 	}
-	io.RLock()
+	c.io.RLock()
 	err := n.f.cfg.Store.WriteRange(ctx, vol, uint64(off), data)
 	if err == nil {
 		n.f.mu.Lock()
@@ -656,7 +655,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		n.f.changes++
 		n.f.mu.Unlock()
 	}
-	io.RUnlock()
+	c.io.RUnlock()
 	if err != nil {
 		return 0, n.f.errno("write", err)
 	}
@@ -705,12 +704,12 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 	if end > MaxFileSize {
 		return syscall.EFBIG
 	}
-	c, vol, cur, io, e := n.file()
+	c, vol, cur, e := n.file()
 	if e != 0 {
 		return e
 	}
-	io.RLock()
-	defer io.RUnlock()
+	c.io.RLock()
+	defer c.io.RUnlock()
 	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 && off < cur {
 		if err := n.f.cfg.Store.ZeroRange(ctx, vol, off, min(end, cur)-off, false); err != nil {
 			return n.f.errno("fallocate", err)
