@@ -137,20 +137,30 @@ func (e *Engine) Prefetch(k memnode.Key) {
 		return
 	}
 	e.mu.Lock()
-	if _, ok := e.inflight[k]; ok {
+	f := e.startFlight(k)
+	if f == nil {
 		e.mu.Unlock()
 		e.bufs <- buf
-		e.Deduped.Add(1)
 		return
+	}
+	call := e.c.PrefetchAsync(e.ctx, k, buf)
+	e.mu.Unlock()
+	e.Issued.Add(1)
+	e.compl <- pending{k: k, f: f, call: call, buf: buf}
+}
+
+// startFlight registers a prefetch of k, e.mu held; nil (and counted) if
+// one is already in flight.
+func (e *Engine) startFlight(k memnode.Key) *flight {
+	if _, ok := e.inflight[k]; ok {
+		e.Deduped.Add(1)
+		return nil
 	}
 	e.gen++
 	f := e.flights.Get().(*flight)
 	f.gen, f.waiters, f.done = e.gen, 0, nil
 	e.inflight[k] = f
-	call := e.c.PrefetchAsync(e.ctx, k, buf)
-	e.mu.Unlock()
-	e.Issued.Add(1)
-	e.compl <- pending{k: k, f: f, call: call, buf: buf}
+	return f
 }
 
 // PrefetchRun fetches the n (≤ MaxRun) pages from first into the Loading
@@ -169,18 +179,10 @@ func (e *Engine) PrefetchRun(first memnode.Key, n int) {
 	e.mu.Lock()
 	issued := 0
 	for i := 0; i < n; i++ {
-		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
-		if _, ok := e.inflight[k]; ok {
-			r.flights[i] = nil
-			e.Deduped.Add(1)
-			continue
+		r.flights[i] = e.startFlight(memnode.MakeKey(first.Volume(), first.Page()+uint64(i)))
+		if r.flights[i] != nil {
+			issued++
 		}
-		e.gen++
-		f := e.flights.Get().(*flight)
-		f.gen, f.waiters, f.done = e.gen, 0, nil
-		e.inflight[k] = f
-		r.flights[i] = f
-		issued++
 	}
 	if issued == 0 {
 		e.mu.Unlock()

@@ -75,9 +75,9 @@ root; residency does not.`,
 }
 
 type cacheRow struct {
-	path                  string
-	pages, resident       int64
-	accessed, added, hits uint64
+	path            string
+	pages, resident int64
+	delta           pagecache.FileStats // counters over the interval
 }
 
 func printCachestat(w io.Writer, dir string, cur, prev map[uint64]pagecache.FileStats, top int) error {
@@ -107,11 +107,8 @@ func printCachestat(w io.Writer, dir string, cur, prev map[uint64]pagecache.File
 			f.Close()
 		}
 		c, p0 := cur[st.Ino], prev[st.Ino]
-		r.accessed, r.added = c.Accessed-p0.Accessed, c.Added-p0.Added
-		if r.added < r.accessed {
-			r.hits = r.accessed - r.added
-		}
-		if r.resident > 0 || r.accessed > 0 || r.added > 0 {
+		r.delta = pagecache.FileStats{Accessed: c.Accessed - p0.Accessed, Added: c.Added - p0.Added}
+		if r.resident > 0 || r.delta.Accessed > 0 || r.delta.Added > 0 {
 			rows = append(rows, r)
 		}
 		return nil
@@ -120,8 +117,8 @@ func printCachestat(w io.Writer, dir string, cur, prev map[uint64]pagecache.File
 		return err
 	}
 	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].accessed != rows[j].accessed {
-			return rows[i].accessed > rows[j].accessed
+		if rows[i].delta.Accessed != rows[j].delta.Accessed {
+			return rows[i].delta.Accessed > rows[j].delta.Accessed
 		}
 		return rows[i].resident > rows[j].resident
 	})
@@ -133,15 +130,15 @@ func printCachestat(w io.Writer, dir string, cur, prev map[uint64]pagecache.File
 	fmt.Fprintln(tw, "READ\tMISSES\tHIT%\tCACHED\tPAGES\tCACHED%\tFILE\t")
 	for _, r := range rows {
 		hit := "-"
-		if r.accessed > 0 {
-			hit = fmt.Sprintf("%.1f", 100*float64(r.hits)/float64(r.accessed))
+		if r.delta.Accessed > 0 {
+			hit = fmt.Sprintf("%.1f", 100*float64(r.delta.Hits())/float64(r.delta.Accessed))
 		}
 		pct := 0.0
 		if r.pages > 0 {
 			pct = 100 * float64(r.resident) / float64(r.pages)
 		}
 		rel, _ := filepath.Rel(dir, r.path)
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%.1f\t%s\t\n", r.accessed, r.added, hit, r.resident, r.pages, pct, rel)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%.1f\t%s\t\n", r.delta.Accessed, r.delta.Added, hit, r.resident, r.pages, pct, rel)
 	}
 	return tw.Flush()
 }
