@@ -22,9 +22,10 @@ type rig struct {
 	vol memnode.VolumeInfo
 }
 
-func newRig(t *testing.T, lzRecords int) *rig {
+// testNode serves an in-process memory node until ctx ends and returns a
+// client and a 1 MiB volume "v"; cleanup closes both.
+func testNode(t *testing.T, ctx context.Context) (*memnode.Client, memnode.VolumeInfo) {
 	t.Helper()
-	ctx := context.Background()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &memnode.Server{Store: memnode.NewStore(0)}
@@ -33,6 +34,13 @@ func newRig(t *testing.T, lzRecords int) *rig {
 	require.NoError(t, err)
 	vol, err := c.Create(ctx, "v", 1<<20)
 	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(); srv.Close() })
+	return c, vol
+}
+
+func newRig(t *testing.T, lzRecords int) *rig {
+	t.Helper()
+	c, vol := testNode(t, context.Background())
 	region, err := shm.Create("", loadingzone.Size(lzRecords))
 	require.NoError(t, err)
 	lz, err := loadingzone.Format(region.Bytes(), lzRecords, 1)
@@ -45,8 +53,6 @@ func newRig(t *testing.T, lzRecords int) *rig {
 		assert.NoError(t, lz.Check())
 		assert.NoError(t, hv.Check())
 		region.Close()
-		c.Close()
-		srv.Close()
 	})
 	return &rig{e: e, hv: hv, lz: lz, vol: vol}
 }

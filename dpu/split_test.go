@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -40,15 +39,8 @@ type splitRig struct {
 func newSplitRig(t *testing.T) *splitRig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &memnode.Server{Store: memnode.NewStore(0)}
-	go srv.Serve(ctx, ln)
-	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
-	require.NoError(t, err)
-	vol, err := c.Create(ctx, "v", 1<<20)
-	require.NoError(t, err)
-	t.Cleanup(func() { cancel(); c.Close(); srv.Close() })
+	t.Cleanup(cancel)
+	c, vol := testNode(t, ctx)
 	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano())}
 }
 
