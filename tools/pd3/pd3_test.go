@@ -372,16 +372,7 @@ func TestFrozenMemnodeGivesEIO(t *testing.T) {
 	host := start(t, []string{"NBD server"}, "serve", "--memnode", node.Addrs["memory node"], "--volume", "disk0:64MiB",
 		"--cache", "256KiB", "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "none", "--op-timeout", "1s")
 	uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
-	qemu := func(cmds ...string) (string, error) {
-		args := []string{"-f", "raw", uri}
-		for _, c := range cmds {
-			args = append(args, "-c", c)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "qemu-io", args...).CombinedOutput()
-		return string(out), err
-	}
+	qemu := func(cmds ...string) (string, error) { return qemuIO(uri, nil, cmds...) }
 	out, err := qemu("write -P 0x42 0 4M", "flush")
 	require.NoError(t, err, out)
 
@@ -405,6 +396,19 @@ func TestFrozenMemnodeGivesEIO(t *testing.T) {
 	out, err = qemu("read -P 0x42 0 4M", "read -P 0 32M 64k")
 	require.NoError(t, err, out)
 	assert.False(t, qemuFailed(out), "service resumes and the flushed data is intact: %s", out)
+}
+
+// qemuIO runs qemu-io with options opts on uri, one -c per command, and
+// returns its output.
+func qemuIO(uri string, opts []string, cmds ...string) (string, error) {
+	args := append(append([]string{"-f", "raw"}, opts...), uri)
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "qemu-io", args...).CombinedOutput()
+	return string(out), err
 }
 
 // qemuFailed reports whether qemu-io's output shows a failed command: it
@@ -434,14 +438,8 @@ func TestHostKilledKeepsFlushedData(t *testing.T) {
 	host := start(t, []string{"NBD server"}, args...)
 	uri := "nbd://" + nbdAddr + "/disk0"
 	qemu := func(cmds ...string) error {
-		a := []string{"-f", "raw", "--cache=writeback", uri} // no FUA: only FLUSH makes writes durable
-		for _, c := range cmds {
-			a = append(a, "-c", c)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "qemu-io", a...).CombinedOutput()
-		if err == nil && qemuFailed(string(out)) {
+		out, err := qemuIO(uri, []string{"--cache=writeback"}, cmds...) // no FUA: only FLUSH makes writes durable
+		if err == nil && qemuFailed(out) {
 			err = fmt.Errorf("%s", out)
 		}
 		return err
@@ -845,16 +843,7 @@ func TestPartitionedMemnodeGivesEIO(t *testing.T) {
 	host := start(t, []string{"NBD server"}, "serve", "--memnode", nodeIP+":7100", "--volume", "disk0:64MiB",
 		"--cache", "256KiB", "--nbd", "127.0.0.1:0", "--page", "", "--mount", "", "--dpu", "none", "--op-timeout", "1s")
 	uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
-	qemu := func(cmds ...string) (string, error) {
-		args := []string{"-f", "raw", uri}
-		for _, c := range cmds {
-			args = append(args, "-c", c)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "qemu-io", args...).CombinedOutput()
-		return string(out), err
-	}
+	qemu := func(cmds ...string) (string, error) { return qemuIO(uri, nil, cmds...) }
 	out, err := qemu("write -P 0x5a 0 4M", "flush")
 	require.NoError(t, err, out)
 	require.False(t, qemuFailed(out), out)
