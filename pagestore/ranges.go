@@ -21,14 +21,29 @@ type Trimmer interface {
 // ReadRange reads len(p) bytes at byte offset off of volume vol. The
 // missing pages of a multi-page range are loaded concurrently (up to
 // maxParallelMisses at a time), so a 1 MiB read costs about one remote
-// round trip, not 256 in a row.
+// round trip, not 256 in a row; they are copied out as they arrive, the
+// cached ones afterwards.
 func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	var done []bool // pages already copied, by index from off's page
 	if first, last := off/PageSize, (off+uint64(len(p))-1)/PageSize; len(p) > 0 && last > first {
-		if err := s.loadMissing(ctx, vol, off, uint64(len(p))); err != nil {
+		done = make([]bool, last-first+1)
+		end := off + uint64(len(p))
+		// Each page is filled by one goroutine of loadMissing, and read
+		// here only after it returns.
+		fill := func(k Key, page []byte) {
+			ps := k.Page() * PageSize
+			from, to := max(ps, off), min(ps+PageSize, end)
+			copy(p[from-off:to-off], page[from-ps:to-ps])
+			done[k.Page()-first] = true
+		}
+		if err := s.loadMissing(ctx, vol, off, uint64(len(p)), fill); err != nil {
 			return err
 		}
 	}
 	return s.eachPage(vol, off, uint64(len(p)), func(k Key, po, n int, at uint64) error {
+		if done != nil && done[k.Page()-off/PageSize] {
+			return nil
+		}
 		dst := p[at : at+uint64(n)]
 		if n == PageSize {
 			return s.Get(ctx, k, dst)
@@ -61,11 +76,10 @@ type PagesReader interface {
 const maxRun = 64
 
 // loadMissing brings the non-resident pages of a range into the cache
-// concurrently: runs of consecutive missing pages in one request each when
-// the Remote can (PagesReader), else page by page. A page evicted again
-// before the caller copies it is simply read once more; this only warms
-// the cache.
-func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64) error {
+// concurrently — runs of consecutive missing pages in one request each
+// when the Remote can (PagesReader), else page by page — and hands each
+// page it loads to fill.
+func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill func(Key, []byte)) error {
 	pr, batched := s.remote.(PagesReader)
 	run := min(maxRun, len(s.frames)/16)
 	if run < 2 {
@@ -96,7 +110,7 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64) erro
 			defer wg.Done()
 			defer func() { <-sem }()
 			if batched && m > 1 {
-				if err := s.loadRun(ctx, pr, k, m); err != nil {
+				if err := s.loadRun(ctx, pr, k, m, fill); err != nil {
 					fail(err)
 				}
 				return
@@ -105,7 +119,9 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64) erro
 			defer s.pages.Put(tmp)
 			if err := s.Get(ctx, k, tmp[:]); err != nil {
 				fail(err)
+				return
 			}
+			fill(k, tmp[:])
 		}()
 	}
 	err := s.eachPage(vol, off, n, func(k Key, _, _ int, _ uint64) error {
@@ -127,11 +143,12 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64) erro
 	return cmp.Or(err, first)
 }
 
-// loadRun loads up to m consecutive pages from first. Pages that turn out
-// to be cached or being loaded by someone else end the run early; pages
-// the Loading Zone holds are taken from it, and the rest are read with one
+// loadRun loads up to m consecutive pages from first and hands each to
+// fill. Pages that turn out to be cached or being loaded by someone else
+// end the run early (the caller reads them from the cache); pages the
+// Loading Zone holds are taken from it, and the rest are read with one
 // remote request per consecutive stretch.
-func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int) error {
+func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, fill func(Key, []byte)) error {
 	var frames [maxRun]int32
 	got := 0
 	for got < m {
@@ -186,10 +203,12 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int) e
 		i = j
 	}
 	for i, f := range frames[:got] {
+		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		fill(k, s.page(f)) // still ours: write-locked until valid
 		fr := &s.frames[f]
 		fr.valid = true
 		fr.mu.Unlock()
-		s.track(f, memnode.MakeKey(first.Volume(), first.Page()+uint64(i)))
+		s.track(f, k)
 	}
 	return nil
 }
