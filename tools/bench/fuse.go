@@ -74,37 +74,33 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		return nil, errors.New("fio is not installed (make deps-system)")
 	}
+	for _, job := range opt.Jobs {
+		if _, err := fuseJobArgs(job); err != nil {
+			return nil, err
+		}
+	}
 	rep := &Report{Bench: "fuse", Machine: Machine(), Ratios: map[string]float64{}}
-	iops := map[string]map[string]float64{}
-	for _, sys := range opt.Systems {
+	iops, err := runSuite(rep, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
 		file, proc, stop, err := startFUSESystem(ctx, opt, sys)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", sys, err)
+			return suiteSystem{}, err
 		}
-		iops[sys] = map[string]float64{}
 		base := []string{"--name=pd3", "--filename=" + file, "--size=" + strconv.FormatUint(opt.Size, 10), "--thread"}
-		if _, err := runFioArgs(ctx, append(base, "--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"), nil); err != nil {
-			stop()
-			return nil, fmt.Errorf("%s: laying out: %w", sys, err)
-		}
-		for _, job := range opt.Jobs {
-			args, err := fuseJobArgs(job)
-			if err != nil {
-				stop()
-				return nil, err
-			}
-			dropCaches()
-			r, err := measured(proc, sys, job, func() (Result, error) {
+		return suiteSystem{
+			proc: proc, stop: stop,
+			fill: func() error {
+				_, err := runFioArgs(ctx, append(base, "--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"), nil)
+				return err
+			},
+			run: func(job string) (Result, error) {
+				args, _ := fuseJobArgs(job) // checked above
+				dropCaches()
 				return runFioArgs(ctx, append(append(base, args...), "--time_based", "--runtime="+strconv.Itoa(int(opt.Runtime.Seconds())), "--norandommap", "--randrepeat=0"), nil)
-			})
-			if err != nil {
-				stop()
-				return nil, err
-			}
-			rep.Results = append(rep.Results, r)
-			iops[sys][job] = r.OpsPerSec
-		}
-		stop()
+			},
+		}, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, job := range opt.Jobs {
 		for _, base := range []string{"nbdfuse-nbdkit", "tmpfs", "pd3-noprefetch"} {

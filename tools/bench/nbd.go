@@ -56,34 +56,26 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		}
 	}
 	rep := &Report{Bench: "nbd", Machine: Machine(), Ratios: map[string]float64{}}
-	iops := map[string]map[string]float64{}
-	for _, sys := range opt.Systems {
+	iops, err := runSuite(rep, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
 		uri, server, stop, err := startNBDSystem(ctx, opt, sys)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", sys, err)
+			return suiteSystem{}, err
 		}
-		iops[sys] = map[string]float64{}
 		env := []string{"NBD_URI=" + uri, "SIZE=" + strconv.FormatUint(opt.Size, 10),
 			"RUNTIME=" + strconv.Itoa(int(opt.Runtime.Seconds())), "RAMP=" + strconv.Itoa(int(opt.Ramp.Seconds()))}
-		if _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); err != nil {
-			stop()
-			return nil, fmt.Errorf("%s: filling: %w", sys, err)
-		}
-		for _, job := range opt.Jobs {
-			r, err := measured(server, sys, job, func() (Result, error) {
+		return suiteSystem{
+			proc: server, stop: stop,
+			fill: func() error { _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); return err },
+			run: func(job string) (Result, error) {
 				if nativeJobs[job] {
 					return runNative(ctx, uri, job, opt.Size, opt.Runtime, opt.Ramp)
 				}
 				return runFio(ctx, filepath.Join(dir, job+".fio"), env)
-			})
-			if err != nil {
-				stop()
-				return nil, err
-			}
-			rep.Results = append(rep.Results, r)
-			iops[sys][job] = r.OpsPerSec
-		}
-		stop()
+			},
+		}, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, job := range opt.Jobs {
 		for _, base := range opt.Systems {
@@ -173,6 +165,44 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// suiteSystem is one system of a benchmark suite: the process to measure
+// (nil: none), how to fill it, run a job on it, and stop it.
+type suiteSystem struct {
+	proc *Child
+	stop func()
+	fill func() error
+	run  func(job string) (Result, error)
+}
+
+// runSuite starts each system, fills it, runs every job on it (measuring
+// the process) and stops it; results go to rep and the returned IOPS are
+// by system and job, for ratios.
+func runSuite(rep *Report, systems, jobs []string, start func(sys string) (suiteSystem, error)) (map[string]map[string]float64, error) {
+	iops := map[string]map[string]float64{}
+	for _, sys := range systems {
+		s, err := start(sys)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		iops[sys] = map[string]float64{}
+		if err := s.fill(); err != nil {
+			s.stop()
+			return nil, fmt.Errorf("%s: filling: %w", sys, err)
+		}
+		for _, job := range jobs {
+			r, err := measured(s.proc, sys, job, func() (Result, error) { return s.run(job) })
+			if err != nil {
+				s.stop()
+				return nil, err
+			}
+			rep.Results = append(rep.Results, r)
+			iops[sys][job] = r.OpsPerSec
+		}
+		s.stop()
+	}
+	return iops, nil
 }
 
 // measured runs one fio job and adds the server's CPU per operation and
