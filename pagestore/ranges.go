@@ -75,13 +75,16 @@ type PagesReader interface {
 // the request returns).
 const maxRun = 64
 
+// runPages is the longest run a cache of frames pages loads at once.
+func runPages(frames int) int { return min(maxRun, frames/16) }
+
 // loadMissing brings the non-resident pages of a range into the cache
 // concurrently — runs of consecutive missing pages in one request each
 // when the Remote can (PagesReader), else page by page — and hands each
 // page it loads to fill.
 func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill func(Key, []byte)) error {
 	pr, batched := s.remote.(PagesReader)
-	run := min(maxRun, len(s.frames)/16)
+	run := runPages(len(s.frames))
 	if run < 2 {
 		batched = false
 	}
@@ -149,6 +152,12 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill
 // Loading Zone holds are taken from it, and the rest are read with one
 // remote request per consecutive stretch.
 func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, fill func(Key, []byte)) error {
+	select {
+	case s.runSlots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.runSlots }()
 	var frames [maxRun]int32
 	got := 0
 	for got < m {

@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
@@ -87,4 +89,34 @@ func TestRemoveVolume(t *testing.T) {
 	require.NoError(t, s.Get(ctx, memnode.MakeKey(3, 1), got))
 	assert.Equal(t, make([]byte, PageSize), got, "old page showed through")
 	require.NoError(t, s.Check())
+}
+
+// TestConcurrentRunsDoNotStarve: many concurrent multi-page reads through
+// a small cache never leave every frame held by half-claimed runs.
+func TestConcurrentRunsDoNotStarve(t *testing.T) {
+	rem := NewMemRemote()
+	s := newTestStore(t, rem, 256, "s3fifo", 4096)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := make([]byte, 64*PageSize)
+			for i := range 20 {
+				off := uint64((w*20+i)%60) * 64 * PageSize
+				if err := s.ReadRange(ctx, 1, off, p); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 }

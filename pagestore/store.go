@@ -106,6 +106,11 @@ type Store struct {
 
 	pages   sync.Pool // *[PageSize]byte scratch pages for partial reads
 	runBufs sync.Pool // *[maxRun * PageSize]byte for batched loads
+	// runSlots bounds the batched loads in flight so that together they
+	// hold at most a quarter of the frames: a run keeps its frames locked
+	// while it claims more, and runs holding every frame would wait for
+	// each other until ErrCacheFull.
+	runSlots chan struct{}
 
 	flushMu  sync.Mutex // serialises Flush
 	flushBuf []byte     // guarded by flushMu
@@ -171,6 +176,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 	s.pages.New = func() any { return new([PageSize]byte) }
 	s.fcond = sync.NewCond(&s.fmu)
 	s.runBufs.New = func() any { return new([maxRun * PageSize]byte) }
+	s.runSlots = make(chan struct{}, max(1, n/(4*max(1, runPages(n)))))
 	s.claim = func(f int32) bool {
 		fr := &s.frames[f]
 		if fr.wb.Load() || !fr.mu.TryLock() {
