@@ -42,6 +42,10 @@ type Result struct {
 	MemnodeRSS    uint64  `json:"memnode_rss_bytes,omitempty"`
 	MemnodeStored uint64  `json:"memnode_stored_bytes,omitempty"`
 	Errors        uint64  `json:"errors"`
+	// SendDelay*: open loop only, scheduled send time → sent, the
+	// generator's own lateness plus any wait for a free requester.
+	SendDelayP50us float64 `json:"send_delay_p50_us,omitempty"`
+	SendDelayP99us float64 `json:"send_delay_p99_us,omitempty"`
 	// Counters are the host's metrics over the measured interval
 	// (counters as deltas, gauges at the end), without the pd3_ prefix.
 	Counters map[string]float64 `json:"counters,omitempty"`
@@ -95,11 +99,11 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\terrors\t")
+	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
 			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp,
-			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), x.Errors)
+			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), sendDelay(x), x.Errors)
 	}
 	tw.Flush()
 	keys := make([]string, 0, len(r.Ratios))
@@ -114,6 +118,13 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 		fmt.Fprintln(w, "note:", n)
 	}
 	return nil
+}
+
+func sendDelay(r Result) string {
+	if r.SendDelayP99us == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", r.SendDelayP99us)
 }
 
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }

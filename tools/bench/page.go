@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/hist"
+	"github.com/pd3-go/pd3/internal/pacer"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/pd3-go/pd3/memnode"
@@ -35,6 +36,8 @@ type PageOptions struct {
 	// FixedLoad, if > 0, adds an open-loop run of every system at this
 	// fraction of sync's peak throughput measured in the same run.
 	FixedLoad float64
+	// Arrivals spaces the open-loop GETs (Poisson by default).
+	Arrivals pacer.Arrivals
 	// Sweep varies "cache" or "lz" over Values (the other settings fixed).
 	Sweep  string
 	Values []uint64
@@ -135,7 +138,7 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 	rep.Notes = append(rep.Notes, fmt.Sprintf("dataset %s, cache %s, Loading Zone %s, %d connections × %d in flight, %v measured after %v warm-up; memory node, host (and pd3-split's agent) are separate processes",
 		units.FormatSize(opt.Dataset), units.FormatSize(opt.Cache), units.FormatSize(opt.LZ), opt.Clients, opt.Depth, opt.Duration, opt.Warmup))
 	if opt.FixedLoad > 0 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("rows with load=R: open loop at R GETs/s = %.2f × sync's peak; latency from each request's scheduled send time", opt.FixedLoad))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("rows with load=R: open loop at R GETs/s = %.2f × sync's peak, %s arrivals; latency from each request's scheduled send time (send delay: how late the requester sent it)", opt.FixedLoad, opt.Arrivals))
 	}
 	return rep, nil
 }
@@ -288,8 +291,9 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 
 // loadPages drives GETs from opt.Clients connections with opt.Depth
 // requesters each and measures after the warm-up. With rate > 0 the
-// requesters send on a fixed schedule (open loop) and latency counts from
-// the scheduled time, so queueing behind a slow request is not hidden.
+// requesters send on a schedule kept by a pacer (open loop) and latency
+// counts from the scheduled time, so queueing behind a slow request is not
+// hidden.
 func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist workload.Dist, rate float64) (Result, error) {
 	conns := make([]*pageproto.Client, opt.Clients)
 	for i := range conns {
@@ -305,8 +309,17 @@ func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist wo
 	var firstErr atomic.Value
 	n := opt.Clients * opt.Depth
 	hs := make([]hist.H, n)
+	delays := make([]hist.H, n) // scheduled → sent, open loop only
+	// Open loop: one pacer schedules every GET; a free requester sends it.
+	// When all n are busy the schedule backs up and the wait counts.
+	var sched chan time.Time
+	pctx, stopPacer := context.WithCancel(ctx)
+	defer stopPacer()
+	if rate > 0 {
+		sched = make(chan time.Time, n)
+		go pacer.Run(pctx, rate, opt.Arrivals, 1, sched)
+	}
 	var wg sync.WaitGroup
-	start := time.Now()
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
@@ -315,20 +328,22 @@ func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist wo
 			rng := rand.New(rand.NewPCG(uint64(i), 99))
 			buf := make([]byte, pageproto.PageSize)
 			h := &hs[i]
-			var interval time.Duration
-			next := start
-			if rate > 0 {
-				interval = time.Duration(float64(time.Second) * float64(n) / rate)
-				next = start.Add(interval * time.Duration(i) / time.Duration(n))
-			}
-			for !stop.Load() {
-				t0 := time.Now()
-				if rate > 0 {
-					if d := time.Until(next); d > 0 {
-						time.Sleep(d)
+			for {
+				var t0 time.Time
+				if sched != nil {
+					s, ok := <-sched
+					if !ok {
+						return
 					}
-					t0 = next
-					next = next.Add(interval)
+					t0 = s
+					if measuring.Load() {
+						delays[i].Record(time.Since(s))
+					}
+				} else {
+					if stop.Load() {
+						return
+					}
+					t0 = time.Now()
 				}
 				k := memnode.MakeKey(1, dist.Next(rng))
 				err := c.Get(ctx, k, buf)
@@ -374,16 +389,21 @@ func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist wo
 	}
 	m1, err := scrape(ctx, host.Addrs["metrics"])
 	stop.Store(true)
+	stopPacer()
 	wg.Wait()
-	var all hist.H
+	var all, delay hist.H
 	for i := range hs {
 		all.Merge(&hs[i])
+		delay.Merge(&delays[i])
 	}
 	r := Result{
 		Ops: all.Count(), OpsPerSec: float64(all.Count()) / el.Seconds(),
 		GBytesPerSec: float64(all.Count()) * pageproto.PageSize / el.Seconds() / 1e9,
 		P50us:        us(all.Quantile(0.5)), P99us: us(all.Quantile(0.99)),
 		Errors: errs.Load(), Counters: delta(m0, m1),
+	}
+	if delay.Count() > 0 {
+		r.SendDelayP50us, r.SendDelayP99us = us(delay.Quantile(0.5)), us(delay.Quantile(0.99))
 	}
 	if err != nil {
 		return r, err

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/pacer"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
@@ -54,7 +55,7 @@ func benchCmd() *cobra.Command {
 	transport.Flags().IntVar(&topt.Depth, "depth", 1024, "requests in flight")
 
 	var popt bench.PageOptions
-	var systems, dataset, cache, dists, workers, lzs, sweep string
+	var systems, dataset, cache, dists, workers, lzs, sweep, arrivals string
 	page := &cobra.Command{
 		Use:   "page",
 		Short: "Random page GETs over the page protocol, per system",
@@ -74,6 +75,10 @@ func benchCmd() *cobra.Command {
 			}
 			if popt.LZ, err = units.ParseSize(lzs); err != nil {
 				return fmt.Errorf("--lz: %w", err)
+			}
+			var ok bool
+			if popt.Arrivals, ok = pacer.ParseArrivals(arrivals); !ok {
+				return fmt.Errorf("--arrivals: %q is neither poisson nor uniform", arrivals)
 			}
 			if sweep != "" {
 				if popt.Sweep, popt.Values, err = bench.ParseSweep(sweep); err != nil {
@@ -109,6 +114,7 @@ func benchCmd() *cobra.Command {
 	fl.StringVar(&dists, "dist", "uniform", "key distributions, comma-separated: uniform, zipf:THETA")
 	fl.StringVar(&workers, "workers", "0", "server worker counts, comma-separated (0 = GOMAXPROCS)")
 	fl.Float64Var(&popt.FixedLoad, "fixed-load", 0, "also run every system open-loop at this fraction of sync's peak (e.g. 0.5) and compare p99")
+	fl.StringVar(&arrivals, "arrivals", "poisson", "open-loop spacing of GETs: poisson or uniform")
 	fl.StringVar(&sweep, "sweep", "", "vary one setting: cache=16MiB..1GiB or lz=1MiB..256MiB (doubling), or a comma list")
 
 	var hvopt bench.HostViewOptions

@@ -178,6 +178,11 @@ func TestBenchSmoke(t *testing.T) {
 		if r.System == "pd3-split" {
 			assert.Positive(t, r.AgentCPUusOp, "agent CPU is measured apart")
 		}
+		if strings.Contains(r.Config, "load=") {
+			assert.Positive(t, r.SendDelayP99us, "open-loop rows report the generator's send delay")
+		} else {
+			assert.Zero(t, r.SendDelayP99us, "closed-loop rows have no schedule")
+		}
 	}
 }
 
