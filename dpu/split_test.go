@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
 
 // blockingRemote is a direct path whose write-backs wait for release.
@@ -141,6 +142,42 @@ func TestAttachResyncsHostView(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "the agent's Host View lacks pages the host holds")
 	assert.Equal(t, uint64(len(held)+len(extra)), l.Resynced.Load())
 	assert.False(t, a.HV.Contains(uint64(memnode.MakeKey(vol.ID, 150))), "a page the host does not hold")
+}
+
+// TestEvictionNoticeReachesAgent: eviction notices do not ring the
+// agent's doorbell, yet they reach it ahead of the next request, so a GET
+// of an evicted page is prefetched again while a GET of a page the host
+// still holds is not.
+func TestEvictionNoticeReachesAgent(t *testing.T) {
+	r := newSplitRig(t)
+	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	defer l.Close()
+	held := []memnode.Key{memnode.MakeKey(r.vol.ID, 4), memnode.MakeKey(r.vol.ID, 7)}
+	for _, k := range held {
+		require.NoError(t, r.c.WriteAt(r.ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(uint64(k))))
+	}
+	l.SetResident(func(yield func(memnode.Key)) {
+		for _, k := range held {
+			yield(k)
+		}
+	})
+	a := r.startAgent(t, r.c)
+	require.Eventually(t, func() bool { return a.HV.Contains(uint64(held[0])) && a.HV.Contains(uint64(held[1])) },
+		5*time.Second, 10*time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the agent goes to sleep on its doorbell
+	l.Evicted(held[0])
+	s := l.NewStream()
+	for _, k := range held {
+		var h [pageproto.HeaderSize]byte
+		(&pageproto.Header{Op: pageproto.OpGet, ID: k}).EncodeRequest(h[:])
+		s.Observe(h[:])
+	}
+	dst := make([]byte, memnode.PageSize)
+	require.Eventually(t, func() bool { return l.CheckAndReturn(held[0], dst) == memnode.PageSize }, 5*time.Second, time.Millisecond,
+		"the evicted page was not prefetched: the notice did not reach the agent before the GET")
+	assert.Equal(t, uint64(held[0]), binary.LittleEndian.Uint64(dst))
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, l.CheckAndReturn(held[1], dst), "a page the host holds was prefetched")
 }
 
 // TestSplitAgentGetsFUSEEvents: the kernel page-cache ranges and the read

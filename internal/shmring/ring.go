@@ -75,6 +75,19 @@ func (r *Ring) MaxMessage() int { return int(r.size/2) - hdr }
 // doorbell if the consumer sleeps. It reports false when the ring lacks
 // room (the caller decides whether to wait, retry or drop).
 func (r *Ring) Send(parts ...[]byte) bool {
+	if !r.SendLazy(parts...) {
+		return false
+	}
+	if r.sleep.Load() != 0 {
+		shm.FutexWake(r.bell, 1)
+	}
+	return true
+}
+
+// SendLazy is Send without waking a sleeping consumer: the message waits
+// for the next Send or the consumer's Wait timeout. For messages nobody
+// waits on, it saves the producer a futex syscall per message.
+func (r *Ring) SendLazy(parts ...[]byte) bool {
 	var n uint64
 	for _, p := range parts {
 		n += uint64(len(p))
@@ -104,9 +117,6 @@ func (r *Ring) Send(parts ...[]byte) bool {
 	}
 	r.tail.Store(t + skip + need) // publishes the bytes written above
 	r.bell.Add(1)
-	if r.sleep.Load() != 0 {
-		shm.FutexWake(r.bell, 1)
-	}
 	return true
 }
 

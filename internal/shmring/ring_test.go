@@ -87,3 +87,25 @@ func TestWaitWakesOnSend(t *testing.T) {
 	assert.Less(t, time.Since(start), 2*time.Second, "the doorbell woke the consumer")
 	assert.Equal(t, []byte("hello"), cons.Next())
 }
+
+// TestSendLazyLeavesConsumerAsleep: a lazy message waits for the next
+// doorbell or the consumer's timeout, and is then delivered in order.
+func TestSendLazyLeavesConsumerAsleep(t *testing.T) {
+	prod, cons := newRing(t, 4096)
+	woke := make(chan time.Duration, 1)
+	go func() {
+		start := time.Now()
+		cons.Wait(300 * time.Millisecond)
+		woke <- time.Since(start)
+	}()
+	for prod.sleep.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // let it reach the futex
+	require.True(t, prod.SendLazy([]byte("lazy")))
+	assert.GreaterOrEqual(t, <-woke, 250*time.Millisecond, "a lazy send must not ring the doorbell")
+	require.True(t, prod.Send([]byte("eager")))
+	assert.Equal(t, []byte("lazy"), cons.Next())
+	cons.Release()
+	assert.Equal(t, []byte("eager"), cons.Next())
+}
