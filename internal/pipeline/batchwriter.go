@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -126,6 +127,9 @@ func (b *BatchWriter) loop() {
 		case <-b.stopped:
 			stopping = true
 		}
+		// Let the goroutines readied with the one that kicked us (a batch
+		// of responses completing at once) append first: one bigger write.
+		runtime.Gosched()
 		b.mu.Lock()
 		out := b.buf
 		b.buf = b.spare[:0]
