@@ -23,7 +23,8 @@ FUZZ_TARGETS := \
 	./pagestore/pageproto:FuzzServerStream:10000 \
 	./dpu:FuzzPageParser:300000 \
 	./dpu:FuzzNBDParser:300000 \
-	./fs:FuzzSnapshot:100000
+	./fs:FuzzSnapshot:100000 \
+	./dpu/mirror/packet:FuzzSegment:300000
 
 .PHONY: all build run test test-long vet fuzz bench bench-nbd bench-fuse pgbench-nbd deps deps-system deps-bpf generate tools-check clean
 

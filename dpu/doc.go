@@ -4,7 +4,9 @@
 // host's Loading Zone.
 //
 //   - Parsers turn request streams into page accesses: PageParser for the
-//     page protocol, NBDParser for NBD (handshake included). The FUSE
+//     page protocol, NBDParser for NBD (handshake included). The streams
+//     come from the host's connection readers (mirror.Conn, the tap) or
+//     from an AF_PACKET capture of the server's port (mirror/packet). The FUSE
 //     frontend and the kernel page-cache tracker report ranges directly
 //     (Agent.ReadAhead), which feed Sequential, a per-stream predictor.
 //   - Agent batches accesses, checks Host View (and, for FUSE files, the

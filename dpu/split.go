@@ -107,6 +107,17 @@ type SplitAgent struct {
 	HV     *hostview.Set
 	Kernel *hostview.Set // the host's kernel page cache (FUSE files)
 	Epoch  uint64
+	c      *memnode.Client
+}
+
+// Mirror returns a mirror for client connections speaking proto
+// (ProtoPage or ProtoNBD) that the agent watches itself — the packet
+// mirror — rather than through the host's ring.
+func (s *SplitAgent) Mirror(ctx context.Context, proto byte) mirror.Mirror {
+	if proto == ProtoNBD {
+		return s.Agent.Mirror(func() Parser { return &NBDParser{Resolve: resolver(ctx, s.c)} })
+	}
+	return s.Agent
 }
 
 // RunSplitAgent creates the region and serves the host through it until
@@ -190,7 +201,7 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 		}()
 	}
 	if ready != nil {
-		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Kernel: kv, Epoch: epoch})
+		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Kernel: kv, Epoch: epoch, c: cfg.Client})
 	}
 	if cfg.OnReady != nil {
 		cfg.OnReady(epoch)

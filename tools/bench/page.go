@@ -47,8 +47,9 @@ type PageOptions struct {
 // memory), sync (cache + direct memory-node reads), leap (sync + Leap's
 // host-side prefetcher), pd3 (cache + embedded DPU agent prefetching into
 // the Loading Zone) and pd3-split (the agent as its own process, its CPU
-// reported apart from the host's).
-var PageSystems = []string{"local", "sync", "leap", "pd3", "pd3-split"}
+// reported apart from the host's); pd3-packet and pd3-split-packet are
+// those two with the AF_PACKET mirror instead of the connection tap.
+var PageSystems = []string{"local", "sync", "leap", "pd3", "pd3-split", "pd3-packet", "pd3-split-packet"}
 
 // ParseSweep reads "cache=16MiB..1GiB" (doubling from the first value to
 // the last) or "lz=1MiB,4MiB,16MiB".
@@ -171,6 +172,11 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 				break
 			}
 		}
+		for _, p := range []string{"pd3-packet", "pd3-split-packet"} {
+			if r, ok := byName[p]; ok {
+				rep.Ratios["cpu:"+p+"/local"+suffix] = r.HostCPUusOp / l.HostCPUusOp
+			}
+		}
 	}
 	for _, sys := range []string{"sync", "leap", "pd3", "pd3-split"} {
 		r, ok := byName[sys]
@@ -207,6 +213,11 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 			if p, ok := fixed[pd3]; ok {
 				rep.Ratios["p99:pd3/"+base+suffix] = p.P99us / b.P99us
 			}
+			for _, p := range []string{"pd3-packet", "pd3-split-packet"} {
+				if r, ok := fixed[p]; ok {
+					rep.Ratios["p99:"+p+"/"+base+suffix] = r.P99us / b.P99us
+				}
+			}
 		}
 	}
 	return nil
@@ -229,6 +240,7 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 		"--workers", strconv.Itoa(workers), "--metrics", "127.0.0.1:0"}
 	lz := strconv.FormatUint(opt.LZ, 10)
 	var node, agent *Child
+	var startAgent func(hostAddr string) (*Child, error)
 	if sys != "local" {
 		var err error
 		node, err = StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
@@ -259,22 +271,43 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 		args = append(args, "--dpu", "none", "--prefetch", "leap", "--lz", lz)
 	case "pd3":
 		args = append(args, "--dpu", "embedded", "--lz", lz)
-	case "pd3-split":
+	case "pd3-packet":
+		args = append(args, "--dpu", "embedded", "--lz", lz, "--mirror", "packet")
+	case "pd3-split", "pd3-split-packet":
 		name := fmt.Sprintf("bench%d-%d", os.Getpid(), splitSeq.Add(1))
+		agentArgs := []string{"dpu", "--memnode", node.Addrs["memory node"], "--shm", name, "--lz", lz, "--cache", strconv.FormatUint(opt.Cache, 10)}
+		args = append(args, "--dpu", "shm:"+name)
+		if sys == "pd3-split-packet" {
+			// The agent watches the host's port, so the host starts first
+			// (serving directly until the agent attaches) and does not tap.
+			args = append(args, "--mirror", "none")
+			defer func() {
+				if agent != nil {
+					agent.Stop()
+				}
+			}()
+			startAgent = func(hostAddr string) (*Child, error) {
+				return StartChild(ctx, opt.Exe, []string{"dpu agent"}, append(agentArgs, "--packet", "page="+hostAddr)...)
+			}
+			break
+		}
 		var err error
-		agent, err = StartChild(ctx, opt.Exe, []string{"dpu agent"}, "dpu", "--memnode", node.Addrs["memory node"],
-			"--shm", name, "--lz", lz, "--cache", strconv.FormatUint(opt.Cache, 10))
+		agent, err = StartChild(ctx, opt.Exe, []string{"dpu agent"}, agentArgs...)
 		if err != nil {
 			return Result{}, err
 		}
 		defer agent.Stop()
-		args = append(args, "--dpu", "shm:"+name)
 	}
 	host, err := StartChild(ctx, opt.Exe, []string{"page server", "metrics"}, args...)
 	if err != nil {
 		return Result{}, err
 	}
 	defer host.Stop()
+	if startAgent != nil {
+		if agent, err = startAgent(host.Addrs["page server"]); err != nil {
+			return Result{}, err
+		}
+	}
 
 	lr, err := loadPages(ctx, host, agent, opt, dist, rate)
 	if err != nil {

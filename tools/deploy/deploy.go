@@ -19,6 +19,7 @@ import (
 
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/dpu/mirror/packet"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
@@ -154,6 +155,12 @@ type HostConfig struct {
 	Mount   string
 	FSName  string
 	FSLease time.Duration
+	// Mirror is how the agent sees client requests: "tap" (default; each
+	// connection reader hands it the bytes it read), "packet" (an
+	// AF_PACKET capture of the page and NBD ports, run in this process for
+	// an embedded agent; a split agent captures in its own process, pd3
+	// dpu --packet, and the host does nothing) or "none".
+	Mirror string
 	// KernelViewPages sizes the Host View of the kernel page cache
 	// (default 1 Mi pages: 4 GiB of cached file data).
 	KernelViewPages int
@@ -187,6 +194,7 @@ type Host struct {
 	done      chan error
 	nbdDone   chan error
 	closers   []func() error
+	captures  []func() // packet mirrors, stopped before the agent
 }
 
 // StartHost connects to the memory node, opens the volumes and serves.
@@ -202,6 +210,15 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	}
 	if cfg.Memnode == "" {
 		return nil, errors.New("host: no memory node address")
+	}
+	switch cfg.Mirror {
+	case "", "tap", "none":
+	case "packet":
+		if cfg.DPU == "" || cfg.DPU == "none" {
+			return nil, errors.New("host: --mirror packet feeds an agent; use it with --dpu embedded or shm:NAME")
+		}
+	default:
+		return nil, fmt.Errorf("host: unknown --mirror %q (tap, packet or none)", cfg.Mirror)
 	}
 	c, err := memnode.Dial(ctx, cfg.Memnode, memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout})
 	if err != nil {
@@ -385,12 +402,42 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		mir = h.Link
 		nbdMir = h.Link.Mirror(dpu.ProtoNBD)
 	}
+	// tapped returns the mirror a frontend taps its reads into, after
+	// starting a packet capture of its address instead when asked to.
+	tapped := func(m mirror.Mirror, addr string) (mirror.Mirror, error) {
+		switch cfg.Mirror {
+		case "", "tap":
+			return m, nil
+		case "none":
+			return nil, nil
+		}
+		if h.Agent == nil { // split: the agent process captures
+			return nil, nil
+		}
+		c, err := packet.ListenAddr(addr, m)
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := c.Run(ctx); err != nil {
+				cfg.Log.Warn("packet mirror stopped", "addr", addr, "err", err)
+			}
+		}()
+		h.captures = append(h.captures, func() { c.Close(); <-done })
+		return nil, nil
+	}
 	if cfg.NBDListen != "" {
 		ln, err := Listen(cfg.NBDListen)
 		if err != nil {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBDAddr = addrString(ln)
+		if nbdMir, err = tapped(nbdMir, h.NBDAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("host: NBD server: %w", err)
+		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir}
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
@@ -410,6 +457,10 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: page server: %w", err)
 	}
 	h.PageAddr = addrString(ln)
+	if mir, err = tapped(mir, h.PageAddr); err != nil {
+		ln.Close()
+		return fmt.Errorf("host: page server: %w", err)
+	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
@@ -422,6 +473,9 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 func (h *Host) Close(ctx context.Context) error {
 	var err error
 	h.closeOnce.Do(func() {
+		for _, stop := range h.captures {
+			stop()
+		}
 		if h.Tracker != nil {
 			h.Tracker.Close()
 		}

@@ -2,14 +2,17 @@ package deploy
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func TestUnixSockets(t *testing.T) {
@@ -74,25 +77,54 @@ func TestLeapPrefetchesSequentialScans(t *testing.T) {
 
 // TestAgentPrefetchesNBDReads: reads over NBD with an embedded agent are
 // parsed and served from the Loading Zone.
+// TestAgentPrefetchesNBDReads: with either mirror, the agent follows
+// nbdcopy's connection (handshake included) and its prefetches serve
+// reads. The packet mirror sees it on an AF_PACKET socket (root).
 func TestAgentPrefetchesNBDReads(t *testing.T) {
 	if _, err := exec.LookPath("nbdcopy"); err != nil {
 		t.Skip("nbdcopy is not installed (apt-get install libnbd-bin; .ci/run does)")
 	}
+	for _, mirror := range []string{"tap", "packet"} {
+		t.Run(mirror, func(t *testing.T) {
+			ctx := context.Background()
+			node, err := StartMemnode(ctx, MemnodeConfig{})
+			require.NoError(t, err)
+			defer node.Close()
+			h, err := StartHost(ctx, HostConfig{
+				Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
+				CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: "embedded", Mirror: mirror,
+			})
+			if errors.Is(err, unix.EPERM) {
+				t.Skip("the packet mirror needs CAP_NET_RAW:", err)
+			}
+			require.NoError(t, err)
+			defer h.Close(ctx)
+			out, err := exec.Command("nbdcopy", "nbd://"+h.NBDAddr+"/disk0", "null:").CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			require.Eventually(t, func() bool { return h.Agent.Parsed.Load() > 0 }, 5*time.Second, 10*time.Millisecond,
+				"the agent parsed NBD requests")
+			assert.Zero(t, h.Agent.LostStreams.Load(), "and followed every connection")
+			assert.Positive(t, h.Store.Stats().PrefetchHits, "reads were served from the Loading Zone")
+			t.Logf("parsed %d, prefetched %d, Loading Zone hits %d of %d misses", h.Agent.Parsed.Load(),
+				h.Engine.Issued.Load(), h.Store.Stats().PrefetchHits, h.Store.Stats().Misses)
+		})
+	}
+}
+
+func TestMirrorModeErrors(t *testing.T) {
 	ctx := context.Background()
 	node, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
 	defer node.Close()
-	h, err := StartHost(ctx, HostConfig{
-		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
-		CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: "embedded",
-	})
-	require.NoError(t, err)
-	defer h.Close(ctx)
-	out, err := exec.Command("nbdcopy", "nbd://"+h.NBDAddr+"/disk0", "null:").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	assert.Positive(t, h.Agent.Parsed.Load(), "the agent parsed NBD requests")
-	assert.Zero(t, h.Agent.LostStreams.Load(), "and followed every connection")
-	assert.Positive(t, h.Store.Stats().PrefetchHits, "reads were served from the Loading Zone")
-	t.Logf("parsed %d, prefetched %d, Loading Zone hits %d of %d misses", h.Agent.Parsed.Load(),
-		h.Engine.Issued.Load(), h.Store.Stats().PrefetchHits, h.Store.Stats().Misses)
+	for _, tc := range []struct{ dpu, mirror, want string }{
+		{"embedded", "pcap", "unknown --mirror"},
+		{"none", "packet", "use it with --dpu embedded or shm:NAME"},
+	} {
+		_, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: tc.dpu, Mirror: tc.mirror})
+		assert.ErrorContains(t, err, tc.want)
+	}
+	// A server on every address cannot be watched on one interface.
+	_, err = StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded",
+		Mirror: "packet", PageListen: "0.0.0.0:0"})
+	assert.ErrorContains(t, err, "needs the server on one IPv4 address")
 }

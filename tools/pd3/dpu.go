@@ -1,14 +1,18 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/mirror/packet"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/deploy"
@@ -17,6 +21,7 @@ import (
 
 func dpuCmd() *cobra.Command {
 	var addr, token, name, lz, cache, metrics string
+	var captures []string
 	cmd := &cobra.Command{
 		Use:   "dpu",
 		Short: "Run the DPU agent as its own process (pair with: pd3 serve --dpu shm:NAME)",
@@ -24,11 +29,20 @@ func dpuCmd() *cobra.Command {
 the rings the host talks to it through and the Loading Zone, connects to the
 memory node, and prefetches for the host that attaches with --dpu shm:NAME.
 If it stops, the host goes on through its own memory-node connection and
-re-attaches when an agent with the same name starts again.`,
+re-attaches when an agent with the same name starts again.
+
+With --packet page=ADDR or nbd=ADDR (repeatable) the agent watches the
+clients' requests to the host's server at ADDR itself, on an AF_PACKET
+socket, as a NIC mirroring packets to a DPU would; run the host with
+--mirror packet (or none) so it does not also hand them over.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if addr == "" {
 				return fmt.Errorf("--memnode ADDR is required")
+			}
+			targets, err := parseCaptures(captures)
+			if err != nil {
+				return err
 			}
 			lzBytes, err := units.ParseSize(lz)
 			if err != nil {
@@ -50,8 +64,27 @@ re-attaches when an agent with the same name starts again.`,
 				Name: name, Client: c,
 				LZRecords: int(lzBytes / memnode.PageSize), HostPages: int(cacheBytes / memnode.PageSize),
 			}
+			var capWG sync.WaitGroup
+			defer capWG.Wait()
+			ctx, stopCaptures := context.WithCancel(ctx)
+			defer stopCaptures() // before the Wait above
 			return dpu.RunSplitAgent(ctx, cfg, func(s *dpu.SplitAgent) {
 				state.Store(s)
+				for _, t := range targets {
+					c, err := packet.ListenAddr(t.addr, s.Mirror(ctx, t.proto))
+					if err != nil {
+						fmt.Fprintln(os.Stderr, "pd3:", err)
+						continue
+					}
+					capWG.Add(1)
+					go func() {
+						defer capWG.Done()
+						if err := c.Run(ctx); err != nil {
+							fmt.Fprintln(os.Stderr, "pd3:", err)
+						}
+					}()
+					fmt.Printf("pd3: dpu agent watching %s on an AF_PACKET socket\n", t.addr)
+				}
 				if metrics != "" {
 					m := deploy.NewMetrics()
 					m.RegisterAgent(s.Agent, s.Engine, s.Zone, s.HV)
@@ -72,5 +105,31 @@ re-attaches when an agent with the same name starts again.`,
 	fl.StringVar(&lz, "lz", "16MiB", "Loading Zone size")
 	fl.StringVar(&cache, "cache", "64MiB", "the host's cache size (sizes Host View)")
 	fl.StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR")
+	fl.StringArrayVar(&captures, "packet", nil, "watch the requests to a host server: page=ADDR or nbd=ADDR (repeatable; needs CAP_NET_RAW)")
 	return cmd
+}
+
+type captureTarget struct {
+	proto byte
+	addr  string
+}
+
+func parseCaptures(specs []string) ([]captureTarget, error) {
+	var out []captureTarget
+	for _, s := range specs {
+		kind, addr, ok := strings.Cut(s, "=")
+		t := captureTarget{addr: addr}
+		switch {
+		case !ok || addr == "":
+			return nil, fmt.Errorf("--packet %q: want page=ADDR or nbd=ADDR", s)
+		case kind == "page":
+			t.proto = dpu.ProtoPage
+		case kind == "nbd":
+			t.proto = dpu.ProtoNBD
+		default:
+			return nil, fmt.Errorf("--packet %q: protocol %q is neither page nor nbd", s, kind)
+		}
+		out = append(out, t)
+	}
+	return out, nil
 }

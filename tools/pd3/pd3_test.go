@@ -133,6 +133,9 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		{[]string{"serve"}, "--memnode ADDR is required"},
 		{[]string{"page", "get", "nope"}, "want VOLUME:PAGE"},
 		{[]string{"up", "--policy", "random"}, "unknown eviction policy"},
+		{[]string{"up", "--mirror", "pcap"}, "unknown --mirror"},
+		{[]string{"dpu", "--memnode", "127.0.0.1:1", "--packet", "http=127.0.0.1:80"}, "neither page nor nbd"},
+		{[]string{"bench", "page", "--arrivals", "bursty"}, "neither poisson nor uniform"},
 	} {
 		out, err := run(t, "", tc.args...)
 		assert.Error(t, err, tc.args)
@@ -165,17 +168,17 @@ func TestBenchSmoke(t *testing.T) {
 	}
 
 	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms",
-		"--systems", "local,sync,pd3-split", "--fixed-load", "0.5", "--sweep", "lz=256KiB,1MiB", "--json")
+		"--systems", "local,sync,pd3-split,pd3-split-packet", "--fixed-load", "0.5", "--sweep", "lz=256KiB,1MiB", "--json")
 	require.NoError(t, err, out)
 	rep = bench.Report{}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	assert.Len(t, rep.Results, 12, "3 systems × 2 sweep values × (closed + fixed load)")
+	assert.Len(t, rep.Results, 16, "4 systems × 2 sweep values × (closed + fixed load)")
 	for _, k := range []string{"cpu:pd3/local", "p99:pd3/local", "p99:pd3/sync"} {
 		assert.Contains(t, rep.Ratios, k+"@dist=uniform T=GOMAXPROCS lz=1MiB")
 	}
 	for _, r := range rep.Results {
 		assert.Zero(t, r.Errors)
-		if r.System == "pd3-split" {
+		if strings.HasPrefix(r.System, "pd3-split") {
 			assert.Positive(t, r.AgentCPUusOp, "agent CPU is measured apart")
 		}
 		if strings.Contains(r.Config, "load=") {

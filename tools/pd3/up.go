@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,7 @@ type hostFlags struct {
 	lz        string
 	metrics   string
 	prefetch  string
+	mirror    string
 	nbd       string
 	nbdRO     []string
 	writeback time.Duration
@@ -55,6 +57,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
 	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
 	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
+	fl.StringVar(&f.mirror, "mirror", "tap", "how the agent sees requests: tap (connection readers hand it their bytes), packet (AF_PACKET capture of the ports; with --dpu shm:NAME the agent captures: pd3 dpu --packet) or none")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
 	fl.StringVar(&f.mount, "mount", "", "mount the FUSE filesystem at DIR (created if missing; empty disables)")
 	fl.StringVar(&f.fsName, "fs-name", "pd3", "filesystem name: one memory node can hold several")
@@ -66,7 +69,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
-		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch,
+		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease,
 	}
@@ -223,7 +226,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	}
 	switch {
 	case h.Agent != nil:
-		fmt.Printf("pd3: DPU agent embedded (Loading Zone %d pages)\n", h.Zone.Records())
+		fmt.Printf("pd3: DPU agent embedded (Loading Zone %d pages, mirror %s)\n", h.Zone.Records(), cmp.Or(cfg.Mirror, "tap"))
 	case h.Link != nil:
 		state := "attached"
 		if !h.Link.Attached() {
