@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,11 +30,12 @@ type Counters struct {
 // Capture follows the connections to one TCP port.
 type Capture struct {
 	Counters
-	fd     int
 	port   uint16
 	m      mirror.Mirror
 	flows  map[flowKey]*flow
 	buf    []byte
+	f      *os.File
+	rc     syscall.RawConn
 	closed atomic.Bool
 }
 
@@ -57,11 +60,11 @@ func Listen(iface string, port uint16, m mirror.Mirror) (*Capture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("packet mirror: %w", err)
 	}
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, int(htons(unix.ETH_P_IP)))
 	if err != nil {
 		return nil, fmt.Errorf("packet mirror: AF_PACKET socket (needs CAP_NET_RAW): %w", err)
 	}
-	c := &Capture{fd: fd, port: port, m: m, flows: map[flowKey]*flow{}, buf: make([]byte, 1<<16)}
+	c := &Capture{port: port, m: m, flows: map[flowKey]*flow{}, buf: make([]byte, 1<<16)}
 	// Filter before binding so no unfiltered segment is queued meanwhile.
 	prog := filter(port)
 	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}); err != nil {
@@ -74,9 +77,15 @@ func Listen(iface string, port uint16, m mirror.Mirror) (*Capture, error) {
 	}
 	// A bigger receive queue rides out the agent being descheduled.
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
-	// Wake up now and then to notice cancellation.
-	tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	// Non-blocking, so the runtime's poller waits for it and a wake-up
+	// drains every queued segment (no thread parked in recvfrom).
+	c.f = os.NewFile(uintptr(fd), "packet-mirror")
+	rc, err := c.f.SyscallConn()
+	if err != nil {
+		c.f.Close()
+		return nil, fmt.Errorf("packet mirror: %w", err)
+	}
+	c.rc = rc
 	return c, nil
 }
 
@@ -109,12 +118,12 @@ func filter(port uint16) []unix.SockFilter {
 	}
 }
 
-// Close stops Run and releases the socket and the open streams.
+// Close stops Run, which then releases the socket and the open streams.
 func (c *Capture) Close() error {
-	if c.closed.Swap(true) {
-		return nil
+	if !c.closed.Swap(true) {
+		c.f.SetReadDeadline(time.Unix(1, 0)) // wakes Run's wait
 	}
-	return nil // Run closes the descriptor when it sees the flag
+	return nil
 }
 
 // Run reads segments until ctx is done or Close is called, then closes
@@ -125,29 +134,45 @@ func (c *Capture) Run(ctx context.Context) error {
 			f.s.Close()
 			delete(c.flows, k)
 		}
-		unix.Close(c.fd)
+		c.stats()
+		c.f.Close()
 	}()
-	for ctx.Err() == nil && !c.closed.Load() {
-		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
-		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-				c.stats()
-				continue
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	var rerr error
+	err := c.rc.Read(func(fd uintptr) bool {
+		for !c.closed.Load() {
+			n, _, err := unix.Recvfrom(int(fd), c.buf, 0)
+			switch {
+			case err == nil:
+				c.Segment(c.buf[:n])
+			case errors.Is(err, unix.EINTR):
+			case errors.Is(err, unix.EAGAIN):
+				return false // wait in the poller
+			default:
+				rerr = err
+				return true
 			}
-			return fmt.Errorf("packet mirror: %w", err)
 		}
-		c.Segment(c.buf[:n])
+		return true
+	})
+	if c.closed.Load() {
+		return nil
 	}
-	c.stats()
-	return nil
+	if rerr == nil {
+		rerr = err
+	}
+	return fmt.Errorf("packet mirror: %w", rerr)
 }
 
 // stats adds the kernel's drop count since the last call.
 func (c *Capture) stats() {
-	st, err := unix.GetsockoptTpacketStats(c.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
-	if err == nil {
-		c.Dropped.Add(uint64(st.Drops)) // reading resets the kernel's counters
-	}
+	c.rc.Control(func(fd uintptr) {
+		st, err := unix.GetsockoptTpacketStats(int(fd), unix.SOL_PACKET, unix.PACKET_STATISTICS)
+		if err == nil {
+			c.Dropped.Add(uint64(st.Drops)) // reading resets the kernel's counters
+		}
+	})
 }
 
 const (
