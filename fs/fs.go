@@ -63,7 +63,7 @@ type FS struct {
 	byVol   map[uint16]*inode // regular files by data volume id
 
 	syncMu sync.Mutex // serialises snapshots
-	lease  lease
+	lease  memnode.Lease
 	fenced atomic.Bool // the lease was lost: write nothing more
 	stop   chan struct{}
 	done   chan struct{}
@@ -104,13 +104,13 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	for _, v := range cfg.Volumes {
 		f.vols[v.ID] = v
 	}
-	f.lease = lease{c: cfg.Client, vol: mv.ID, ttl: cfg.LeaseTTL}
-	if err := f.lease.acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
-		return nil, err
+	f.lease = memnode.Lease{C: cfg.Client, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
+	if err := f.lease.Acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
+		return nil, mountErr(err)
 	}
 	snap, err := f.meta.load(ctx)
 	if err != nil {
-		f.lease.release(ctx)
+		f.lease.Release(ctx)
 		return nil, err
 	}
 	if snap == nil {
@@ -171,7 +171,7 @@ func (f *FS) Close(ctx context.Context) error {
 	if err := f.Sync(ctx); err != nil {
 		return err
 	}
-	return f.lease.release(ctx)
+	return f.lease.Release(ctx)
 }
 
 // Sync makes everything written so far durable at the memory node: dirty
@@ -236,12 +236,12 @@ func (f *FS) syncLoop() {
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			if !f.fenced.Load() && now.Sub(lastRenew) >= f.cfg.LeaseTTL/3 {
-				err := f.lease.renew(ctx)
+				err := f.lease.Renew(ctx)
 				if errors.Is(err, memnode.ErrClosed) {
 					cancel()
 					return // the host is going away without Close
 				}
-				if errors.Is(err, ErrMounted) {
+				if errors.Is(err, memnode.ErrLeaseHeld) {
 					f.fenced.Store(true)
 					f.cfg.Log.Error("fs: another host took the filesystem over; refusing further changes", "err", err)
 				} else if err != nil {
