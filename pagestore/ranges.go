@@ -292,7 +292,7 @@ func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at
 	v, ok := s.volumes[vol]
 	s.vmu.RUnlock()
 	if !ok {
-		return fmt.Errorf("volume %d: %w", vol, ErrNoVolume)
+		return fmt.Errorf("volume %d: %w", vol, s.missing(vol))
 	}
 	if off > v.Size || n > v.Size-off {
 		return fmt.Errorf("%d bytes at %d of %q (%d bytes): %w", n, off, v.Name, v.Size, ErrOutOfRange)

@@ -23,6 +23,9 @@ const PageSize = memnode.PageSize
 var (
 	// ErrNoVolume is returned for a key whose volume is not served.
 	ErrNoVolume = errors.New("pagestore: no such volume")
+	// ErrFenced is returned for a volume another host has taken over
+	// (FenceVolume): this host neither reads nor writes it any more.
+	ErrFenced = errors.New("pagestore: volume taken over by another host")
 	// ErrOutOfRange is returned for a page past the end of its volume.
 	ErrOutOfRange = errors.New("pagestore: page out of range")
 	// ErrBadPage is returned when a buffer is not exactly one page.
@@ -122,6 +125,7 @@ type Store struct {
 
 	vmu     sync.RWMutex
 	volumes map[uint16]memnode.VolumeInfo
+	fenced  map[uint16]bool // guarded by vmu
 
 	hits, misses, lzHits, remoteReads atomic.Uint64
 	evictions, writeBacks, waits      atomic.Uint64
@@ -198,6 +202,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 func (s *Store) AddVolume(v memnode.VolumeInfo) {
 	s.vmu.Lock()
 	s.volumes[v.ID] = v
+	delete(s.fenced, v.ID)
 	s.vmu.Unlock()
 }
 
@@ -218,6 +223,37 @@ func (s *Store) RemoveVolume(id uint16) {
 			s.discard(k)
 		}
 	}
+}
+
+// FenceVolume stops serving volume id because another host took it over:
+// its cached pages, dirty ones included, are dropped unwritten (writing
+// them back would overwrite the new owner's data) and every later request
+// for it fails with ErrFenced.
+func (s *Store) FenceVolume(id uint16) {
+	s.vmu.Lock()
+	if s.fenced == nil {
+		s.fenced = map[uint16]bool{}
+	}
+	s.fenced[id] = true
+	s.vmu.Unlock()
+	s.RemoveVolume(id)
+}
+
+// Fenced reports whether FenceVolume took volume id away.
+func (s *Store) Fenced(id uint16) bool {
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	return s.fenced[id]
+}
+
+// missing is the error for a volume not in s.volumes.
+func (s *Store) missing(id uint16) error {
+	s.vmu.RLock()
+	defer s.vmu.RUnlock()
+	if s.fenced[id] {
+		return ErrFenced
+	}
+	return ErrNoVolume
 }
 
 // Volumes returns the served volumes ordered by id.
@@ -250,7 +286,7 @@ func (s *Store) CheckKey(k Key) error {
 	v, ok := s.volumes[k.Volume()]
 	s.vmu.RUnlock()
 	if !ok {
-		return fmt.Errorf("page %v: %w", k, ErrNoVolume)
+		return fmt.Errorf("page %v: %w", k, s.missing(k.Volume()))
 	}
 	if k.Page() >= v.Size/PageSize {
 		return fmt.Errorf("page %v of %q (%d pages): %w", k, v.Name, v.Size/PageSize, ErrOutOfRange)

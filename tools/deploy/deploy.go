@@ -5,6 +5,7 @@
 package deploy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -155,6 +156,10 @@ type HostConfig struct {
 	Mount   string
 	FSName  string
 	FSLease time.Duration
+	// VolumeLease is how long this host's claim on each volume it serves
+	// lasts without renewal (default 5 s): a second host serving the same
+	// volume is refused, and after a crash the next host waits it out.
+	VolumeLease time.Duration
 	// Mirror is how the agent sees client requests: "tap" (default; each
 	// connection reader hands it the bytes it read), "packet" (an
 	// AF_PACKET capture of the page and NBD ports, run in this process for
@@ -190,11 +195,13 @@ type Host struct {
 	KernelView *pagecache.View
 	TrackerErr error
 
-	closeOnce sync.Once
-	done      chan error
-	nbdDone   chan error
-	closers   []func() error
-	captures  []func() // packet mirrors, stopped before the agent
+	closeOnce  sync.Once
+	done       chan error
+	nbdDone    chan error
+	closers    []func() error
+	leases     []volumeLease
+	stopLeases func()
+	captures   []func() // packet mirrors, stopped before the agent
 }
 
 // StartHost connects to the memory node, opens the volumes and serves.
@@ -288,7 +295,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		h.closers = append(h.closers, func() error { cancel(); return nil })
 	}
 	h.Store = st
-	h.closers = append(h.closers, c.Close)
+	h.closers = append(h.closers, h.releaseVolumes, c.Close)
 	for _, vs := range cfg.Volumes {
 		v, err := c.OpenOrCreate(ctx, vs.Name, vs.Size)
 		if err != nil {
@@ -298,8 +305,15 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		if v.Size != (vs.Size+pagestore.PageSize-1)&^(pagestore.PageSize-1) {
 			slog.Default().Info("volume exists with another size; using the node's", "volume", v.Name, "size", units.FormatSize(v.Size))
 		}
-		st.AddVolume(v)
 		h.Volumes = append(h.Volumes, v)
+	}
+	if err := h.leaseVolumes(ctx, cfg); err != nil {
+		h.releaseVolumes()
+		c.Close()
+		return nil, err
+	}
+	for _, v := range h.Volumes {
+		st.AddVolume(v)
 	}
 	if err := h.serve(ctx, cfg); err != nil {
 		c.Close()
@@ -312,6 +326,90 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		}
 	}
 	return h, nil
+}
+
+// leasesVolume holds one lease word per volume id at the memory node.
+const leasesVolume = "pd3.leases"
+
+// leaseVolumes claims every served volume for this host (memnode.Lease on
+// the volume's word of leasesVolume), waiting out a crashed holder's
+// lease, and keeps the claims renewed. A claim lost to another host fences
+// the volume: the two hosts' caches would otherwise each overwrite the
+// other's writes.
+func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
+	ttl := cfg.VolumeLease
+	if ttl <= 0 {
+		ttl = 5 * time.Second
+	}
+	lv, err := h.Client.OpenOrCreate(ctx, leasesVolume, 1<<16*8)
+	if err != nil {
+		return fmt.Errorf("host: volume leases: %w", err)
+	}
+	for _, v := range h.Volumes {
+		l := &memnode.Lease{C: h.Client, Vol: lv.ID, Off: uint64(v.ID) * 8, TTL: ttl}
+		if err := l.Acquire(ctx, ttl+time.Second); err != nil {
+			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
+		}
+		h.leases = append(h.leases, volumeLease{v, l})
+	}
+	log := cmp.Or(cfg.Log, slog.Default())
+	stop, done := make(chan struct{}), make(chan struct{})
+	h.stopLeases = func() { close(stop); <-done }
+	go func() {
+		defer close(done)
+		t := time.NewTicker(ttl / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			for _, vl := range h.leases {
+				if h.Store.Fenced(vl.v.ID) {
+					continue
+				}
+				rctx, cancel := context.WithTimeout(ctx, ttl)
+				err := vl.l.Renew(rctx)
+				cancel()
+				switch {
+				case errors.Is(err, memnode.ErrLeaseHeld):
+					h.Store.FenceVolume(vl.v.ID)
+					log.Error("host: another host took the volume over; no longer serving it", "volume", vl.v.Name, "err", err)
+				case errors.Is(err, memnode.ErrClosed):
+					return
+				case err != nil:
+					log.Warn("host: volume lease renewal", "volume", vl.v.Name, "err", err)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+type volumeLease struct {
+	v memnode.VolumeInfo
+	l *memnode.Lease
+}
+
+// releaseVolumes stops the renewals and gives the leases up; it runs
+// after the dirty pages are written back, so the next holder reads them.
+func (h *Host) releaseVolumes() error {
+	if h.stopLeases != nil {
+		h.stopLeases()
+		h.stopLeases = nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var errs []error
+	for _, vl := range h.leases {
+		if h.Store != nil && h.Store.Fenced(vl.v.ID) {
+			continue
+		}
+		errs = append(errs, vl.l.Release(ctx))
+	}
+	h.leases = nil
+	return errors.Join(errs...)
 }
 
 // mount opens the filesystem and mounts it; the directory is created if

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -127,4 +129,69 @@ func TestMirrorModeErrors(t *testing.T) {
 	_, err = StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded",
 		Mirror: "packet", PageListen: "0.0.0.0:0"})
 	assert.ErrorContains(t, err, "needs the server on one IPv4 address")
+}
+
+// TestVolumeLease: two hosts cannot serve one volume; the second gets it
+// once the first has stopped, without waiting for the lease to run out.
+func TestVolumeLease(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	cfg := HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, VolumeLease: 2 * time.Second}
+	a, err := StartHost(ctx, cfg)
+	require.NoError(t, err)
+	_, err = StartHost(ctx, cfg)
+	require.ErrorIs(t, err, memnode.ErrLeaseHeld)
+	assert.ErrorContains(t, err, `volume "disk0" is served by another host`)
+
+	other := cfg
+	other.Volumes = []VolumeSpec{{"disk1", 1 << 20}}
+	b, err := StartHost(ctx, other)
+	require.NoError(t, err, "another volume is another lease")
+	require.NoError(t, b.Close(ctx))
+
+	require.NoError(t, a.Close(ctx))
+	start := time.Now()
+	c, err := StartHost(ctx, cfg)
+	require.NoError(t, err)
+	assert.Less(t, time.Since(start), 1500*time.Millisecond, "a released lease is free at once")
+	require.NoError(t, c.Close(ctx))
+}
+
+// TestVolumeLeaseLostFences: a host whose volume lease another host took
+// (as after a partition longer than the lease) stops serving the volume
+// and does not write its dirty pages over the new owner's data.
+func TestVolumeLeaseLostFences(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	h, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
+		CacheBytes: 16 * 4096, VolumeLease: 900 * time.Millisecond})
+	require.NoError(t, err)
+	v := h.Volumes[0]
+	page := make([]byte, 4096)
+	page[0] = 7
+	require.NoError(t, h.Store.WriteRange(ctx, v.ID, 0, page)) // dirty, not written back
+
+	// Another host takes the lease word over.
+	lv, err := h.Client.Open(ctx, leasesVolume)
+	require.NoError(t, err)
+	cur, err := h.Client.CompareAndSwap(ctx, lv.ID, uint64(v.ID)*8, 0, 0)
+	require.NoError(t, err)
+	thief := uint64(time.Now().Add(time.Hour).Unix())<<32 | 0xbeef
+	_, err = h.Client.CompareAndSwap(ctx, lv.ID, uint64(v.ID)*8, cur, thief)
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool { return h.Store.Fenced(v.ID) }, 5*time.Second, 10*time.Millisecond)
+	assert.ErrorIs(t, h.Store.ReadRange(ctx, v.ID, 0, make([]byte, 4096)), pagestore.ErrFenced)
+	assert.ErrorIs(t, h.Store.WriteRange(ctx, v.ID, 0, page), pagestore.ErrFenced)
+	require.NoError(t, h.Close(ctx))
+	got := make([]byte, 4096)
+	require.NoError(t, node.Server.Store.ReadAt(v.ID, 0, got))
+	assert.Zero(t, got[0], "the fenced host wrote its dirty page back over the new owner")
+	var word [8]byte
+	require.NoError(t, node.Server.Store.ReadAt(lv.ID, uint64(v.ID)*8, word[:]))
+	assert.Equal(t, thief, binary.LittleEndian.Uint64(word[:]), "and left the new owner's lease alone")
 }

@@ -441,8 +441,9 @@ func TestHostKilledKeepsFlushedData(t *testing.T) {
 	require.NoError(t, err)
 	nbdAddr := ln.Addr().String()
 	ln.Close()
+	// The restarted host waits out the killed one's volume lease.
 	args := []string{"serve", "--memnode", node.Addrs["memory node"], "--volume", "disk0:64MiB",
-		"--cache", "16MiB", "--nbd", nbdAddr, "--page", ""}
+		"--cache", "16MiB", "--nbd", nbdAddr, "--page", "", "--volume-lease", "1s"}
 	host := start(t, []string{"NBD server"}, args...)
 	uri := "nbd://" + nbdAddr + "/disk0"
 	qemu := func(cmds ...string) error {
@@ -662,7 +663,7 @@ func TestMountHostKilledKeepsFsynced(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testutil.Seed(t), 3))
 	want := map[string][]byte{}
 	for round := range 3 {
-		host := start(t, nil, "mount", mnt, "--memnode", node.Addrs["memory node"], "--cache", "1MiB", "--fs-lease", "1s")
+		host := start(t, nil, "mount", mnt, "--memnode", node.Addrs["memory node"], "--cache", "1MiB", "--fs-lease", "1s", "--volume-lease", "1s")
 		require.Eventually(t, func() bool { return strings.Contains(host.Output(), "mounted at") }, 10*time.Second, 10*time.Millisecond)
 		for name, data := range want {
 			got, err := os.ReadFile(filepath.Join(mnt, name))

@@ -39,6 +39,7 @@ type hostFlags struct {
 	mount     string
 	fsName    string
 	fsLease   time.Duration
+	volLease  time.Duration
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -62,6 +63,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.mount, "mount", "", "mount the FUSE filesystem at DIR (created if missing; empty disables)")
 	fl.StringVar(&f.fsName, "fs-name", "pd3", "filesystem name: one memory node can hold several")
 	fl.DurationVar(&f.fsLease, "fs-lease", 5*time.Second, "mount lease at the memory node: a second host cannot mount the filesystem; after a crash the next mount waits this long at most")
+	fl.DurationVar(&f.volLease, "volume-lease", 5*time.Second, "lease on each served volume at the memory node: a second host cannot serve it; after a crash the next host waits this long at most")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
 }
@@ -71,7 +73,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
-		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease,
+		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
 	}
 	lz, err := units.ParseSize(f.lz)
 	if err != nil {
