@@ -76,16 +76,30 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	_, err = f.ReadAt(buf[:4096], 3<<20)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+	// This VM reclaims page cache eagerly, so a page may leave between
+	// any two looks. The view, synced after the first look and read before
+	// the second, must agree with the kernel on every page whose residency
+	// did not change between the looks.
+	before := residency(t, p, size)
 	sync()
-	res := residency(t, p, size)
-	cached := 0
-	for i, r := range res {
-		assert.Equal(t, r, inView(i), "page %d: kernel caches it %v", i, r)
+	view := make([]bool, size/4096)
+	for i := range view {
+		view[i] = inView(i)
+	}
+	after := residency(t, p, size)
+	cached, changed := 0, 0
+	for i, r := range after {
+		if r != before[i] {
+			changed++
+			continue
+		}
+		assert.Equal(t, r, view[i], "page %d: kernel caches it %v", i, r)
 		if r {
 			cached++
 		}
 	}
-	assert.GreaterOrEqual(t, cached, 65, "the reads cached at least the pages they read")
+	assert.Less(t, changed, 8, "pages reclaimed while we looked")
+	assert.GreaterOrEqual(t, cached, 65-changed, "the reads cached at least the pages they read")
 	assert.Less(t, cached, size/4096, "and not the whole file")
 	assert.Zero(t, h.Tracker.Lost())
 
