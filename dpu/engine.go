@@ -87,6 +87,14 @@ type flight struct {
 	gen     uint64
 	waiters int // guarded by Engine.mu
 	done    chan struct{}
+	// joiners are host misses that asked without blocking
+	// (ReadPageAsync); they are finished after the flight completes.
+	joiners []joiner // guarded by Engine.mu
+}
+
+type joiner struct {
+	dst  []byte
+	done func(error)
 }
 
 var _ pagestore.Remote = (*Engine)(nil)
@@ -219,15 +227,46 @@ func (e *Engine) complete(k memnode.Key, f *flight, page []byte, err error) {
 	}
 }
 
+// finishJoiners serves the asynchronous host misses that waited for
+// prefetch f of page k, e.mu not held: from the Loading Zone, or if the
+// page was stale or failed, by reading it themselves.
+func (e *Engine) finishJoiners(k memnode.Key, js []joiner) {
+	for _, j := range js {
+		if e.lz.CheckAndReturn(uint64(k), j.dst) == memnode.PageSize {
+			e.Joined.Add(1)
+			j.done(nil)
+			continue
+		}
+		e.readFn(k, j.dst, j.done)
+	}
+}
+
+// takeJoiners empties f's joiner list into buf, e.mu held.
+func takeJoiners(f *flight, buf []joiner) []joiner {
+	buf = append(buf, f.joiners...)
+	clear(f.joiners)
+	f.joiners = f.joiners[:0]
+	return buf
+}
+
 func (e *Engine) completions() {
 	defer close(e.done)
+	var js []joiner
+	var jkeys []memnode.Key
+	var jn []int
 	for p := range e.compl {
+		js, jkeys, jn = js[:0], jkeys[:0], jn[:0]
 		if r := p.run; r != nil {
 			err := p.call.Wait(e.ctx)
 			e.mu.Lock()
 			for i, f := range r.flights[:r.n] {
 				if f != nil {
-					e.complete(memnode.MakeKey(r.first.Volume(), r.first.Page()+uint64(i)), f, r.buf[i*memnode.PageSize:(i+1)*memnode.PageSize], err)
+					k := memnode.MakeKey(r.first.Volume(), r.first.Page()+uint64(i))
+					e.complete(k, f, r.buf[i*memnode.PageSize:(i+1)*memnode.PageSize], err)
+					if len(f.joiners) > 0 {
+						jkeys, jn = append(jkeys, k), append(jn, len(f.joiners))
+						js = takeJoiners(f, js)
+					}
 				}
 			}
 			e.mu.Unlock()
@@ -237,14 +276,22 @@ func (e *Engine) completions() {
 				}
 			}
 			e.runs <- r
-			continue
+		} else {
+			err := p.call.Wait(e.ctx)
+			e.mu.Lock()
+			e.complete(p.k, p.f, p.buf, err)
+			if len(p.f.joiners) > 0 {
+				jkeys, jn = append(jkeys, p.k), append(jn, len(p.f.joiners))
+				js = takeJoiners(p.f, js)
+			}
+			e.mu.Unlock()
+			e.flights.Put(p.f) // waiters keep only the channel
+			e.bufs <- p.buf
 		}
-		err := p.call.Wait(e.ctx)
-		e.mu.Lock()
-		e.complete(p.k, p.f, p.buf, err)
-		e.mu.Unlock()
-		e.flights.Put(p.f) // waiters keep only the channel
-		e.bufs <- p.buf
+		for i, k := range jkeys {
+			e.finishJoiners(k, js[:jn[i]])
+			js = js[jn[i]:]
+		}
 	}
 }
 
@@ -287,6 +334,35 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 	e.hv.Add(uint64(k))
 	return e.c.ReadAt(ctx, k.Volume(), k.Page()*memnode.PageSize, dst)
 }
+
+// ReadPageAsync implements pagestore.AsyncReader: ReadPage without
+// blocking. A miss on a page whose prefetch is in flight joins it and is
+// finished by the completion loop; others are read on the engine's
+// connection and finished by its reader.
+func (e *Engine) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
+	e.mu.Lock()
+	if f, ok := e.inflight[k]; ok {
+		f.joiners = append(f.joiners, joiner{dst: dst, done: done})
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	e.readFn(k, dst, done)
+}
+
+// readFn is the host's own read of k, as in ReadPage.
+func (e *Engine) readFn(k memnode.Key, dst []byte, done func(error)) {
+	e.HostReads.Add(1)
+	if e.hv != nil {
+		if e.hv.Contains(uint64(k)) {
+			e.FalsePositives.Add(1)
+		}
+		e.hv.Add(uint64(k))
+	}
+	e.c.ReadFn(k.Volume(), k.Page()*memnode.PageSize, dst, done)
+}
+
+var _ pagestore.AsyncReader = (*Engine)(nil)
 
 // ReadPages implements pagestore.PagesReader: the host's miss on a run of
 // pages. Pages with a prefetch in flight wait for it, as ReadPage does;

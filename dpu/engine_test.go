@@ -3,12 +3,14 @@ package dpu
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
@@ -41,6 +43,13 @@ func testNode(t *testing.T, ctx context.Context) (*memnode.Client, memnode.Volum
 func newRig(t *testing.T, lzRecords int) *rig {
 	t.Helper()
 	c, vol := testNode(t, context.Background())
+	return engineRig(t, c, vol, lzRecords)
+}
+
+// engineRig starts an engine on c with a Loading Zone of lzRecords and a
+// Host View; cleanup closes it and checks both.
+func engineRig(t *testing.T, c *memnode.Client, vol memnode.VolumeInfo, lzRecords int) *rig {
+	t.Helper()
 	region, err := shm.Create("", loadingzone.Size(lzRecords))
 	require.NoError(t, err)
 	lz, err := loadingzone.Format(region.Bytes(), lzRecords, 1)
@@ -179,4 +188,75 @@ func TestReadPagesJoinsPrefetches(t *testing.T) {
 	}
 	t.Logf("joined %d", r.e.Joined.Load())
 	assert.Positive(t, r.e.Joined.Load(), "some pages were taken from prefetches in flight")
+}
+
+// gatedRig is a rig whose engine reaches the memory node through a
+// testnet.Gate, so responses can be held while requests line up.
+func gatedRig(t *testing.T) (*rig, *testnet.Gate) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &memnode.Server{Store: memnode.NewStore(0)}
+	go srv.Serve(ctx, ln)
+	g := testnet.NewGate(t, ln.Addr().String())
+	c, err := memnode.Dial(ctx, g.Addr, memnode.ClientOptions{})
+	require.NoError(t, err)
+	vol, err := c.Create(ctx, "v", 1<<20)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(); srv.Close(); cancel() })
+	r := engineRig(t, c, vol, 64)
+	t.Cleanup(g.Release) // runs first: nothing held at Close
+	return r, g
+}
+
+func (e *Engine) joiners(k memnode.Key) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f, ok := e.inflight[k]; ok {
+		return len(f.joiners)
+	}
+	return -1
+}
+
+// TestAsyncMissJoinsPrefetch: a host miss that asks without blocking
+// while the page's prefetch is in flight is served by that prefetch; if a
+// write-back of the page overtakes the prefetch, the miss reads the page
+// again, behind the write, and gets the new bytes.
+func TestAsyncMissJoinsPrefetch(t *testing.T) {
+	for _, overtaken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overtaken=%v", overtaken), func(t *testing.T) {
+			r, g := gatedRig(t)
+			ctx := context.Background()
+			k := memnode.MakeKey(r.vol.ID, 7)
+			require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(1)}))
+
+			g.Hold()
+			r.e.Prefetch(k)
+			dst := make([]byte, memnode.PageSize)
+			done := make(chan error, 1)
+			r.e.ReadPageAsync(k, dst, func(err error) { done <- err })
+			require.Equal(t, 1, r.e.joiners(k), "the miss joined the prefetch")
+			wrote := make(chan error, 1)
+			if overtaken {
+				go func() {
+					wrote <- r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2)})
+				}()
+				require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, time.Millisecond,
+					"the write-back forgets the prefetch")
+			}
+			g.Release()
+			require.NoError(t, <-done)
+			if overtaken {
+				require.NoError(t, <-wrote)
+				assert.Equal(t, uint64(2), binary.LittleEndian.Uint64(dst), "the miss must see the write-back")
+				assert.Equal(t, uint64(1), r.e.Stale.Load())
+				assert.Zero(t, r.e.Joined.Load())
+			} else {
+				assert.Equal(t, uint64(1), binary.LittleEndian.Uint64(dst))
+				assert.Equal(t, uint64(1), r.e.Joined.Load())
+				assert.Zero(t, r.e.HostReads.Load(), "no second read")
+			}
+		})
+	}
 }

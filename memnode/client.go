@@ -149,13 +149,17 @@ func (c *Client) session(ctx context.Context) (*pipeline.Session, error) {
 // Close closes the connection; requests in flight fail with ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
-	if c.sess != nil {
-		c.sess.Close(ErrClosed)
+	sess := c.sess
+	c.mu.Unlock()
+	// Not under c.mu: failing the calls runs their completion functions,
+	// which may start requests of their own (they fail with ErrClosed).
+	if sess != nil {
+		sess.Close(ErrClosed)
 	}
 	return nil
 }
@@ -223,6 +227,56 @@ func (c *Client) ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte
 	}
 	h := ReqHeader{Op: OpRead, Volume: vol, Offset: off, Count: uint32(len(p))}
 	return c.start(ctx, &h, nil, func(pc *pipeline.Call) { pc.Dst = p })
+}
+
+// ReadFn starts reading len(p) bytes at off of volume vol into p and calls
+// done with the result, once: on the connection's reader goroutine when the
+// response arrives, on the caller's if the request cannot be sent. done
+// must not block (it holds up every response behind it).
+func (c *Client) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
+	if len(p) > MaxIO {
+		done(fmt.Errorf("memnode READ: %w: %d bytes", ErrTooLarge, len(p)))
+		return
+	}
+	h := ReqHeader{Op: OpRead, Volume: vol, Offset: off, Count: uint32(len(p))}
+	c.startFn(&h, done, readDone, func(pc *pipeline.Call) { pc.Dst = p })
+}
+
+// PrefetchFn is PREFETCH by key with a completion function, as ReadFn.
+func (c *Client) PrefetchFn(k Key, page []byte, done func(error)) {
+	h := ReqHeader{Op: OpPrefetch, Offset: uint64(k), Count: PageSize}
+	c.startFn(&h, done, prefetchDone, func(pc *pipeline.Call) { pc.HeadLen, pc.Dst = 8, page[:PageSize] })
+}
+
+// Static completion functions: no closure is allocated per request; the
+// caller's done travels in the call's Arg.
+func readDone(pc *pipeline.Call)     { fnDone(OpRead, pc) }
+func prefetchDone(pc *pipeline.Call) { fnDone(OpPrefetch, pc) }
+
+func fnDone(op Op, pc *pipeline.Call) {
+	err := pc.Err()
+	if err == nil {
+		err = statusCheck(pc)
+	}
+	pc.Arg.(func(error))(wrapErr(op, err))
+}
+
+func (c *Client) startFn(h *ReqHeader, done func(error), fn func(*pipeline.Call), setup func(*pipeline.Call)) {
+	// No context: a call with a completion function cannot be abandoned;
+	// it ends with its response or when the session breaks (OpTimeout).
+	s, err := c.session(context.Background())
+	if err != nil {
+		done(fmt.Errorf("memnode %v: %w", h.Op, err))
+		return
+	}
+	pc := s.Get()
+	setup(pc)
+	pc.Fn, pc.Arg = fn, done
+	var hdr [ReqHeaderSize]byte
+	h.Encode(hdr[:])
+	if err := s.Send(pc, hdr[:], nil); err != nil {
+		done(wrapErr(h.Op, err))
+	}
 }
 
 // ReadAt reads len(p) bytes at off of volume vol.

@@ -29,11 +29,23 @@
 // to 64 MiB, beyond that the connection is closed). A bad request magic or
 // a truncated header ends that connection only.
 //
-// Concurrency: one reader goroutine per connection parses and validates;
-// Workers goroutines execute requests concurrently; replies are appended
-// to one BatchWriter and leave in completion order. FLUSH (and FUA) flush
-// the shared cache, so they cover writes completed on every connection.
+// Concurrency: one reader goroutine per connection parses and validates.
+// A one-page, page-aligned READ — the random-read case — is run to
+// completion without a worker when the backend is a PageReader: a cache
+// or Loading Zone hit is answered by the reader itself, and a miss starts
+// a remote read whose completion (on the memory-node client's reader
+// goroutine) fills the frame and appends the reply. That replaces two
+// goroutine hand-offs per request (reader → worker, memory-node reader →
+// worker) with none. Everything else, and reads the page store cannot
+// start without waiting (page busy, only dirty frames to evict, too many
+// loads in flight), goes to Workers goroutines that execute requests
+// concurrently. Replies are appended to one BatchWriter and leave in
+// completion order; a completion that finds the reply buffer full (a
+// client not reading) hands its reply to a goroutine rather than stall
+// the shared memory-node reader. FLUSH (and FUA) flush the shared cache,
+// so they cover writes completed on every connection.
 //
-// Durability: FLUSH/FUA return once the data is at the memory node. The
-// memory node is RAM: restarting it loses data (persistence is issue 6).
+// Durability: FLUSH/FUA return once the data is at the memory node, and
+// on its stable storage when it runs with --persist. Without --persist
+// the memory node is RAM: restarting it loses data.
 package nbd

@@ -427,6 +427,47 @@ func TestConcurrentRequestsOutOfOrder(t *testing.T) {
 	}
 }
 
+// TestClientNotReadingStallsNobody: one-page reads are finished on the
+// memory-node client's reader goroutine, shared by every connection. A
+// client that floods READs and never reads the replies must only stall
+// itself: another connection's misses keep being served.
+func TestClientNotReadingStallsNobody(t *testing.T) {
+	const pages = 8192
+	r := newRig(t, pages*4096, 64*4096)
+	a := dial(t, r.addr, "disk0", false)
+	go func() {
+		for i := uint64(0); i < 6000; i++ {
+			a.send(cmdRead, 0, i, (i%pages)*4096, 4096, nil)
+		}
+	}()
+	// Let a's replies fill its socket and reply buffer, until the server
+	// stops reading a's requests.
+	last := uint64(0)
+	require.Eventually(t, func() bool {
+		n := r.srv.Requests.Load()
+		stuck := n == last && n > 1000
+		last = n
+		return stuck
+	}, 10*time.Second, 200*time.Millisecond)
+	t.Logf("the server read %d of a's requests before it stopped", last)
+	b := dial(t, r.addr, "disk0", false)
+	start := time.Now()
+	for i := uint64(0); i < 50; i++ {
+		b.send(cmdRead, 0, i, ((i*97+4000)%pages)*4096, 4096, nil)
+		errno, cookie, _ := b.simple(t, 4096)
+		require.Zero(t, errno)
+		require.Equal(t, i, cookie)
+	}
+	t.Logf("50 misses on the second connection in %v", time.Since(start))
+	// a gets every reply once it reads.
+	seen := 0
+	for seen < 6000 {
+		errno, _, _ := a.simple(t, 4096)
+		require.Zero(t, errno)
+		seen++
+	}
+}
+
 // --- real clients ---
 
 func TestNbdinfo(t *testing.T) {

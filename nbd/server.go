@@ -31,6 +31,17 @@ type Backend interface {
 
 var _ Backend = (*pagestore.Store)(nil)
 
+// PageReader is implemented by backends that can serve a one-page read
+// without blocking (*pagestore.Store): a hit is copied at once, a miss
+// finishes with done on the remote's reader goroutine. The connection
+// reader then runs such reads to completion itself, with no worker
+// hand-off; ErrWouldBlock sends a read to the workers instead.
+type PageReader interface {
+	GetAsync(k memnode.Key, dst []byte, done func(error)) (finished bool, err error)
+}
+
+var _ PageReader = (*pagestore.Store)(nil)
+
 // Export is one volume served over NBD.
 type Export struct {
 	Name        string
@@ -63,6 +74,7 @@ type Server struct {
 
 	group  netsrv.Group
 	bufs   bufPool
+	reqs   sync.Pool // *request
 	ctx    context.Context
 	cancel context.CancelFunc
 	once   sync.Once
@@ -134,7 +146,16 @@ type conn struct {
 	metaExport string // export base:allocation was selected for
 	metaOK     bool
 	exp        Export
+
+	bw      *pipeline.BatchWriter // replies (transmission phase)
+	pr      PageReader            // nil: every request goes to a worker
+	pending sync.WaitGroup        // reads started with PageReader
+	nasync  atomic.Int32          // reads started with PageReader, in flight
 }
+
+// maxConnAsync bounds one connection's reads in flight on the reader's
+// path, as Workers bounds the others.
+const maxConnAsync = 256
 
 func (s *Server) serveConn(nc net.Conn) {
 	s.Connections.Add(1)
@@ -404,7 +425,8 @@ func (c *conn) metaContext(opt uint32, data []byte) error {
 	return c.reply(opt, repAck, nil)
 }
 
-// request is one transmission-phase request in flight.
+// request is one transmission-phase request in flight. Requests are
+// pooled; answer recycles them.
 type request struct {
 	typ, flags uint16
 	cookie     uint64
@@ -412,6 +434,19 @@ type request struct {
 	length     uint32
 	buf        []byte // WRITE payload or READ destination
 	errno      uint32 // set by validation: answer without executing
+
+	c    *conn
+	done func(error) // r.pageRead, bound once per pooled request
+}
+
+func (s *Server) newRequest(c *conn) *request {
+	r, _ := s.reqs.Get().(*request)
+	if r == nil {
+		r = &request{}
+		r.done = r.pageRead
+	}
+	r.c = c
+	return r
 }
 
 // transmit runs the transmission phase: this goroutine reads and validates
@@ -420,6 +455,8 @@ type request struct {
 func (c *conn) transmit() error {
 	s := c.s
 	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { c.nc.Close() })
+	c.bw = bw
+	c.pr, _ = s.Backend.(PageReader)
 	work := make(chan *request, s.Workers*2)
 	var wg sync.WaitGroup
 	for i := 0; i < s.Workers; i++ {
@@ -434,6 +471,7 @@ func (c *conn) transmit() error {
 	err := c.readRequests(work, bw)
 	close(work)
 	wg.Wait() // every request gets its reply before the connection closes
+	c.pending.Wait()
 	bw.Close()
 	return err
 }
@@ -453,15 +491,15 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 			s.ProtocolViolations.Add(1)
 			return fmt.Errorf("%w: bad request magic %#x", errProtocol, m)
 		}
-		r := &request{
-			flags:  binary.BigEndian.Uint16(h[4:]),
-			typ:    binary.BigEndian.Uint16(h[6:]),
-			cookie: binary.BigEndian.Uint64(h[8:]),
-			off:    binary.BigEndian.Uint64(h[16:]),
-			length: binary.BigEndian.Uint32(h[24:]),
-		}
+		r := s.newRequest(c)
+		r.flags = binary.BigEndian.Uint16(h[4:])
+		r.typ = binary.BigEndian.Uint16(h[6:])
+		r.cookie = binary.BigEndian.Uint64(h[8:])
+		r.off = binary.BigEndian.Uint64(h[16:])
+		r.length = binary.BigEndian.Uint32(h[24:])
 		s.Requests.Add(1)
 		if r.typ == cmdDisc {
+			s.reqs.Put(r)
 			return nil // outstanding requests finish in transmit
 		}
 		if r.typ == cmdWrite {
@@ -493,8 +531,54 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 		}
 		if r.typ == cmdRead {
 			r.buf = c.s.bufs.get(int(r.length))
+			if c.readPage(r) {
+				continue
+			}
 		}
 		work <- r
+	}
+}
+
+// readPage runs a one-page READ on the reader's path if it can: a hit is
+// answered now, a miss when the page arrives (pageRead). It reports false
+// when a worker must take the request.
+func (c *conn) readPage(r *request) bool {
+	if c.pr == nil || r.length != memnode.PageSize || r.off%memnode.PageSize != 0 {
+		return false
+	}
+	if c.nasync.Add(1) > maxConnAsync {
+		c.nasync.Add(-1)
+		return false
+	}
+	c.pending.Add(1)
+	finished, err := c.pr.GetAsync(memnode.MakeKey(c.exp.Volume, r.off/memnode.PageSize), r.buf, r.done)
+	if errors.Is(err, pagestore.ErrWouldBlock) {
+		c.nasync.Add(-1)
+		c.pending.Done()
+		return false
+	}
+	if finished {
+		r.pageRead(err)
+	}
+	return true
+}
+
+// pageRead completes a READ started by readPage. It may run on the page
+// store's remote reader goroutine, so it must not wait: if the reply
+// buffer is full (the client is not reading), a goroutine answers.
+func (r *request) pageRead(err error) {
+	c := r.c
+	if err != nil {
+		c.failed(r, err)
+	}
+	defer c.pending.Done()
+	defer c.nasync.Add(-1)
+	if !c.tryAnswer(r) {
+		c.pending.Add(1)
+		go func() {
+			defer c.pending.Done()
+			c.answer(r, c.bw)
+		}()
 	}
 }
 
@@ -571,11 +655,15 @@ func (c *conn) execute(r *request, bw *pipeline.BatchWriter) {
 		err = c.s.Backend.Flush(ctx)
 	}
 	if err != nil {
-		r.errno = errnoOf(err)
-		c.s.Errors.Add(1)
-		c.s.Log.Warn("nbd: request failed", "cmd", cmdName(r.typ), "offset", r.off, "length", r.length, "err", err)
+		c.failed(r, err)
 	}
 	c.answer(r, bw)
+}
+
+func (c *conn) failed(r *request, err error) {
+	r.errno = errnoOf(err)
+	c.s.Errors.Add(1)
+	c.s.Log.Warn("nbd: request failed", "cmd", cmdName(r.typ), "offset", r.off, "length", r.length, "err", err)
 }
 
 // cache reads the range into the host cache (and, with an agent, its
@@ -609,18 +697,40 @@ func errnoOf(err error) uint32 {
 	return errIO
 }
 
-// answer sends r's reply and recycles its buffer.
+// answer sends r's reply and recycles r and its buffer.
 func (c *conn) answer(r *request, bw *pipeline.BatchWriter) {
-	defer func() {
-		if r.buf != nil {
-			c.s.bufs.put(r.buf)
-			r.buf = nil
-		}
-	}()
 	buf, err := bw.Begin()
-	if err != nil {
-		return
+	if err == nil {
+		bw.End(c.appendReply(r, buf))
 	}
+	c.recycle(r)
+}
+
+// tryAnswer is answer if the reply buffer has room; false (r untouched)
+// if not.
+func (c *conn) tryAnswer(r *request) bool {
+	buf, ok, err := c.bw.TryBegin()
+	if !ok && err == nil {
+		return false
+	}
+	if ok {
+		c.bw.End(c.appendReply(r, buf))
+	}
+	c.recycle(r)
+	return true
+}
+
+func (c *conn) recycle(r *request) {
+	if r.buf != nil {
+		c.s.bufs.put(r.buf)
+	}
+	done := r.done
+	*r = request{done: done}
+	c.s.reqs.Put(r)
+}
+
+// appendReply appends r's reply to buf.
+func (c *conn) appendReply(r *request, buf []byte) []byte {
 	structuredReply := c.structured && (r.typ == cmdRead || r.typ == cmdBlockStatus)
 	switch {
 	case !structuredReply:
@@ -647,7 +757,7 @@ func (c *conn) answer(r *request, bw *pipeline.BatchWriter) {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(n))
 		buf = binary.BigEndian.AppendUint32(buf, 0)
 	}
-	bw.End(buf)
+	return buf
 }
 
 func chunkHeader(b []byte, flags, typ uint16, cookie uint64, n uint32) []byte {

@@ -11,6 +11,15 @@
 // first reader publishes a write-locked frame for the key before reading,
 // and the others block on that frame's lock.
 //
+// GetAsync is the same miss path for a caller that must not block (a
+// connection reader running requests to completion): it serves hits at
+// once, and for a miss takes a free or clean frame, publishes it and
+// starts an AsyncReader read whose completion, on the remote's reader
+// goroutine, makes the frame valid and unlocks it — a lock released by
+// another goroutine than the one that took it, which sync.RWMutex allows.
+// Whenever it would have to wait it does nothing and says ErrWouldBlock.
+// Its loads hold at most a quarter of the frames.
+//
 // # Writes and durability
 //
 // Put stores a whole page in the cache and marks it dirty; it reaches the

@@ -79,6 +79,7 @@ type Stats struct {
 	Hits, Misses        uint64
 	PrefetchHits        uint64 // misses served by Prefetched
 	RemoteReads         uint64
+	AsyncLoads          uint64 // remote reads started by GetAsync
 	Evictions           uint64
 	WriteBacks          uint64 // pages written to the remote
 	DirtyPages, Frames  int
@@ -130,6 +131,8 @@ type Store struct {
 	hits, misses, lzHits, remoteReads atomic.Uint64
 	evictions, writeBacks, waits      atomic.Uint64
 	discards, wbFailures              atomic.Uint64
+
+	asyncState
 }
 
 const nShards = 64
@@ -195,6 +198,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 	for i := range s.shards {
 		s.shards[i].m = make(map[Key]int32, n/nShards*2)
 	}
+	s.initAsync()
 	return s, nil
 }
 
@@ -501,16 +505,10 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 	var waited time.Duration
 	var failedAt time.Time // first failed write-back of a victim
 	for attempt := 0; ; attempt++ {
-		s.evictMu.Lock()
-		if n := len(s.free); n > 0 {
-			f := s.free[n-1]
-			s.free = s.free[:n-1]
-			s.evictMu.Unlock()
-			s.frames[f].mu.Lock()
+		f, free := s.takeVictim(s.claim)
+		if free {
 			return f, nil
 		}
-		f := s.pol.victim(s.claim)
-		s.evictMu.Unlock()
 		if f < 0 {
 			// Every frame is busy (being loaded, read, or flushed). That
 			// passes within a round trip; wait with backoff, bounded.
@@ -558,13 +556,37 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 			s.writeBacks.Add(1)
 			fr.dirty.Store(false)
 		}
-		s.unindex(k, f)
-		fr.key, fr.valid = 0, false
-		s.evictions.Add(1)
-		if s.opt.OnEvict != nil {
-			s.opt.OnEvict(k)
-		}
+		s.evicted(f, k)
 		return f, nil
+	}
+}
+
+// takeVictim takes a free frame (free is true) or, failing that, the
+// policy's victim among the frames claim accepts (-1 if none); either
+// comes write-locked.
+func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
+	s.evictMu.Lock()
+	if n := len(s.free); n > 0 {
+		f := s.free[n-1]
+		s.free = s.free[:n-1]
+		s.evictMu.Unlock()
+		s.frames[f].mu.Lock()
+		return f, true
+	}
+	f = s.pol.victim(claim)
+	s.evictMu.Unlock()
+	return f, false
+}
+
+// evicted finishes the eviction of page k from its claimed frame f (clean
+// by now): out of the index, empty, and reported.
+func (s *Store) evicted(f int32, k Key) {
+	s.unindex(k, f)
+	fr := &s.frames[f]
+	fr.key, fr.valid = 0, false
+	s.evictions.Add(1)
+	if s.opt.OnEvict != nil {
+		s.opt.OnEvict(k)
 	}
 }
 
@@ -729,7 +751,7 @@ func (s *Store) flushOnce(ctx context.Context, vol uint16) error {
 func (s *Store) Stats() Stats {
 	st := Stats{
 		Hits: s.hits.Load(), Misses: s.misses.Load(), PrefetchHits: s.lzHits.Load(),
-		RemoteReads: s.remoteReads.Load(), Evictions: s.evictions.Load(),
+		RemoteReads: s.remoteReads.Load(), AsyncLoads: s.asyncLoads.Load(), Evictions: s.evictions.Load(),
 		WriteBacks: s.writeBacks.Load(), SharedMissesWaiting: s.waits.Load(),
 		WritebackFailures: s.wbFailures.Load(),
 		Frames:            len(s.frames),

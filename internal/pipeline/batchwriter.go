@@ -80,6 +80,22 @@ func (b *BatchWriter) Begin() ([]byte, error) {
 	return b.buf, nil
 }
 
+// TryBegin is Begin for a caller that must not wait: ok is false (and
+// nothing is locked) while more than MaxPending bytes are queued.
+func (b *BatchWriter) TryBegin() (buf []byte, ok bool, err error) {
+	b.mu.Lock()
+	if b.err != nil {
+		err := b.err
+		b.mu.Unlock()
+		return nil, false, err
+	}
+	if len(b.buf) > b.max {
+		b.mu.Unlock()
+		return nil, false, nil
+	}
+	return b.buf, true, nil
+}
+
 // End stores the appended buffer, unlocks and rings the writer.
 func (b *BatchWriter) End(buf []byte) {
 	b.buf = buf

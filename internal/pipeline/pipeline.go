@@ -10,6 +10,13 @@
 // session then discards the late response and never touches the caller's
 // buffers again.
 //
+// A call with a completion function (Fn) is never waited for: the session
+// runs Fn on its reader goroutine when the response has been read (or on
+// the goroutine that breaks the session) and recycles the call afterwards.
+// That saves the hand-off to a parked caller — a futex wake and a context
+// switch per request when callers are few — at the price that Fn must not
+// block: it delays every response behind it.
+//
 // The steady state allocates nothing per request: calls are pooled, headers
 // are written into a reused buffer, and payloads are read straight into the
 // caller's destination.
@@ -69,6 +76,12 @@ type Call struct {
 	// Status and N are the response's status and payload length.
 	Status uint16
 	N      int
+
+	// Fn, if set, completes the call instead of Wait (see the package
+	// doc); Arg is the caller's, for Fn to use (a func or a pointer, so
+	// storing it does not allocate).
+	Fn  func(*Call)
+	Arg any
 
 	err   error
 	state atomic.Uint32
@@ -161,6 +174,7 @@ func (s *Session) Get() *Call {
 
 func (s *Session) put(c *Call) {
 	c.Dst, c.HeadLen, c.KeepExtra, c.Extra = nil, 0, false, nil
+	c.Fn, c.Arg = nil, nil
 	c.Status, c.N, c.err = 0, 0, nil
 	c.state.Store(stPending)
 	s.pool.Put(c)
@@ -257,12 +271,27 @@ func (s *Session) fail(err error) {
 	for _, c := range calls {
 		if c.state.CompareAndSwap(stPending, stReceiving) {
 			c.err = err
-			c.done <- struct{}{}
+			s.complete(c)
 		} else {
 			s.put(c)
 		}
 	}
 }
+
+// complete hands a finished call to its waiter, or runs its Fn and
+// recycles it.
+func (s *Session) complete(c *Call) {
+	if c.Fn == nil {
+		c.done <- struct{}{}
+		return
+	}
+	c.Fn(c)
+	s.put(c)
+}
+
+// Err is the transport error a call failed with (nil if a response
+// arrived); for Fn, which cannot get it from Wait.
+func (c *Call) Err() error { return c.err }
 
 // Close breaks the session with err (ErrClosed-like) and waits for its
 // goroutines.
@@ -304,11 +333,11 @@ func (s *Session) readLoop() {
 		c.Status, c.N = h.Status, h.PayloadLen
 		if err := readPayload(r, c, h.PayloadLen); err != nil {
 			c.err = fmt.Errorf("reading response: %w", err)
-			c.done <- struct{}{}
+			s.complete(c)
 			s.fail(c.err)
 			return
 		}
-		c.done <- struct{}{}
+		s.complete(c)
 	}
 }
 

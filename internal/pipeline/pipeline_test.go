@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"io"
@@ -105,4 +106,62 @@ func TestWatchdogTimesOut(t *testing.T) {
 	c := send(t, s, make([]byte, 4))
 	err := c.Wait(context.Background())
 	assert.ErrorIs(t, err, ErrTimeout)
+}
+
+// TestCompletionFunctions: calls with Fn complete on the session's
+// goroutines with their payload in place, mixed with waited calls, and
+// fail through Fn when the connection breaks.
+func TestCompletionFunctions(t *testing.T) {
+	cl, sv := net.Pipe()
+	release := make(chan struct{})
+	close(release)
+	toyServer(t, sv, release)
+	s := New(cl, toy{}, Options{})
+	defer s.Close(io.EOF)
+
+	type result struct {
+		err error
+		n   int
+		dst []byte
+	}
+	results := make(chan result, 8)
+	fn := func(c *Call) { results <- result{c.Err(), c.N, c.Arg.([]byte)} }
+	for i := 0; i < 8; i++ {
+		c := s.Get()
+		dst := make([]byte, 16+i)
+		c.Dst, c.Fn, c.Arg = dst, fn, dst
+		var h [8]byte
+		binary.LittleEndian.PutUint32(h[4:], uint32(len(dst)))
+		require.NoError(t, s.Send(c, h[:], nil))
+		if i%3 == 0 { // waited calls in between
+			require.NoError(t, send(t, s, make([]byte, 4)).Wait(context.Background()))
+		}
+	}
+	for i := 0; i < 8; i++ {
+		r := <-results
+		require.NoError(t, r.err)
+		assert.Equal(t, len(r.dst), r.n)
+		assert.Equal(t, bytes.Repeat([]byte{0xAB}, len(r.dst)), r.dst)
+	}
+
+	// A broken connection completes pending Fn calls with its error.
+	cl2, sv2 := net.Pipe()
+	go io.Copy(io.Discard, sv2) // never answers
+	s2 := New(cl2, toy{}, Options{})
+	defer s2.Close(io.EOF)
+	for i := 0; i < 4; i++ {
+		c := s2.Get()
+		c.Dst, c.Fn = make([]byte, 4), fn
+		c.Arg = c.Dst
+		require.NoError(t, s2.Send(c, make([]byte, 8), nil))
+	}
+	sv2.Close()
+	for i := 0; i < 4; i++ {
+		select {
+		case r := <-results:
+			assert.Error(t, r.err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a call with Fn was never completed")
+		}
+	}
 }

@@ -34,3 +34,80 @@ func Exchange(t testing.TB, addr string, chunks ...[]byte) []byte {
 	}
 	return out
 }
+
+// Gate is a TCP proxy whose answers (server → client bytes) can be held
+// back, so a test can line up requests that a fast server would otherwise
+// answer before the next is sent.
+type Gate struct {
+	Addr string // where clients connect
+	open chan struct{}
+	mu   chan struct{} // a one-slot lock over open
+}
+
+// NewGate proxies to target until the test ends; it starts open.
+func NewGate(t testing.TB, target string) *Gate {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Gate{Addr: ln.Addr().String(), open: make(chan struct{}), mu: make(chan struct{}, 1)}
+	close(g.open)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); s.Close() })
+			go io.Copy(s, c)
+			go g.answer(c, s)
+		}
+	}()
+	return g
+}
+
+func (g *Gate) answer(c, s net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := s.Read(buf)
+		if n > 0 {
+			g.mu <- struct{}{}
+			open := g.open
+			<-g.mu
+			<-open
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			c.Close()
+			return
+		}
+	}
+}
+
+// Hold makes answers wait until Release. Bytes the server sends meanwhile
+// are delivered in order after it.
+func (g *Gate) Hold() {
+	g.mu <- struct{}{}
+	g.open = make(chan struct{})
+	<-g.mu
+}
+
+// Release delivers held answers and lets later ones through.
+func (g *Gate) Release() {
+	g.mu <- struct{}{}
+	select {
+	case <-g.open:
+	default:
+		close(g.open)
+	}
+	<-g.mu
+}

@@ -1,0 +1,177 @@
+package pagestore
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// AsyncReader is implemented by Remotes that can read a page without
+// blocking the caller. done is called exactly once with the result: later
+// on another goroutine (the remote's connection reader), or at once if the
+// read could not be started. done must not block.
+type AsyncReader interface {
+	ReadPageAsync(k Key, dst []byte, done func(error))
+}
+
+// ErrWouldBlock is GetAsync's answer when it cannot go on without waiting
+// (the page is being loaded or evicted, only dirty frames are left to
+// evict, too many loads are in flight, or the remote cannot read
+// asynchronously). Nothing was done; use Get from a goroutine that may
+// block.
+var ErrWouldBlock = errors.New("pagestore: would block")
+
+// asyncLoads bounds the loads GetAsync keeps in flight: each holds a
+// locked frame, and loads holding every frame would leave none for
+// anyone else. Like the batched runs, a quarter of the cache at most.
+func (s *Store) maxAsync() int64 { return int64(max(1, len(s.frames)/4)) }
+
+// GetAsync reads page k into dst without blocking. If the page is cached
+// or in the Loading Zone it is copied at once and GetAsync reports
+// finished (done is not called). A miss starts a remote read into a free
+// or clean frame and returns (false, nil); done(err) follows once, on
+// another goroutine, with dst filled. Errors other than ErrWouldBlock
+// (a bad key, a fenced volume) are final.
+//
+// It is the read path of a connection reader that runs requests to
+// completion without a worker: hits cost no hand-off at all, misses one
+// callback from the remote's reader instead of two goroutine wake-ups.
+func (s *Store) GetAsync(k Key, dst []byte, done func(error)) (finished bool, err error) {
+	if len(dst) != PageSize {
+		return true, ErrBadPage
+	}
+	if err := s.CheckKey(k); err != nil {
+		return true, err
+	}
+	if f, ok := s.lookup(k); ok {
+		fr := &s.frames[f]
+		if !fr.mu.TryRLock() {
+			return false, ErrWouldBlock // being loaded or evicted
+		}
+		if fr.key != k || !fr.valid {
+			fr.mu.RUnlock()
+			return false, ErrWouldBlock
+		}
+		copy(dst, s.page(f))
+		fr.mu.RUnlock()
+		s.pol.hit(f)
+		s.hits.Add(1)
+		return true, nil
+	}
+	ar, ok := s.remote.(AsyncReader)
+	if !ok {
+		return false, ErrWouldBlock
+	}
+	if s.async.Add(1) > s.maxAsync() {
+		s.async.Add(-1)
+		return false, ErrWouldBlock
+	}
+	f, ok := s.tryClaimClean()
+	if !ok {
+		s.async.Add(-1)
+		return false, ErrWouldBlock
+	}
+	if !s.publish(k, f) {
+		s.async.Add(-1)
+		return false, ErrWouldBlock // someone else is loading k
+	}
+	s.misses.Add(1)
+	page := s.page(f)
+	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, page) == PageSize {
+		s.lzHits.Add(1)
+		s.async.Add(-1)
+		s.loaded(k, f, dst)
+		return true, nil
+	}
+	s.remoteReads.Add(1)
+	s.asyncLoads.Add(1)
+	l := s.loads.Get().(*asyncLoad)
+	l.k, l.f, l.dst, l.done = k, f, dst, done
+	ar.ReadPageAsync(k, page, l.fn)
+	return false, nil
+}
+
+// loaded makes a freshly filled, write-locked frame valid, copies it to dst
+// and hands it to the eviction policy.
+func (s *Store) loaded(k Key, f int32, dst []byte) {
+	s.frames[f].valid = true
+	copy(dst, s.page(f))
+	s.frames[f].mu.Unlock()
+	s.track(f, k)
+}
+
+// asyncLoad is one GetAsync miss in flight. fn is its finish method, bound
+// once when the load is made, so a miss allocates nothing.
+type asyncLoad struct {
+	s    *Store
+	k    Key
+	f    int32
+	dst  []byte
+	done func(error)
+	fn   func(error)
+}
+
+func (l *asyncLoad) finish(err error) {
+	s, k, f, dst, done := l.s, l.k, l.f, l.dst, l.done
+	l.dst, l.done = nil, nil
+	s.loads.Put(l)
+	if err != nil {
+		s.unpublish(k, f)
+		err = fmt.Errorf("reading page %v: %w", k, err)
+	} else {
+		s.loaded(k, f, dst)
+	}
+	s.async.Add(-1)
+	done(err)
+}
+
+// tryClaimClean is claimFrame for a caller that must not block: a free
+// frame, or a clean resident page evicted without a write-back.
+func (s *Store) tryClaimClean() (int32, bool) {
+	f, free := s.takeVictim(s.claimClean)
+	if free {
+		return f, true
+	}
+	if f < 0 {
+		return -1, false
+	}
+	if fr := &s.frames[f]; fr.valid { // else a discarded page
+		s.evicted(f, fr.key)
+	}
+	return f, true
+}
+
+// initAsync prepares the pools GetAsync uses.
+func (s *Store) initAsync() {
+	s.loads.New = func() any {
+		l := &asyncLoad{s: s}
+		l.fn = l.finish
+		return l
+	}
+	s.claimClean = func(f int32) bool {
+		if !s.claim(f) {
+			return false
+		}
+		if s.frames[f].dirty.Load() {
+			s.frames[f].mu.Unlock()
+			return false
+		}
+		return true
+	}
+}
+
+// asyncState is the part of Store that GetAsync uses.
+type asyncState struct {
+	async      atomic.Int64 // GetAsync loads in flight
+	asyncLoads atomic.Uint64
+	loads      sync.Pool // *asyncLoad
+	claimClean func(int32) bool
+}
+
+// ReadPageAsync implements AsyncReader.
+func (r MemnodeRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
+	r.C.ReadFn(k.Volume(), k.Page()*PageSize, dst, done)
+}
+
+var _ AsyncReader = MemnodeRemote{}

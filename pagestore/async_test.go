@@ -1,0 +1,198 @@
+package pagestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// asyncRemote reads asynchronously on a goroutine of its own after a random
+// delay of up to maxDelay, as a connection's reader would.
+type asyncRemote struct {
+	*MemRemote
+	maxDelay time.Duration
+	started  atomic.Int64
+}
+
+func (a *asyncRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
+	a.started.Add(1)
+	d := time.Duration(rand.Int64N(int64(a.maxDelay) + 1))
+	go func() {
+		time.Sleep(d)
+		done(a.ReadPage(context.Background(), k, dst))
+	}()
+}
+
+// getAsync is GetAsync as the NBD reader uses it: Get when it would block.
+func getAsync(ctx context.Context, s *Store, k Key, dst []byte) error {
+	ch := make(chan error, 1)
+	finished, err := s.GetAsync(k, dst, func(err error) { ch <- err })
+	switch {
+	case errors.Is(err, ErrWouldBlock):
+		return s.Get(ctx, k, dst)
+	case finished:
+		return err
+	}
+	return <-ch
+}
+
+// TestAsyncModel runs goroutines over a cache of 8 frames, each reading
+// and writing its own pages with GetAsync, Get and Put while the others
+// evict them, plus Flushes: every read returns the reader's last write.
+func TestAsyncModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(testutil.Seed(t), 7))
+	rem := &asyncRemote{MemRemote: NewMemRemote(), maxDelay: 200 * time.Microsecond}
+	const workers, volPages = 4, 64
+	s := newTestStore(t, rem, 8, "", volPages)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var asyncDone, wouldBlock atomic.Int64
+	for w := 0; w < workers; w++ {
+		seed := rng.Uint64()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(w)))
+			model := map[Key][]byte{}
+			buf := make([]byte, PageSize)
+			for i := 0; i < 3000; i++ {
+				k := memnode.MakeKey(1, uint64(r.IntN(volPages/workers)*workers+w))
+				switch op := r.IntN(10); {
+				case op == 0:
+					if !assert.NoError(t, s.Flush(ctx)) {
+						return
+					}
+				case op <= 3:
+					p := fill(k, uint64(i))
+					if !assert.NoError(t, s.Put(ctx, k, p)) {
+						return
+					}
+					model[k] = p
+				default:
+					var err error
+					if op <= 7 {
+						ch := make(chan error, 1)
+						var finished bool
+						finished, err = s.GetAsync(k, buf, func(err error) { ch <- err })
+						switch {
+						case errors.Is(err, ErrWouldBlock):
+							wouldBlock.Add(1)
+							err = s.Get(ctx, k, buf)
+						case !finished:
+							err = <-ch
+							asyncDone.Add(1)
+						}
+					} else {
+						err = s.Get(ctx, k, buf)
+					}
+					if !assert.NoError(t, err) {
+						return
+					}
+					want, ok := model[k]
+					if !ok {
+						want = make([]byte, PageSize)
+					}
+					if !assert.Equal(t, want, buf, fmt.Sprintf("worker %d step %d page %v", w, i, k)) {
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Positive(t, asyncDone.Load(), "some misses completed asynchronously")
+	assert.Positive(t, wouldBlock.Load(), "some reads found their page busy")
+	assert.Zero(t, s.async.Load(), "loads left in flight")
+	t.Logf("async misses %d, would block %d, remote async reads %d", asyncDone.Load(), wouldBlock.Load(), rem.started.Load())
+}
+
+// TestAsyncMissBlocksWriters: a write to a page whose asynchronous load
+// is in flight waits for it, and a blocking read of it shares the load.
+func TestAsyncMissBlocksWriters(t *testing.T) {
+	rem := &asyncRemote{MemRemote: NewMemRemote(), maxDelay: 0}
+	k := memnode.MakeKey(1, 3)
+	require.NoError(t, rem.WritePages(context.Background(), []Key{k}, [][]byte{fill(k, 1)}))
+	release := make(chan struct{})
+	gated := &gatedRemote{asyncRemote: rem, release: release}
+	s := newTestStore(t, gated, 4, "", 16)
+	ctx := context.Background()
+	buf := make([]byte, PageSize)
+	done := make(chan error, 1)
+	finished, err := s.GetAsync(k, buf, func(err error) { done <- err })
+	require.NoError(t, err)
+	require.False(t, finished)
+
+	// A second GetAsync of the same page cannot take it while it loads.
+	other := make([]byte, PageSize)
+	_, err = s.GetAsync(k, other, func(error) { t.Error("second load started") })
+	assert.ErrorIs(t, err, ErrWouldBlock)
+
+	putDone := make(chan error, 1)
+	go func() { putDone <- s.Put(ctx, k, fill(k, 2)) }()
+	getDone := make(chan error, 1)
+	go func() { getDone <- s.Get(ctx, k, other) }()
+	select {
+	case <-putDone:
+		t.Fatal("Put finished while the page was loading")
+	case <-getDone:
+		t.Fatal("Get finished while the page was loading")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-done)
+	assert.Equal(t, fill(k, 1), buf)
+	require.NoError(t, <-putDone)
+	require.NoError(t, <-getDone)
+	require.NoError(t, s.Get(ctx, k, buf))
+	assert.Equal(t, fill(k, 2), buf)
+	assert.Equal(t, int64(1), rem.started.Load(), "one remote read")
+}
+
+type gatedRemote struct {
+	*asyncRemote
+	release chan struct{}
+}
+
+func (g *gatedRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
+	g.asyncRemote.ReadPageAsync(k, dst, func(err error) {
+		<-g.release
+		done(err)
+	})
+}
+
+// TestAsyncNeverEvictsDirty: GetAsync evicts only clean pages (a dirty one
+// needs a write-back, which blocks), and says so when none is left.
+func TestAsyncNeverEvictsDirty(t *testing.T) {
+	rem := &asyncRemote{MemRemote: NewMemRemote()}
+	s := newTestStore(t, rem, 4, "", 16)
+	ctx := context.Background()
+	for p := uint64(0); p < 4; p++ {
+		require.NoError(t, s.Put(ctx, memnode.MakeKey(1, p), fill(memnode.MakeKey(1, p), 1)))
+	}
+	buf := make([]byte, PageSize)
+	_, err := s.GetAsync(memnode.MakeKey(1, 9), buf, func(error) { t.Error("load started") })
+	assert.ErrorIs(t, err, ErrWouldBlock)
+	assert.Zero(t, rem.Writes.Load(), "nothing written back")
+	require.NoError(t, s.Flush(ctx))
+	require.NoError(t, getAsync(ctx, s, memnode.MakeKey(1, 9), buf))
+	assert.Equal(t, int64(1), rem.started.Load())
+	// The failed remote's error reaches the reader, and the frame is
+	// free again.
+	rem.Fail.Store(true)
+	err = getAsync(ctx, s, memnode.MakeKey(1, 10), buf)
+	assert.ErrorIs(t, err, ErrInjected)
+	rem.Fail.Store(false)
+	require.NoError(t, getAsync(ctx, s, memnode.MakeKey(1, 10), buf))
+	assert.Equal(t, make([]byte, PageSize), buf)
+	assert.Zero(t, s.async.Load())
+}
