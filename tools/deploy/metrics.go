@@ -47,12 +47,19 @@ func (h *Host) Registry() *prometheus.Registry {
 	counter("cache_writebacks_total", "Dirty pages written back to the memory node.", func() uint64 { return st.Stats().WriteBacks })
 	counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func() uint64 { return st.Stats().PrefetchHits })
 	counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func() uint64 { return st.Stats().RemoteReads })
+	counter("cache_async_loads_total", "Remote reads started without blocking (NBD one-page reads run by the connection reader).", func() uint64 { return st.Stats().AsyncLoads })
 	counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func() uint64 { return st.Stats().WritebackFailures })
 	gauge("cache_dirty_pages", "Dirty pages in the host cache.", func() float64 { return float64(st.Stats().DirtyPages) })
 	gauge("cache_resident_pages", "Pages in the host cache.", func() float64 { return float64(st.Stats().ResidentPages) })
 	if h.Page != nil {
 		counter("page_requests_total", "Page-protocol requests executed.", load(&h.Page.Requests))
 		counter("page_errors_total", "Page-protocol requests that failed.", load(&h.Page.Errors))
+	}
+	if n := h.NBD; n != nil {
+		counter("nbd_connections_total", "NBD connections accepted.", load(&n.Connections))
+		counter("nbd_requests_total", "NBD transmission-phase requests received.", load(&n.Requests))
+		counter("nbd_errors_total", "NBD requests answered with an error by the backend.", load(&n.Errors))
+		counter("nbd_protocol_violations_total", "NBD connections closed for a protocol violation.", load(&n.ProtocolViolations))
 	}
 	m.RegisterAgent(h.Agent, h.Engine, h.Zone, h.HostView)
 	if l := h.Leap; l != nil {
