@@ -437,6 +437,17 @@ type request struct {
 
 	c    *conn
 	done func(error) // r.pageRead, bound once per pooled request
+	// page holds READ and WRITE data of up to a page, so the common
+	// request needs no buffer from bufs.
+	page [memnode.PageSize]byte
+}
+
+// data returns a buffer of n bytes for r.
+func (c *conn) data(r *request, n int) []byte {
+	if n <= len(r.page) {
+		return r.page[:n]
+	}
+	return c.s.bufs.get(n)
 }
 
 func (s *Server) newRequest(c *conn) *request {
@@ -506,18 +517,18 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 			if r.length > s.MaxRequest {
 				// Refuse it, but keep the stream in step if we can.
 				r.errno = errOverflow
-				if r.length > maxDiscard {
-					c.answer(r, bw)
+				if n := r.length; n > maxDiscard {
+					c.answer(r, bw) // recycles r
 					s.ProtocolViolations.Add(1)
-					return fmt.Errorf("%w: WRITE of %d bytes", errProtocol, r.length)
+					return fmt.Errorf("%w: WRITE of %d bytes", errProtocol, n)
 				}
 				if _, err := c.r.Discard(int(r.length)); err != nil {
 					return err
 				}
 			} else {
-				r.buf = s.bufs.get(int(r.length))
+				r.buf = c.data(r, int(r.length))
 				if _, err := io.ReadFull(c.r, r.buf); err != nil {
-					s.bufs.put(r.buf)
+					c.recycle(r)
 					return err
 				}
 			}
@@ -530,7 +541,7 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 			continue
 		}
 		if r.typ == cmdRead {
-			r.buf = c.s.bufs.get(int(r.length))
+			r.buf = c.data(r, int(r.length))
 			if c.readPage(r) {
 				continue
 			}
@@ -721,11 +732,11 @@ func (c *conn) tryAnswer(r *request) bool {
 }
 
 func (c *conn) recycle(r *request) {
-	if r.buf != nil {
+	if cap(r.buf) > len(r.page) {
 		c.s.bufs.put(r.buf)
 	}
-	done := r.done
-	*r = request{done: done}
+	r.typ, r.flags, r.cookie, r.off, r.length, r.errno = 0, 0, 0, 0, 0, 0
+	r.buf, r.c = nil, nil
 	c.s.reqs.Put(r)
 }
 
