@@ -6,7 +6,7 @@
 // # Server
 //
 // One reader goroutine per connection parses frames and queues requests;
-// a fixed pool of workers (Server.Workers, default GOMAXPROCS) executes them
+// a fixed pool of workers (Server.Workers, default one per CPU) executes them
 // one at a time each, blocking on their own cache misses like the
 // application threads of the paper's page server; one writer goroutine per
 // connection sends replies in completion order, batched. A connection has

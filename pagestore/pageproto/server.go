@@ -36,7 +36,7 @@ var _ Backend = (*pagestore.Store)(nil)
 // connection; replies leave in completion order.
 type Server struct {
 	Backend Backend
-	// Workers is the size of the worker pool (default GOMAXPROCS).
+	// Workers is the size of the worker pool (default: one per CPU).
 	Workers int
 	// MaxInFlight bounds requests queued or running per connection
 	// (default 256); the reader stops reading while it is reached.
@@ -81,7 +81,7 @@ func (s *Server) log() *slog.Logger {
 func (s *Server) start() {
 	s.startMu.Do(func() {
 		if s.Workers <= 0 {
-			s.Workers = runtime.GOMAXPROCS(0)
+			s.Workers = runtime.NumCPU()
 		}
 		if s.MaxInFlight <= 0 {
 			s.MaxInFlight = 256

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -87,7 +88,7 @@ func Machine() string {
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		n = strings.Count(string(b), "processor\t:")
 	}
-	return fmt.Sprintf("%s, %d cpus, %s", host, n, cpu)
+	return fmt.Sprintf("%s, %d cpus, %s, Go processes GOMAXPROCS %d", host, n, cpu, runtime.GOMAXPROCS(0))
 }
 
 // Print writes r as JSON or as a table.

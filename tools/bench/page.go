@@ -225,7 +225,7 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 
 func workersName(t int) string {
 	if t <= 0 {
-		return "GOMAXPROCS"
+		return "CPUs"
 	}
 	return strconv.Itoa(t)
 }

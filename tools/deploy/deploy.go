@@ -560,7 +560,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: page server: %w", err)
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = runtime.GOMAXPROCS(0)
+		cfg.Workers = runtime.NumCPU()
 	}
 	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()

@@ -112,7 +112,7 @@ func benchCmd() *cobra.Command {
 	fl.DurationVar(&popt.Duration, "duration", 10*time.Second, "measurement time per system")
 	fl.DurationVar(&popt.Warmup, "warmup", 3*time.Second, "unmeasured load before each measurement")
 	fl.StringVar(&dists, "dist", "uniform", "key distributions, comma-separated: uniform, zipf:THETA")
-	fl.StringVar(&workers, "workers", "0", "server worker counts, comma-separated (0 = GOMAXPROCS)")
+	fl.StringVar(&workers, "workers", "0", "server worker counts, comma-separated (0 = one per CPU)")
 	fl.Float64Var(&popt.FixedLoad, "fixed-load", 0, "also run every system open-loop at this fraction of sync's peak (e.g. 0.5) and compare p99")
 	fl.StringVar(&arrivals, "arrivals", "poisson", "open-loop spacing of GETs: poisson or uniform")
 	fl.StringVar(&sweep, "sweep", "", "vary one setting: cache=16MiB..1GiB or lz=1MiB..256MiB (doubling), or a comma list")

@@ -5,7 +5,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
+	"strconv"
 
 	"github.com/spf13/cobra"
 )
@@ -16,6 +18,19 @@ func main() {
 		Short:         "pd3 — pages in remote memory, prefetched by a DPU agent",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	var procs int
+	root.PersistentFlags().IntVar(&procs, "procs", 0, "OS threads running Go code at once, in this process and the pd3 processes a benchmark starts (GOMAXPROCS; 0: one per CPU). Where pd3 shares a few cores with its memory node and clients, 1 saves the Go scheduler's cross-thread wake-ups (docs/BENCHMARKS.md)")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if procs < 0 {
+			return fmt.Errorf("--procs %d: want 0 (one per CPU) or more", procs)
+		}
+		if procs > 0 {
+			runtime.GOMAXPROCS(procs)
+			// Benchmarks re-execute pd3 for each role; they inherit it.
+			os.Setenv("GOMAXPROCS", strconv.Itoa(procs))
+		}
+		return nil
 	}
 	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd())
 	// PD3_CPUPROFILE=prefix profiles this process (and the children a

@@ -52,7 +52,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
 	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
-	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default GOMAXPROCS)")
+	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: one per CPU)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
