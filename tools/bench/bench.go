@@ -30,19 +30,23 @@ import (
 // Result is one system's measurement. Fields that do not apply are zero
 // and omitted from JSON.
 type Result struct {
-	System        string  `json:"system"`
-	Config        string  `json:"config,omitempty"`
-	Ops           uint64  `json:"ops"`
-	OpsPerSec     float64 `json:"ops_per_sec"`
-	GBytesPerSec  float64 `json:"gbytes_per_sec,omitempty"`
-	P50us         float64 `json:"p50_us,omitempty"`
-	P99us         float64 `json:"p99_us,omitempty"`
-	HostCPUusOp   float64 `json:"host_cpu_us_per_op,omitempty"`
-	AgentCPUusOp  float64 `json:"agent_cpu_us_per_op,omitempty"`
-	HostRSS       uint64  `json:"host_rss_bytes,omitempty"`
-	MemnodeRSS    uint64  `json:"memnode_rss_bytes,omitempty"`
-	MemnodeStored uint64  `json:"memnode_stored_bytes,omitempty"`
-	Errors        uint64  `json:"errors"`
+	System       string  `json:"system"`
+	Config       string  `json:"config,omitempty"`
+	Ops          uint64  `json:"ops"`
+	OpsPerSec    float64 `json:"ops_per_sec"`
+	GBytesPerSec float64 `json:"gbytes_per_sec,omitempty"`
+	P50us        float64 `json:"p50_us,omitempty"`
+	P99us        float64 `json:"p99_us,omitempty"`
+	HostCPUusOp  float64 `json:"host_cpu_us_per_op,omitempty"`
+	AgentCPUusOp float64 `json:"agent_cpu_us_per_op,omitempty"`
+	// MemnodeCPUusOp is the memory node's CPU per operation where the
+	// benchmark runs one (NBD, FUSE): on these machines it shares the
+	// cores with the host and the clients.
+	MemnodeCPUusOp float64 `json:"memnode_cpu_us_per_op,omitempty"`
+	HostRSS        uint64  `json:"host_rss_bytes,omitempty"`
+	MemnodeRSS     uint64  `json:"memnode_rss_bytes,omitempty"`
+	MemnodeStored  uint64  `json:"memnode_stored_bytes,omitempty"`
+	Errors         uint64  `json:"errors"`
 	// SendDelay*: open loop only, scheduled send time → sent, the
 	// generator's own lateness plus any wait for a free requester.
 	SendDelayP50us float64 `json:"send_delay_p50_us,omitempty"`
@@ -100,10 +104,10 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
+	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\tmemnode CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
-			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp,
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
+			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp, x.MemnodeCPUusOp,
 			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), sendDelay(x), x.Errors)
 	}
 	tw.Flush()

@@ -29,8 +29,11 @@ type FUSEOptions struct {
 // FUSESystems are the ways to expose memory as a file that FUSE compares:
 // pd3 (memory node, 64 MiB host cache, agent), pd3 without prefetching
 // (--dpu none), nbdfuse over nbdkit's memory plugin, and tmpfs (the local
-// limit: the data in this machine's memory).
-var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-nbdkit", "tmpfs"}
+// limit: the data in this machine's memory). pd3-cached is pd3 with a host
+// cache larger than the file, which the layout leaves holding all of it:
+// every FUSE READ a host hit, no memory-node hop — the ceiling of pd3's
+// FUSE path at any cache size.
+var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-nbdkit", "tmpfs", "pd3-cached"}
 
 // FUSEJobs name fio runs as pattern-engine-depth-direct.
 var FUSEJobs = []string{
@@ -81,13 +84,13 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 	}
 	rep := &Report{Bench: "fuse", Machine: Machine(), Ratios: map[string]float64{}}
 	iops, err := runSuite(rep, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
-		file, proc, stop, err := startFUSESystem(ctx, opt, sys)
+		file, proc, node, stop, err := startFUSESystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err
 		}
 		base := []string{"--name=pd3", "--filename=" + file, "--size=" + strconv.FormatUint(opt.Size, 10), "--thread"}
 		return suiteSystem{
-			proc: proc, stop: stop,
+			proc: proc, node: node, stop: stop,
 			fill: func() error {
 				_, err := runFioArgs(ctx, append(base, "--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"), nil)
 				return err
@@ -103,10 +106,13 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 		return nil, err
 	}
 	for _, job := range opt.Jobs {
-		for _, base := range []string{"nbdfuse-nbdkit", "tmpfs", "pd3-noprefetch"} {
+		for _, base := range []string{"nbdfuse-nbdkit", "tmpfs", "pd3-noprefetch", "pd3-cached"} {
 			if iops["pd3"][job] > 0 && iops[base][job] > 0 {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
 			}
+		}
+		if iops["pd3-cached"][job] > 0 && iops["nbdfuse-nbdkit"][job] > 0 {
+			rep.Ratios["pd3-cached/nbdfuse-nbdkit@"+job] = iops["pd3-cached"][job] / iops["nbdfuse-nbdkit"][job]
 		}
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; nbdkit memory holds the data in its own memory",
@@ -132,63 +138,67 @@ func waitMounted(dir string) error {
 }
 
 // startFUSESystem mounts a system and returns the file to test, the
-// process to measure (nil for tmpfs) and a stop function.
-func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, *Child, func(), error) {
+// process to measure (nil for tmpfs), pd3's memory node (nil for the
+// others) and a stop function.
+func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, *Child, *Child, func(), error) {
 	dir, err := os.MkdirTemp("", "pd3-fuse-bench-")
 	if err != nil {
-		return "", nil, nil, err
+		return "", nil, nil, nil, err
 	}
 	mnt := filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
-		return "", nil, nil, err
+		return "", nil, nil, nil, err
 	}
 	cleanup := func() {
 		syscall.Unmount(mnt, syscall.MNT_DETACH)
 		os.RemoveAll(dir)
 	}
 	switch sys {
-	case "pd3", "pd3-noprefetch":
+	case "pd3", "pd3-noprefetch", "pd3-cached":
 		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
 		if err != nil {
 			cleanup()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
-		dpu := "embedded"
-		if sys == "pd3-noprefetch" {
+		dpu, cache := "embedded", opt.Cache
+		switch sys {
+		case "pd3-noprefetch":
 			dpu = "none"
+		case "pd3-cached":
+			cache = opt.Size + 64<<20 // the file, the metadata and room to spare
 		}
 		host, err := StartChild(ctx, opt.Exe, nil, "serve", "--memnode", node.Addrs["memory node"], "--mount", mnt,
-			"--volume", "disk0:4MiB", "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "", "--page", "", "--dpu", dpu)
+			"--volume", "disk0:4MiB", "--cache", strconv.FormatUint(cache, 10), "--nbd", "", "--page", "", "--dpu", dpu)
 		if err != nil {
 			node.Stop()
 			cleanup()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		stop := func() { host.Stop(); node.Stop(); cleanup() }
 		if err := host.WaitOutput("mounted at", 30*time.Second); err != nil {
 			stop()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
-		return filepath.Join(mnt, "bench"), host, stop, nil
+		return filepath.Join(mnt, "bench"), host, node, stop, nil
 	case "nbdfuse-nbdkit":
 		for _, bin := range []string{"nbdkit", "nbdfuse"} {
 			if _, err := exec.LookPath(bin); err != nil {
 				cleanup()
-				return "", nil, nil, fmt.Errorf("%s is not installed (make deps-system)", bin)
+				return "", nil, nil, nil, fmt.Errorf("%s is not installed (make deps-system)", bin)
 			}
 		}
 		// TCP on loopback, as pd3's host reaches its memory node.
 		port, err := freePort()
 		if err != nil {
 			cleanup()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
 		kit := exec.CommandContext(ctx, "nbdkit", "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "memory", strconv.FormatUint(opt.Size, 10))
 		kit.Stderr = os.Stderr
 		if err := kit.Start(); err != nil {
 			cleanup()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		kitChild := &Child{cmd: kit, Pid: kit.Process.Pid, Addrs: map[string]string{}}
 		for i := 0; ; i++ {
@@ -199,7 +209,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			if i > 400 {
 				kitChild.Stop()
 				cleanup()
-				return "", nil, nil, errors.New("nbdkit did not start")
+				return "", nil, nil, nil, errors.New("nbdkit did not start")
 			}
 			time.Sleep(25 * time.Millisecond)
 		}
@@ -208,7 +218,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		if err := fuse.Start(); err != nil {
 			kitChild.Stop()
 			cleanup()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		fuseChild := &Child{cmd: fuse, Pid: fuse.Process.Pid, Addrs: map[string]string{}}
 		stop := func() {
@@ -219,17 +229,17 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		}
 		if err := waitMounted(mnt); err != nil {
 			stop()
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
-		return filepath.Join(mnt, "bench"), kitChild, stop, nil
+		return filepath.Join(mnt, "bench"), kitChild, nil, stop, nil
 	case "tmpfs":
 		size := strconv.FormatUint(opt.Size+64<<20, 10)
 		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
 			cleanup()
-			return "", nil, nil, fmt.Errorf("mounting tmpfs: %w", err)
+			return "", nil, nil, nil, fmt.Errorf("mounting tmpfs: %w", err)
 		}
-		return filepath.Join(mnt, "bench"), nil, cleanup, nil
+		return filepath.Join(mnt, "bench"), nil, nil, cleanup, nil
 	}
 	cleanup()
-	return "", nil, nil, fmt.Errorf("unknown FUSE system %q (have %v)", sys, FUSESystems)
+	return "", nil, nil, nil, fmt.Errorf("unknown FUSE system %q (have %v)", sys, FUSESystems)
 }

@@ -31,8 +31,10 @@ type NBDOptions struct {
 }
 
 // NBDSystems lists the servers NBD compares; pd3-persist is pd3 with a
-// persistent memory node (--persist), for the cost of durability.
-var NBDSystems = []string{"pd3", "nbdkit-memory", "go-nbd", "pd3-persist"}
+// persistent memory node (--persist), for the cost of durability;
+// pd3-local is pd3's host with every page in its cache and no memory
+// node (--local): the ceiling of any remote configuration.
+var NBDSystems = []string{"pd3", "nbdkit-memory", "go-nbd", "pd3-persist", "pd3-local"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -57,14 +59,14 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 	}
 	rep := &Report{Bench: "nbd", Machine: Machine(), Ratios: map[string]float64{}}
 	iops, err := runSuite(rep, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
-		uri, server, stop, err := startNBDSystem(ctx, opt, sys)
+		uri, server, node, stop, err := startNBDSystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err
 		}
 		env := []string{"NBD_URI=" + uri, "SIZE=" + strconv.FormatUint(opt.Size, 10),
 			"RUNTIME=" + strconv.Itoa(int(opt.Runtime.Seconds())), "RAMP=" + strconv.Itoa(int(opt.Ramp.Seconds()))}
 		return suiteSystem{
-			proc: server, stop: stop,
+			proc: server, node: node, stop: stop,
 			fill: func() error { _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); return err },
 			run: func(job string) (Result, error) {
 				if nativeJobs[job] {
@@ -83,6 +85,9 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
 			}
 		}
+		if iops["pd3-local"][job] > 0 && iops["nbdkit-memory"][job] > 0 {
+			rep.Ratios["pd3-local/nbdkit-memory@"+job] = iops["pd3-local"][job] / iops["nbdkit-memory"][job]
+		}
 		if iops["pd3"][job] > 0 && iops["pd3-persist"][job] > 0 {
 			rep.Ratios["pd3-persist/pd3@"+job] = iops["pd3-persist"][job] / iops["pd3"][job]
 		}
@@ -93,52 +98,59 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 }
 
 // startNBDSystem starts a server and returns its URI, the process to
-// measure, and a stop function.
-func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, func(), error) {
+// measure, pd3's memory node (nil for the others), and a stop function.
+func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, *Child, func(), error) {
 	size := strconv.FormatUint(opt.Size, 10)
 	switch sys {
+	case "pd3-local":
+		host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--local",
+			"--volume", "disk0:"+size, "--nbd", "127.0.0.1:0", "--page", "")
+		if err != nil {
+			return "", nil, nil, nil, err
+		}
+		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, nil, host.Stop, nil
 	case "pd3", "pd3-persist":
 		args := []string{"memnode", "--listen", "127.0.0.1:0"}
 		var dir string
 		if sys == "pd3-persist" {
 			var err error
 			if dir, err = os.MkdirTemp("", "pd3-persist-"); err != nil {
-				return "", nil, nil, err
+				return "", nil, nil, nil, err
 			}
 			args = append(args, "--persist", dir)
 		}
 		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, args...)
 		if err != nil {
 			os.RemoveAll(dir)
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--memnode", node.Addrs["memory node"],
 			"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "embedded")
 		if err != nil {
 			node.Stop()
 			os.RemoveAll(dir)
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
-		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
+		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, node, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
 	case "go-nbd":
 		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
 		if err != nil {
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
-		return "nbd://" + srv.Addrs["go-nbd server"] + "/disk0", srv, srv.Stop, nil
+		return "nbd://" + srv.Addrs["go-nbd server"] + "/disk0", srv, nil, srv.Stop, nil
 	case "nbdkit-memory":
 		exe, err := exec.LookPath("nbdkit")
 		if err != nil {
-			return "", nil, nil, fmt.Errorf("nbdkit is not installed (make deps-system)")
+			return "", nil, nil, nil, fmt.Errorf("nbdkit is not installed (make deps-system)")
 		}
 		port, err := freePort()
 		if err != nil {
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		cmd := exec.CommandContext(ctx, exe, "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "memory", size)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
-			return "", nil, nil, err
+			return "", nil, nil, nil, err
 		}
 		c := &Child{cmd: cmd, Pid: cmd.Process.Pid, Addrs: map[string]string{}}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
@@ -149,13 +161,13 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			}
 			if i > 200 {
 				c.Stop()
-				return "", nil, nil, fmt.Errorf("nbdkit did not listen on %s", addr)
+				return "", nil, nil, nil, fmt.Errorf("nbdkit did not listen on %s", addr)
 			}
 			time.Sleep(25 * time.Millisecond)
 		}
-		return "nbd://" + addr, c, c.Stop, nil
+		return "nbd://" + addr, c, nil, c.Stop, nil
 	}
-	return "", nil, nil, fmt.Errorf("unknown NBD system %q (have %v)", sys, NBDSystems)
+	return "", nil, nil, nil, fmt.Errorf("unknown NBD system %q (have %v)", sys, NBDSystems)
 }
 
 func freePort() (int, error) {
@@ -171,6 +183,7 @@ func freePort() (int, error) {
 // (nil: none), how to fill it, run a job on it, and stop it.
 type suiteSystem struct {
 	proc *Child
+	node *Child // pd3's memory node, measured too (may be nil)
 	stop func()
 	fill func() error
 	run  func(job string) (Result, error)
@@ -192,7 +205,7 @@ func runSuite(rep *Report, systems, jobs []string, start func(sys string) (suite
 			return nil, fmt.Errorf("%s: filling: %w", sys, err)
 		}
 		for _, job := range jobs {
-			r, err := measured(s.proc, sys, job, func() (Result, error) { return s.run(job) })
+			r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
 			if err != nil {
 				s.stop()
 				return nil, err
@@ -207,10 +220,13 @@ func runSuite(rep *Report, systems, jobs []string, start func(sys string) (suite
 
 // measured runs one fio job and adds the server's CPU per operation and
 // RSS (proc may be nil: nothing to measure).
-func measured(proc *Child, sys, job string, run func() (Result, error)) (Result, error) {
-	var cpu0 time.Duration
+func measured(proc, node *Child, sys, job string, run func() (Result, error)) (Result, error) {
+	var cpu0, ncpu0 time.Duration
 	if proc != nil {
 		cpu0 = proc.CPU()
+	}
+	if node != nil {
+		ncpu0 = node.CPU()
 	}
 	r, err := run()
 	if err != nil {
@@ -222,6 +238,12 @@ func measured(proc *Child, sys, job string, run func() (Result, error)) (Result,
 			r.HostCPUusOp = us(proc.CPU()-cpu0) / float64(r.Ops)
 		}
 		r.HostRSS = proc.RSS()
+	}
+	if node != nil {
+		if r.Ops > 0 {
+			r.MemnodeCPUusOp = us(node.CPU()-ncpu0) / float64(r.Ops)
+		}
+		r.MemnodeRSS = node.RSS()
 	}
 	return r, nil
 }

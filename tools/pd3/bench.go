@@ -191,7 +191,7 @@ func benchCmd() *cobra.Command {
 			return rep.Print(os.Stdout, asJSON)
 		},
 	}
-	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,go-nbd", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
+	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,go-nbd,pd3-local", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
 	nbdc.Flags().StringVar(&njobs, "jobs", strings.Join(bench.NBDJobs, ","), "fio jobs (tools/fio/NAME.fio)")
 	nbdc.Flags().StringVar(&nsize, "size", "1GiB", "export size")
 	nbdc.Flags().StringVar(&ncache, "cache", "64MiB", "pd3 host cache")

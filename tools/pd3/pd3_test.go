@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
@@ -263,11 +264,47 @@ func TestBenchNBDSmoke(t *testing.T) {
 	require.NoError(t, err, out)
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	assert.Len(t, rep.Results, 6)
+	assert.Len(t, rep.Results, 8)
 	assert.Contains(t, rep.Ratios, "pd3/nbdkit-memory@randread-q32t1")
 	assert.Contains(t, rep.Ratios, "pd3/go-nbd@randwrite-q32t1")
+	assert.Contains(t, rep.Ratios, "pd3-local/nbdkit-memory@randread-q32t1")
 	for _, r := range rep.Results {
 		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
+		if r.System == "pd3" {
+			assert.Positive(t, r.MemnodeCPUusOp, "the memory node's CPU is measured")
+		}
+	}
+}
+
+// TestBenchFUSESmoke: the FUSE benchmark mounts, lays out, measures and
+// unmounts each system (the numbers are not judged).
+func TestBenchFUSESmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mounts, drop_caches)")
+	}
+	if err := fs.Available(); err != nil {
+		t.Skip(err)
+	}
+	systems := "pd3,pd3-cached,tmpfs"
+	if _, err := exec.LookPath("nbdfuse"); err == nil {
+		systems += ",nbdfuse-nbdkit"
+	}
+	testutil.LockPageCache(t) // the benchmark drops the page cache
+	out, err := run(t, "", "bench", "fuse", "--size", "32MiB", "--cache", "4MiB", "--runtime", "1s",
+		"--systems", systems, "--jobs", "randread-psync-1-direct,seqread1m-psync-1-buffered", "--json")
+	require.NoError(t, err, out)
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	assert.Len(t, rep.Results, 2*len(strings.Split(systems, ",")))
+	assert.Contains(t, rep.Ratios, "pd3/pd3-cached@randread-psync-1-direct")
+	for _, r := range rep.Results {
+		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
+		if r.System == "pd3" {
+			assert.Positive(t, r.MemnodeCPUusOp, "the memory node's CPU is measured")
+		}
 	}
 }
 
