@@ -28,7 +28,9 @@ type consumer interface {
 
 // LoadingZone measures CheckAndReturn hits/s with 1..N consumer goroutines
 // against a mutex-protected map and against a lock-free ring scanned from a
-// shared Head (PD3 Fig. 7a, what PD3's Loading Zone replaced).
+// shared Head (PD3 Fig. 7a, what PD3's Loading Zone replaced). copy-only
+// is the bound of any of them: the same pages copied out by index with no
+// lookup and no synchronisation at all.
 func LoadingZone(ctx context.Context, opt LZOptions) (*Report, error) {
 	if len(opt.Threads) == 0 {
 		opt.Threads = []int{1, 2, 4, 8, 16}
@@ -55,6 +57,7 @@ func LoadingZone(ctx context.Context, opt LZOptions) (*Report, error) {
 		{"loadingzone", zoneConsumer{z}},
 		{"mutex+map", newMutexMap(opt.Records)},
 		{"lockfree-ring-scan", newRingScan(opt.Records)},
+		{"copy-only", newCopyOnly(opt.Records)},
 	}
 	rep := &Report{Bench: "loadingzone", Machine: Machine(), Ratios: map[string]float64{}}
 	page := make([]byte, loadingzone.PageSize)
@@ -82,6 +85,8 @@ func LoadingZone(ctx context.Context, opt LZOptions) (*Report, error) {
 		}
 		rep.Ratios[fmt.Sprintf("loadingzone/mutex+map@threads=%d", t)] = byName["loadingzone"] / byName["mutex+map"]
 		rep.Ratios[fmt.Sprintf("loadingzone/lockfree-ring-scan@threads=%d", t)] = byName["loadingzone"] / byName["lockfree-ring-scan"]
+		rep.Ratios[fmt.Sprintf("copy-only/mutex+map@threads=%d", t)] = byName["copy-only"] / byName["mutex+map"]
+		rep.Ratios[fmt.Sprintf("loadingzone/copy-only@threads=%d", t)] = byName["loadingzone"] / byName["copy-only"]
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("%d pages of 4 KiB produced, then each consumed once by its goroutine (keys striped across goroutines, in production order); %d rounds per row; hits/s = ops/s", opt.Records, opt.Rounds))
 	return rep, nil
@@ -155,6 +160,24 @@ func (c *mutexMap) take(k uint64, dst []byte) bool {
 	}
 	copy(dst, c.data[s*loadingzone.PageSize:(s+1)*loadingzone.PageSize])
 	delete(c.m, k)
+	return true
+}
+
+// copyOnly hands out page k by copying slot k-1: what every consumer
+// must do at least, without finding the page or claiming it.
+type copyOnly struct{ data []byte }
+
+func newCopyOnly(n int) *copyOnly { return &copyOnly{data: make([]byte, n*loadingzone.PageSize)} }
+
+func (c *copyOnly) fill(n int, page []byte) {
+	for s := 0; s < n; s++ {
+		copy(c.data[s*loadingzone.PageSize:], page)
+	}
+}
+
+func (c *copyOnly) take(k uint64, dst []byte) bool {
+	s := int(k-1) * loadingzone.PageSize
+	copy(dst, c.data[s:s+loadingzone.PageSize])
 	return true
 }
 
