@@ -309,7 +309,7 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 		}
 	}
 
-	lr, err := loadPages(ctx, host, agent, opt, dist, rate)
+	lr, err := loadPages(ctx, host, agent, node, opt, dist, rate)
 	if err != nil {
 		return Result{}, err
 	}
@@ -327,7 +327,7 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 // requesters send on a schedule kept by a pacer (open loop) and latency
 // counts from the scheduled time, so queueing behind a slow request is not
 // hidden.
-func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist workload.Dist, rate float64) (Result, error) {
+func loadPages(ctx context.Context, host, agent, node *Child, opt PageOptions, dist workload.Dist, rate float64) (Result, error) {
 	conns := make([]*pageproto.Client, opt.Clients)
 	for i := range conns {
 		c, err := pageproto.Dial(ctx, host.Addrs["page server"], pageproto.ClientOptions{})
@@ -406,9 +406,12 @@ func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist wo
 		return Result{}, err
 	}
 	cpu0 := host.CPU()
-	var acpu0 time.Duration
+	var acpu0, ncpu0 time.Duration
 	if agent != nil {
 		acpu0 = agent.CPU()
+	}
+	if node != nil {
+		ncpu0 = node.CPU()
 	}
 	t0 := time.Now()
 	measuring.Store(true)
@@ -416,9 +419,12 @@ func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist wo
 	measuring.Store(false)
 	el := time.Since(t0)
 	cpu1 := host.CPU()
-	var acpu1 time.Duration
+	var acpu1, ncpu1 time.Duration
 	if agent != nil {
 		acpu1 = agent.CPU()
+	}
+	if node != nil {
+		ncpu1 = node.CPU()
 	}
 	m1, err := scrape(ctx, host.Addrs["metrics"])
 	stop.Store(true)
@@ -445,6 +451,9 @@ func loadPages(ctx context.Context, host, agent *Child, opt PageOptions, dist wo
 		r.HostCPUusOp = us(cpu1-cpu0) / float64(all.Count())
 		if agent != nil {
 			r.AgentCPUusOp = us(acpu1-acpu0) / float64(all.Count())
+		}
+		if node != nil {
+			r.MemnodeCPUusOp = us(ncpu1-ncpu0) / float64(all.Count())
 		}
 	}
 	if e := firstErr.Load(); e != nil {
