@@ -162,7 +162,7 @@ func TestBenchSmoke(t *testing.T) {
 	rep = bench.Report{}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Len(t, rep.Results, 8, "4 systems × 2 distributions")
-	assert.Contains(t, rep.Ratios, "pd3/sync@dist=zipf:0.99 T=GOMAXPROCS")
+	assert.Contains(t, rep.Ratios, "pd3/sync@dist=zipf:0.99 T=CPUs")
 	for _, r := range rep.Results {
 		assert.Zero(t, r.Errors)
 		assert.Positive(t, r.OpsPerSec)
@@ -175,7 +175,7 @@ func TestBenchSmoke(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Len(t, rep.Results, 16, "4 systems × 2 sweep values × (closed + fixed load)")
 	for _, k := range []string{"cpu:pd3/local", "p99:pd3/local", "p99:pd3/sync"} {
-		assert.Contains(t, rep.Ratios, k+"@dist=uniform T=GOMAXPROCS lz=1MiB")
+		assert.Contains(t, rep.Ratios, k+"@dist=uniform T=CPUs lz=1MiB")
 	}
 	for _, r := range rep.Results {
 		assert.Zero(t, r.Errors)
