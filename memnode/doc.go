@@ -34,8 +34,13 @@
 //
 // # Durability
 //
-// None: the node's memory is volatile, like RAM. Stopping or restarting a
-// node loses every volume; a host that reconnects finds ErrNoVolume.
+// By default none: the node's memory is volatile, like RAM, and stopping
+// or restarting it loses every volume (a host that reconnects finds
+// ErrNoVolume). With a persistence directory (OpenPersistent; pd3 memnode
+// --persist DIR) every mutation is logged and acknowledged only once the
+// log entry is on stable storage, with group commit; checkpoints keep the
+// log bounded and recovery replays it up to the first torn entry (see
+// persist.go).
 //
 // # Decisions
 //
