@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
@@ -37,8 +38,64 @@ type Client struct {
 	opt  ClientOptions
 
 	mu     sync.Mutex // guards sess and closed; held while redialling
-	sess   *pipeline.Session
+	sess   *session
 	closed bool
+}
+
+// session is one connection and the memory windows bound on it: one
+// whole-volume window per volume the client has touched, bound by the first
+// request for that volume. Windows die with their connection, so a redial
+// starts with none.
+type session struct {
+	*pipeline.Session
+	groups [256]atomic.Pointer[[256]atomic.Uint32] // volume id → window key
+	next   atomic.Uint32
+}
+
+// window returns the key of the session's window on volume vol, binding
+// one first if there is none. The BIND is queued and not waited for: the
+// node executes a connection's requests in order, and the key is published
+// only once the BIND is queued, so every request that uses it follows it.
+func (s *session) window(vol uint16) uint32 {
+	gp := &s.groups[vol>>8]
+	g := gp.Load()
+	if g == nil {
+		gp.CompareAndSwap(nil, new([256]atomic.Uint32))
+		g = gp.Load()
+	}
+	slot := &g[vol&0xff]
+	if k := slot.Load(); k != 0 {
+		return k
+	}
+	k := s.next.Add(1)
+	var hdr [ReqHeaderSize]byte
+	(&ReqHeader{Op: OpBind, Volume: vol, Window: k, PayloadLen: bindPayloadSize}).Encode(hdr[:])
+	var p [bindPayloadSize]byte
+	binary.LittleEndian.PutUint32(p[8:], AccessAll)
+	pc := s.Get()
+	// A failed BIND needs no answer of its own: the requests that use
+	// the window fail with the node's reason.
+	pc.Fn = func(*pipeline.Call) {}
+	if s.Send(pc, hdr[:], p[:]) != nil {
+		return k // the session is broken; the request fails with it
+	}
+	if !slot.CompareAndSwap(0, k) {
+		// Another request bound the volume first; its window serves.
+		return slot.Load()
+	}
+	return k
+}
+
+// windowed reports whether op is a data op that names a window, and of
+// which volume.
+func windowed(h *ReqHeader) (uint16, bool) {
+	switch h.Op {
+	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA:
+		return h.Volume, true
+	case OpPrefetch:
+		return Key(h.Offset).Volume(), true
+	}
+	return 0, false
 }
 
 // wireProto adapts the memnode response format to the pipeline.
@@ -90,7 +147,7 @@ func splitAddr(addr string) (network, a string) {
 	return "tcp", addr
 }
 
-func (c *Client) dial(ctx context.Context) (*pipeline.Session, error) {
+func (c *Client) dial(ctx context.Context) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opt.DialTimeout)
 	defer cancel()
 	network, a := splitAddr(c.addr)
@@ -119,13 +176,13 @@ func (c *Client) dial(ctx context.Context) (*pipeline.Session, error) {
 		s.Close(ErrClosed)
 		return nil, fmt.Errorf("HELLO to %s: %w", c.addr, err)
 	}
-	return s, nil
+	return &session{Session: s}, nil
 }
 
 func statusCheck(call *pipeline.Call) error { return Status(call.Status).Err() }
 
 // session returns a healthy session, redialling if the last one broke.
-func (c *Client) session(ctx context.Context) (*pipeline.Session, error) {
+func (c *Client) session(ctx context.Context) (*session, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -207,6 +264,9 @@ func (c *Client) start(ctx context.Context, h *ReqHeader, payload []byte, setup 
 	if err != nil {
 		return Call{err: fmt.Errorf("memnode %v: %w", h.Op, err), what: h.Op}
 	}
+	if vol, ok := windowed(h); ok {
+		h.Window = s.window(vol)
+	}
 	pc := s.Get()
 	if setup != nil {
 		setup(pc)
@@ -268,6 +328,9 @@ func (c *Client) startFn(h *ReqHeader, done func(error), fn func(*pipeline.Call)
 	if err != nil {
 		done(fmt.Errorf("memnode %v: %w", h.Op, err))
 		return
+	}
+	if vol, ok := windowed(h); ok {
+		h.Window = s.window(vol)
 	}
 	pc := s.Get()
 	setup(pc)

@@ -17,6 +17,25 @@
 // as zeroes; a TRIM that covers a whole chunk frees it. A chunk's lock makes
 // each request's bytes within that chunk atomic, as a NIC is for one verb.
 //
+// # Access: tokens, grants and memory windows
+//
+// HELLO carries a token: the node's token reaches every volume, a Grant's
+// token only the volumes whose names match its patterns. Data ops reach a
+// volume only through a memory window bound on the same connection (BIND,
+// in the spirit of OneSidedMW's type-2 windows): a byte range of one volume
+// with read and/or write access, named by a 32-bit key the connection
+// chose. The node keeps each connection's windows apart, so a key copied to
+// another connection grants nothing there; an access outside the window's
+// range or rights fails with ErrNoWindow; an access to a volume outside the
+// connection's grant fails with ErrUnauthorised. Each access re-resolves a
+// window's volume id once the volume it found last is deleted, so a window
+// never carries over to a volume that later takes the same id.
+//
+// The Client binds one whole-volume window per volume it touches, with the
+// first request for that volume, and does not wait for it: the BIND is
+// queued before its key is published to other goroutines, and the node runs
+// a connection's requests in order. Windows die with their connection.
+//
 // # Client
 //
 // Client pipelines requests from any number of goroutines on one
@@ -28,9 +47,9 @@
 //
 // Per-request errors (ErrOutOfRange, ErrNoVolume, ErrNoMemory, ...) travel
 // as a status byte and come back as the same sentinel on the client; test
-// with errors.Is. Framing violations (bad magic, reserved bits, payload over
-// MaxPayload) and authentication failures close only the offending
-// connection, after a best-effort error response.
+// with errors.Is. Framing violations (bad magic, payload over MaxPayload)
+// and failed HELLOs close only the offending connection, after a
+// best-effort error response.
 //
 // # Durability
 //

@@ -15,7 +15,9 @@ var (
 	// ErrNoVolume is returned when a volume id or name does not exist.
 	ErrNoVolume = errors.New("memnode: no such volume")
 	// ErrUnauthorised is returned when HELLO carries a wrong token or a
-	// request arrives before HELLO. The connection is closed afterwards.
+	// request arrives before HELLO (the connection is closed afterwards),
+	// and per request when a connection touches a volume outside its
+	// grant (Server.Grants).
 	ErrUnauthorised = errors.New("memnode: unauthorised")
 	// ErrNoMemory is returned when the node has no room for a new chunk.
 	ErrNoMemory = errors.New("memnode: out of memory")
@@ -34,6 +36,10 @@ var (
 	// ErrMisaligned is returned when CAS/FAA target a word that is not
 	// 8-byte aligned.
 	ErrMisaligned = errors.New("memnode: misaligned atomic")
+	// ErrNoWindow is returned when a data op names no memory window bound
+	// on its connection, or one that does not cover the bytes or allow the
+	// access (a window key is worthless on another connection).
+	ErrNoWindow = errors.New("memnode: no memory window grants this access")
 )
 
 // Connection-level errors.
@@ -62,6 +68,7 @@ var statusErrs = [...]error{
 	StatusExists:       ErrExists,
 	StatusVersion:      ErrVersion,
 	StatusMisaligned:   ErrMisaligned,
+	StatusNoWindow:     ErrNoWindow,
 }
 
 // Err returns the sentinel for s, or nil for StatusOK.

@@ -38,12 +38,17 @@ func FuzzServerStream(f *testing.F) {
 		(&ReqHeader{Op: OpHello, PayloadLen: 4}).Encode(hdr[:])
 		return append(hdr[:], Version, 0, 0, 0)
 	}()
+	var bind [ReqHeaderSize + bindPayloadSize]byte
+	(&ReqHeader{Op: OpBind, Volume: 1, Window: 7, PayloadLen: bindPayloadSize}).Encode(bind[:])
+	bind[ReqHeaderSize+8] = byte(AccessAll)
 	var rd [ReqHeaderSize]byte
-	(&ReqHeader{Op: OpRead, Volume: 1, Count: 64}).Encode(rd[:])
+	(&ReqHeader{Op: OpRead, Volume: 1, Count: 64, Window: 7}).Encode(rd[:])
 	f.Add(rd[:])
+	f.Add(append(bind[:], rd[:]...))
 	var wr [ReqHeaderSize]byte
-	(&ReqHeader{Op: OpWrite, Volume: 1, PayloadLen: 4}).Encode(wr[:])
+	(&ReqHeader{Op: OpWrite, Volume: 1, PayloadLen: 4, Window: 7}).Encode(wr[:])
 	f.Add(append(wr[:], 1, 2, 3, 4))
+	f.Add(append(append(bind[:], wr[:]...), 1, 2, 3, 4))
 	f.Add([]byte{0xd3, 5, 1, 0, 16, 0, 0, 0})
 
 	st := NewStore(64 * ChunkSize)

@@ -3,7 +3,6 @@ package memnode
 import (
 	"bufio"
 	"context"
-	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,8 +21,12 @@ import (
 // batching responses into as few writes as the input allows.
 type Server struct {
 	Store *Store
-	// Token is the access token HELLO must carry; empty accepts any.
+	// Token is the access token HELLO must carry for access to every
+	// volume. Empty with no Grants accepts any token; empty with Grants
+	// accepts only the grants' tokens.
 	Token string
+	// Grants are further tokens, each limited to some volumes.
+	Grants []Grant
 	// Log receives one line per rejected connection; nil discards.
 	Log *slog.Logger
 	// HandshakeTimeout bounds the wait for HELLO (default 10s).
@@ -77,6 +80,15 @@ type conn struct {
 	r   *bufio.Reader
 	bw  *pipeline.BatchWriter
 	tmp []byte // payloads that do not fit in r's buffer
+
+	// scoped connections reach only volumes matching patterns (Grant).
+	scoped   bool
+	patterns []string
+	// windows are the memory windows bound on this connection; last is
+	// the one the previous data op used (most requests repeat it).
+	windows map[uint32]*window
+	last    *window
+	lastKey uint32
 }
 
 func (s *Server) serveConn(nc net.Conn) error {
@@ -145,10 +157,12 @@ func (c *conn) handshake() error {
 		c.respond(&h, StatusVersion, nil)
 		return fmt.Errorf("%w: client speaks %d", ErrVersion, v)
 	}
-	if c.s.Token != "" && subtle.ConstantTimeCompare(p[4:], []byte(c.s.Token)) != 1 {
+	patterns, ok := c.s.scope(p[4:])
+	if !ok {
 		c.respond(&h, StatusUnauthorised, nil)
 		return fmt.Errorf("%w: wrong token", ErrUnauthorised)
 	}
+	c.scoped, c.patterns = patterns != nil, patterns
 	var info [8]byte
 	binary.LittleEndian.PutUint32(info[0:], Version)
 	binary.LittleEndian.PutUint32(info[4:], MaxIO)
@@ -192,43 +206,75 @@ func (c *conn) execute(h *ReqHeader) error {
 			c.respond(h, StatusTooLarge, nil)
 			return nil
 		}
+		if s := c.authorise(h, h.Volume, h.Offset, uint64(h.Count), AccessRead); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
 		return c.respondData(h, 0, int(h.Count), func(p []byte) error { return st.ReadAt(h.Volume, h.Offset, p) })
 	case OpPrefetch:
 		k := Key(h.Offset)
+		if s := c.authorise(h, k.Volume(), k.Page()*PageSize, PageSize, AccessRead); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
 		return c.respondData(h, uint64(k), PageSize, func(p []byte) error { return st.ReadAt(k.Volume(), k.Page()*PageSize, p) })
 	case OpWrite:
+		if s := c.authorise(h, h.Volume, h.Offset, uint64(len(p)), AccessWrite); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
 		tok, err := st.write(h.Volume, h.Offset, p)
 		return c.respondToken(h, err, tok)
 	case OpTrim:
+		if s := c.authorise(h, h.Volume, h.Offset, uint64(h.Count), AccessWrite); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
 		tok, err := st.trim(h.Volume, h.Offset, uint64(h.Count), true)
 		return c.respondToken(h, err, tok)
-	case OpCAS:
-		if len(p) != 16 {
-			c.respond(h, StatusBadRequest, nil)
-			return nil
+	case OpCAS, OpFAA:
+		want := 8
+		if h.Op == OpCAS {
+			want = 16
 		}
-		old, err := st.CompareAndSwap(h.Volume, h.Offset, binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:]))
-		c.respondWord(h, old, err)
-	case OpFAA:
-		if len(p) != 8 {
-			c.respond(h, StatusBadRequest, nil)
-			return nil
+		if len(p) != want {
+			return c.respond(h, StatusBadRequest, nil)
 		}
-		old, err := st.FetchAndAdd(h.Volume, h.Offset, binary.LittleEndian.Uint64(p))
+		if s := c.authorise(h, h.Volume, h.Offset, 8, AccessAll); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
+		var old uint64
+		var err error
+		if h.Op == OpCAS {
+			old, err = st.CompareAndSwap(h.Volume, h.Offset, binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:]))
+		} else {
+			old, err = st.FetchAndAdd(h.Volume, h.Offset, binary.LittleEndian.Uint64(p))
+		}
 		c.respondWord(h, old, err)
+	case OpBind:
+		return c.respond(h, c.bind(h, p), nil)
+	case OpUnbind:
+		return c.respond(h, c.unbind(h), nil)
 	case OpCreate:
+		if err := c.checkName(string(p)); err != nil {
+			return c.respondErr(h, err)
+		}
 		info, err := st.Create(string(p), h.Offset)
 		c.respondInfo(h, info, err)
 	case OpOpen:
+		if err := c.checkName(string(p)); err != nil {
+			return c.respondErr(h, err)
+		}
 		info, err := st.Open(string(p))
 		c.respondInfo(h, info, err)
 	case OpList:
 		var b []byte
 		for _, v := range st.List() {
-			b = appendVolumeInfo(b, v)
+			if c.allowed(v.Name) {
+				b = appendVolumeInfo(b, v)
+			}
 		}
 		c.respond(h, StatusOK, b)
 	case OpDelete:
+		if err := c.checkName(string(p)); err != nil {
+			return c.respondErr(h, err)
+		}
 		c.respondErr(h, st.Delete(string(p)))
 	case OpHello:
 		c.respond(h, StatusBadRequest, nil)

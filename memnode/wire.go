@@ -14,7 +14,8 @@ package memnode
 //	8   8    tag         chosen by the client, echoed in the response
 //	16  8    offset      byte offset; PREFETCH: page key; CREATE: volume size
 //	24  4    count       READ/PREFETCH/TRIM: bytes concerned
-//	28  4    reserved    must be zero
+//	28  4    window      data ops: the key of the memory window that grants
+//	                     the access; BIND and UNBIND: the window's key
 //
 // Response frame: a 16-byte header followed by PayloadLen bytes.
 //
@@ -33,9 +34,26 @@ package memnode
 // of one connection in order and answers them in order, so a WRITE followed by
 // a READ of the same bytes on one connection always sees the write.
 //
-// Framing errors (bad magic, non-zero reserved field, payload larger than
-// MaxPayload) close the connection after a best-effort error response; every
-// other error is per request and the connection goes on.
+// Framing errors (bad magic, payload larger than MaxPayload) close the
+// connection after a best-effort error response; every other error is per
+// request and the connection goes on.
+//
+// Memory windows (protocol version 2; OneSidedMW's type-2 windows): a data
+// op (READ, WRITE, PREFETCH, CAS, FAA, TRIM) names in its window field a
+// window that the same connection bound with BIND — a byte range of one
+// volume and the access allowed (read, write). The node keeps each
+// connection's windows to itself, so a window key seen on one connection
+// grants nothing on another, and a connection reaches only what its HELLO
+// token was granted (Server.Grants). BIND payload: u64 length (0: to the end
+// of the volume), u32 access (AccessRead|AccessWrite), u32 zero; offset is
+// the window's first byte, window its key (non-zero, chosen by the client,
+// unique on the connection). BIND does not look the volume up: every access
+// resolves the window's volume id to the volume that has it now and checks
+// the connection's grant against that volume's name, so a client can bind
+// before a volume exists, and a window outlives no volume it named (a
+// volume deleted and re-created under the same id is checked again). As
+// requests of a connection execute in order, a client sends BIND and the
+// requests that use it back to back without waiting.
 
 import (
 	"encoding/binary"
@@ -43,8 +61,8 @@ import (
 )
 
 const (
-	// Version is the protocol version exchanged in HELLO.
-	Version = 1
+	// Version is the protocol version exchanged in HELLO (2: memory windows).
+	Version = 2
 	// PageSize is the unit of PREFETCH-by-key.
 	PageSize = 4096
 	// ChunkSize is the allocation unit of volume memory: chunks are allocated
@@ -83,12 +101,24 @@ const (
 	OpOpen     Op = 9
 	OpList     Op = 10
 	OpDelete   Op = 11
+	OpBind     Op = 12
+	OpUnbind   Op = 13
 )
+
+// Access rights of a memory window (BIND).
+const (
+	AccessRead  uint32 = 1
+	AccessWrite uint32 = 2
+	AccessAll          = AccessRead | AccessWrite
+)
+
+// bindPayloadSize is the length of a BIND payload.
+const bindPayloadSize = 16
 
 var opNames = [...]string{
 	OpHello: "HELLO", OpRead: "READ", OpWrite: "WRITE", OpPrefetch: "PREFETCH",
 	OpCAS: "CAS", OpFAA: "FAA", OpTrim: "TRIM", OpCreate: "CREATE",
-	OpOpen: "OPEN", OpList: "LIST", OpDelete: "DELETE",
+	OpOpen: "OPEN", OpList: "LIST", OpDelete: "DELETE", OpBind: "BIND", OpUnbind: "UNBIND",
 }
 
 func (o Op) String() string {
@@ -114,6 +144,7 @@ const (
 	StatusExists       Status = 8
 	StatusVersion      Status = 9
 	StatusMisaligned   Status = 10
+	StatusNoWindow     Status = 11
 )
 
 // ReqHeader is a decoded request header.
@@ -124,6 +155,7 @@ type ReqHeader struct {
 	Tag        uint64
 	Offset     uint64
 	Count      uint32
+	Window     uint32
 }
 
 // RespHeader is a decoded response header.
@@ -144,7 +176,7 @@ func (h *ReqHeader) Encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[8:], h.Tag)
 	binary.LittleEndian.PutUint64(b[16:], h.Offset)
 	binary.LittleEndian.PutUint32(b[24:], h.Count)
-	binary.LittleEndian.PutUint32(b[28:], 0)
+	binary.LittleEndian.PutUint32(b[28:], h.Window)
 }
 
 // Decode parses b (at least ReqHeaderSize bytes). An error means the byte
@@ -156,15 +188,13 @@ func (h *ReqHeader) Decode(b []byte) error {
 	if b[0] != reqMagic {
 		return fmt.Errorf("%w: bad request magic %#x", ErrFraming, b[0])
 	}
-	if r := binary.LittleEndian.Uint32(b[28:]); r != 0 {
-		return fmt.Errorf("%w: reserved field is %#x", ErrFraming, r)
-	}
 	h.Op = Op(b[1])
 	h.Volume = binary.LittleEndian.Uint16(b[2:])
 	h.PayloadLen = binary.LittleEndian.Uint32(b[4:])
 	h.Tag = binary.LittleEndian.Uint64(b[8:])
 	h.Offset = binary.LittleEndian.Uint64(b[16:])
 	h.Count = binary.LittleEndian.Uint32(b[24:])
+	h.Window = binary.LittleEndian.Uint32(b[28:])
 	if h.PayloadLen > MaxPayload {
 		return fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrFraming, h.PayloadLen, MaxPayload)
 	}

@@ -75,8 +75,10 @@ func addrString(ln net.Listener) string {
 
 // MemnodeConfig configures a memory node.
 type MemnodeConfig struct {
-	Listen   string // default 127.0.0.1:0
-	Token    string
+	Listen string // default 127.0.0.1:0
+	Token  string
+	// Grants are tokens limited to some volumes (memnode.Grant).
+	Grants   []memnode.Grant
 	Capacity uint64 // bytes of page memory; 0 = unlimited
 	// Persist, if set, is a directory that makes the node durable: an
 	// acknowledged write survives a crash or power loss.
@@ -109,7 +111,7 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 		return nil, fmt.Errorf("memory node: %w", err)
 	}
 	m := &Memnode{
-		Server: &memnode.Server{Store: store, Token: cfg.Token, Log: cfg.Log},
+		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log},
 		Addr:   addrString(ln),
 		done:   make(chan error, 1),
 	}

@@ -107,7 +107,8 @@ func TestUpServesAndStopsCleanly(t *testing.T) {
 }
 
 func TestServeReopensVolumesAtTheNode(t *testing.T) {
-	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--token", "s3cret")
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--token", "s3cret",
+		"--grant", "tenant=t1.*,pd3.leases")
 	args := []string{"serve", "--memnode", node.Addrs["memory node"], "--token", "s3cret", "--page", "127.0.0.1:0", "--volume", "disk0:16MiB", "--volume", "logs:4MiB"}
 	host := start(t, []string{"page server"}, args...)
 	_, err := run(t, "persisted at the node", "page", "put", "--page", host.Addrs["page server"], "2:3")
@@ -122,6 +123,18 @@ func TestServeReopensVolumesAtTheNode(t *testing.T) {
 	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "wrong", "--page", "127.0.0.1:0")
 	require.Error(t, err)
 	assert.Contains(t, out, "unauthorised")
+
+	// A granted token serves its volumes and is refused the others.
+	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "tenant", "--page", "127.0.0.1:0", "--volume", "disk0:16MiB")
+	require.Error(t, err)
+	assert.Contains(t, out, `volume "disk0" is outside this connection's grant`)
+	tenant := start(t, []string{"page server"}, "serve", "--memnode", node.Addrs["memory node"], "--token", "tenant",
+		"--page", "127.0.0.1:0", "--volume", "t1.disk:4MiB")
+	_, err = run(t, "the tenant's page", "page", "put", "--page", tenant.Addrs["page server"], "3:1")
+	require.NoError(t, err)
+	out, err = run(t, "", "page", "get", "--page", tenant.Addrs["page server"], "3:1")
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(out, "the tenant's page\x00"))
 }
 
 func TestBadFlagsSayWhy(t *testing.T) {
@@ -132,6 +145,8 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		{[]string{"up", "--cache", "banana"}, "--cache: bad size"},
 		{[]string{"up", "--volume", "disk0"}, "want NAME:SIZE"},
 		{[]string{"serve"}, "--memnode ADDR is required"},
+		{[]string{"memnode", "--grant", "tenant"}, "want TOKEN=PATTERN"},
+		{[]string{"memnode", "--grant", "tenant=[x"}, "bad pattern"},
 		{[]string{"page", "get", "nope"}, "want VOLUME:PAGE"},
 		{[]string{"up", "--policy", "random"}, "unknown eviction policy"},
 		{[]string{"up", "--mirror", "pcap"}, "unknown --mirror"},

@@ -8,11 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
@@ -279,13 +282,20 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 
 func memnodeCmd() *cobra.Command {
 	var listen, token, capacity, persist string
+	var grants []string
 	cmd := &cobra.Command{
 		Use:   "memnode",
 		Short: "Run a memory node alone",
 		Long: `Run a memory node. Without --persist its memory is volatile: stopping it
 loses every volume, as powering off RAM would. With --persist DIR every write
 is logged and acknowledged only once on stable storage (fdatasync, group
-commit), so acknowledged writes survive a crash or power loss.`,
+commit), so acknowledged writes survive a crash or power loss.
+
+--token reaches every volume; each --grant TOKEN=PATTERN[,PATTERN...] adds a
+token that reaches only the volumes whose names match a pattern (path.Match
+syntax, e.g. tenant1.*), as if the rest did not exist. Every connection
+reaches volumes through memory windows bound on that connection, so a
+window key copied from one connection is refused on another.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			capBytes, err := units.ParseSize(capacity)
@@ -294,7 +304,11 @@ commit), so acknowledged writes survive a crash or power loss.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Capacity: capBytes, Log: logger(), Persist: persist})
+			gs, err := parseGrants(grants)
+			if err != nil {
+				return err
+			}
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Grants: gs, Capacity: capBytes, Log: logger(), Persist: persist})
 			if err != nil {
 				return err
 			}
@@ -311,5 +325,26 @@ commit), so acknowledged writes survive a crash or power loss.`,
 	cmd.Flags().StringVar(&token, "token", os.Getenv("PD3_TOKEN"), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
 	cmd.Flags().StringVar(&capacity, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
+	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
 	return cmd
+}
+
+// parseGrants parses --grant values.
+func parseGrants(specs []string) ([]memnode.Grant, error) {
+	var out []memnode.Grant
+	for _, s := range specs {
+		tok, pats, ok := strings.Cut(s, "=")
+		if !ok || tok == "" || pats == "" {
+			return nil, fmt.Errorf("--grant %q: want TOKEN=PATTERN[,PATTERN...]", s)
+		}
+		g := memnode.Grant{Token: tok}
+		for _, p := range strings.Split(pats, ",") {
+			if _, err := path.Match(p, ""); err != nil || p == "" {
+				return nil, fmt.Errorf("--grant %q: bad pattern %q", s, p)
+			}
+			g.Volumes = append(g.Volumes, p)
+		}
+		out = append(out, g)
+	}
+	return out, nil
 }
