@@ -378,7 +378,8 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 				case errors.Is(err, memnode.ErrLeaseHeld):
 					h.Store.FenceVolume(vl.v.ID)
 					log.Error("host: another host took the volume over; no longer serving it", "volume", vl.v.Name, "err", err)
-				case errors.Is(err, memnode.ErrClosed):
+				case errors.Is(err, memnode.ErrClosed), ctx.Err() != nil:
+					// Shutting down: renewing could only fail from now on.
 					return
 				case err != nil:
 					log.Warn("host: volume lease renewal", "volume", vl.v.Name, "err", err)
