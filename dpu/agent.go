@@ -255,6 +255,22 @@ func (a *Agent) ReadAhead(src int, first memnode.Key, n int, end uint64) {
 	a.scratch.Put(p)
 }
 
+// Written tells the agent the host's cache took n pages from first through
+// a write no parser saw (a FUSE WRITE): Host View adds them, as PD3's rule
+// does for a parsed write, so the predictor does not prefetch pages the
+// host holds. Queued lazily, ahead of any later read decision.
+func (a *Agent) Written(first memnode.Key, n int) {
+	var buf [64]Access
+	for n > 0 {
+		m := min(n, len(buf))
+		for i := range m {
+			buf[i] = Access{memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), Write}
+		}
+		a.enqueueLazy(buf[:m])
+		first, n = memnode.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m
+	}
+}
+
 // Prefetched adapts the Loading Zone to pagestore.Prefetched.
 type Prefetched struct{ Z *loadingzone.Zone }
 

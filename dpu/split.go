@@ -64,6 +64,9 @@ const (
 	// msgReadAhead: a read of a range seen by the host (FUSE READ or the
 	// kernel's read events; m[1] = source), for the sequential predictor.
 	msgReadAhead = 'A'
+	// msgWritten: a range of pages a write no parser saw (FUSE WRITE) put
+	// in the host cache.
+	msgWritten = 'U'
 
 	// Mirror protocols (byte 1 of a mirror message).
 	ProtoPage = 'P'
@@ -241,13 +244,15 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			for p := m[8:]; len(p) >= 8; p = p[8:] {
 				a.Evicted(memnode.Key(binary.LittleEndian.Uint64(p)))
 			}
-		case msgKernel, msgReadAhead:
+		case msgKernel, msgReadAhead, msgWritten:
 			if len(m) < 20 {
 				break
 			}
 			first := memnode.Key(binary.LittleEndian.Uint64(m[8:]))
 			n := min(int(binary.LittleEndian.Uint32(m[16:])), 1<<12)
 			switch {
+			case m[0] == msgWritten:
+				a.Written(first, n)
 			case m[0] == msgReadAhead:
 				var end uint64
 				if len(m) >= 28 {
@@ -873,6 +878,12 @@ func (l *Link) KernelRange(added bool, first memnode.Key, n int) {
 // that ends before page end (0: unknown).
 func (l *Link) ReadAhead(src int, first memnode.Key, n int, end uint64) {
 	l.rangeMsg(msgReadAhead, byte(src), first, n, end)
+}
+
+// Written tells the agent a write no parser saw put n pages from first in
+// the host cache (see Agent.Written).
+func (l *Link) Written(first memnode.Key, n int) {
+	l.rangeMsg(msgWritten, 0, first, n, 0)
 }
 
 func (l *Link) rangeMsg(op, arg byte, first memnode.Key, n int, end uint64) {

@@ -204,4 +204,20 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 	require.Eventually(t, func() bool { return a.Engine.Placed.Load() >= 8 }, 5*time.Second, 10*time.Millisecond)
 	dst := make([]byte, memnode.PageSize)
 	assert.Equal(t, memnode.PageSize, a.Zone.CheckAndReturn(uint64(k(116)), dst), "the page after the stream was prefetched")
+
+	// Pages a FUSE WRITE put in the host cache join Host View, so a
+	// stream running into them prefetches none of them.
+	// (Written is queued lazily: the next read wakes the agent, which
+	// handles the writes first.)
+	skipped := a.Agent.Skipped.Load()
+	l.Written(k(200), 64)
+	l.ReadAhead(SourceFUSE, k(184), 8, 0)
+	l.ReadAhead(SourceFUSE, k(192), 8, 0) // predicts from 200 on
+	require.Eventually(t, func() bool { return a.HV.Contains(uint64(k(200))) && a.HV.Contains(uint64(k(263))) },
+		5*time.Second, 10*time.Millisecond, "written pages did not reach Host View")
+	require.Eventually(t, func() bool { return a.Agent.Skipped.Load() > skipped }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	for p := uint64(200); p < 208; p++ {
+		assert.Zero(t, a.Zone.CheckAndReturn(uint64(k(p)), dst), "page %d, which the host holds, was prefetched", p)
+	}
 }

@@ -55,6 +55,12 @@ func startNode(t *testing.T, capacity uint64) string {
 // filesystem in dir ("" = a new temporary directory).
 func mount(t *testing.T, addr, dir string, cache int64, nbdVolumes ...deploy.VolumeSpec) *env {
 	t.Helper()
+	return mountWith(t, addr, dir, cache, nil, nbdVolumes...)
+}
+
+// mountWith is mount with a last say over the filesystem's Config.
+func mountWith(t *testing.T, addr, dir string, cache int64, tweak func(*fs.Config), nbdVolumes ...deploy.VolumeSpec) *env {
+	t.Helper()
 	needFUSE(t)
 	ctx := context.Background()
 	if dir == "" {
@@ -74,7 +80,11 @@ func mount(t *testing.T, addr, dir string, cache int64, nbdVolumes ...deploy.Vol
 		st.AddVolume(v)
 		e.nbd = append(e.nbd, v)
 	}
-	e.fs, err = fs.Open(ctx, fs.Config{Client: c, Store: st, Volumes: e.nbd, SyncInterval: -1, LeaseTTL: time.Second})
+	cfg := fs.Config{Client: c, Store: st, Volumes: e.nbd, SyncInterval: -1, LeaseTTL: time.Second}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	e.fs, err = fs.Open(ctx, cfg)
 	require.NoError(t, err)
 	e.m, err = fs.Mount(e.fs, dir)
 	require.NoError(t, err)

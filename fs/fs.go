@@ -43,7 +43,10 @@ type Config struct {
 	// and the file's end in pages, before the read is served: the agent's
 	// request mirror for FUSE.
 	OnRead func(first memnode.Key, pages int, end uint64)
-	Log    *slog.Logger
+	// OnWrite, if set, sees the pages of every WRITE once they are in the
+	// host cache (the agent's Host View adds them).
+	OnWrite func(first memnode.Key, pages int)
+	Log     *slog.Logger
 }
 
 // FS is the filesystem model: inodes, directories and their persistence.

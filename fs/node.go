@@ -656,6 +656,10 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		n.f.mu.Unlock()
 	}
 	c.io.RUnlock()
+	if err == nil && len(data) > 0 && n.f.cfg.OnWrite != nil {
+		first := uint64(off) / memnode.PageSize
+		n.f.cfg.OnWrite(memnode.MakeKey(vol, first), int((end-1)/memnode.PageSize-first+1))
+	}
 	if err != nil {
 		return 0, n.f.errno("write", err)
 	}

@@ -306,3 +306,36 @@ func TestFsyncWritesOnlyItsFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(data, got))
 }
+
+// TestOnWriteSeesWrittenPages: every page a write puts in the host cache
+// is reported (the agent's Host View adds them), unaligned edges included,
+// and nothing else is.
+func TestOnWriteSeesWrittenPages(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[uint64]bool{}
+	e := mountWith(t, startNode(t, 0), "", 0, func(c *fs.Config) {
+		c.OnWrite = func(first memnode.Key, pages int) {
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range pages {
+				seen[first.Page()+uint64(i)] = true
+			}
+		}
+	})
+	f, err := os.Create(e.path("f"))
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.WriteAt([]byte("0123456789"), 4090) // pages 0 and 1
+	require.NoError(t, err)
+	_, err = f.WriteAt(make([]byte, 2*4096), 5*4096) // pages 5 and 6
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range []uint64{0, 1, 5, 6} {
+		assert.True(t, seen[p], "page %d", p)
+	}
+	for p := range seen {
+		assert.Contains(t, []uint64{0, 1, 5, 6}, p, "page %d was not written", p)
+	}
+}

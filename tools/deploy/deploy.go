@@ -430,9 +430,9 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	var readAhead func(src int, first memnode.Key, n int, end uint64)
 	switch {
 	case h.Agent != nil:
-		readAhead = h.Agent.ReadAhead
+		readAhead, fcfg.OnWrite = h.Agent.ReadAhead, h.Agent.Written
 	case h.Link != nil:
-		readAhead = h.Link.ReadAhead
+		readAhead, fcfg.OnWrite = h.Link.ReadAhead, h.Link.Written
 	}
 	if readAhead != nil {
 		fcfg.OnRead = func(first memnode.Key, n int, end uint64) { readAhead(dpu.SourceFUSE, first, n, end) }
