@@ -442,6 +442,11 @@ func (c *Client) control(ctx context.Context, h *ReqHeader, payload []byte) ([]b
 	}
 	err := call.pc.WaitFn(ctx, func(pc *pipeline.Call) error {
 		out = pc.Extra
+		if Status(pc.Status) == StatusUnauthorised && len(payload) > 0 {
+			// HELLO already succeeded on this session, so a refused named
+			// op can only mean the token's grant does not cover the name.
+			return fmt.Errorf("%w: outside this connection's grant", ErrUnauthorised)
+		}
 		return statusCheck(pc)
 	})
 	return out, wrapErr(h.Op, err)
@@ -500,8 +505,10 @@ func (c *Client) List(ctx context.Context) ([]VolumeInfo, error) {
 
 // Delete removes volume name.
 func (c *Client) Delete(ctx context.Context, name string) error {
-	_, err := c.control(ctx, &ReqHeader{Op: OpDelete}, []byte(name))
-	return err
+	if _, err := c.control(ctx, &ReqHeader{Op: OpDelete}, []byte(name)); err != nil {
+		return fmt.Errorf("volume %q: %w", name, err)
+	}
+	return nil
 }
 
 var _ io.Closer = (*Client)(nil)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -75,7 +76,7 @@ func run(t *testing.T, stdin string, args ...string) (string, error) {
 }
 
 func TestUpServesAndStopsCleanly(t *testing.T) {
-	up := start(t, []string{"memory node", "page server"}, "up", "--page", "127.0.0.1:0", "--volume", "disk0:64MiB", "--cache", "1MiB", "--mount", "")
+	up := start(t, []string{"memory node", "page server"}, "up", "--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:64MiB", "--cache", "1MiB", "--mount", "")
 	addr := up.Addrs["page server"]
 	assert.Contains(t, up.Output(), "workers "+strconv.Itoa(runtime.GOMAXPROCS(0)))
 	assert.Eventually(t, func() bool { return strings.Contains(up.Output(), "try: echo hello | "+pd3Bin+" page put") },
@@ -109,7 +110,7 @@ func TestUpServesAndStopsCleanly(t *testing.T) {
 func TestServeReopensVolumesAtTheNode(t *testing.T) {
 	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--token", "s3cret",
 		"--grant", "tenant=t1.*,pd3.leases")
-	args := []string{"serve", "--memnode", node.Addrs["memory node"], "--token", "s3cret", "--page", "127.0.0.1:0", "--volume", "disk0:16MiB", "--volume", "logs:4MiB"}
+	args := []string{"serve", "--memnode", node.Addrs["memory node"], "--token", "s3cret", "--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:16MiB", "--volume", "logs:4MiB"}
 	host := start(t, []string{"page server"}, args...)
 	_, err := run(t, "persisted at the node", "page", "put", "--page", host.Addrs["page server"], "2:3")
 	require.NoError(t, err)
@@ -120,19 +121,23 @@ func TestServeReopensVolumesAtTheNode(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(out, "persisted at the node\x00"))
 
-	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "wrong", "--page", "127.0.0.1:0")
+	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "wrong", "--page", "127.0.0.1:0", "--nbd", "")
 	require.Error(t, err)
 	assert.Contains(t, out, "unauthorised")
 
 	// A granted token serves its volumes and is refused the others.
-	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "tenant", "--page", "127.0.0.1:0", "--volume", "disk0:16MiB")
+	out, err = run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "tenant", "--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:16MiB")
 	require.Error(t, err)
-	assert.Contains(t, out, `volume "disk0" is outside this connection's grant`)
+	assert.Contains(t, out, `volume "disk0"`)
+	assert.Contains(t, out, "outside this connection's grant")
 	tenant := start(t, []string{"page server"}, "serve", "--memnode", node.Addrs["memory node"], "--token", "tenant",
-		"--page", "127.0.0.1:0", "--volume", "t1.disk:4MiB")
-	_, err = run(t, "the tenant's page", "page", "put", "--page", tenant.Addrs["page server"], "3:1")
-	require.NoError(t, err)
-	out, err = run(t, "", "page", "get", "--page", tenant.Addrs["page server"], "3:1")
+		"--page", "127.0.0.1:0", "--nbd", "", "--volume", "t1.disk:4MiB")
+	// Volume ids are the node's, so the tenant's id depends on what exists.
+	m := regexp.MustCompile(`volume t1\.disk id (\d+)`).FindStringSubmatch(tenant.Output())
+	require.NotNil(t, m, tenant.Output())
+	out, err = run(t, "the tenant's page", "page", "put", "--page", tenant.Addrs["page server"], m[1]+":1")
+	require.NoError(t, err, out)
+	out, err = run(t, "", "page", "get", "--page", tenant.Addrs["page server"], m[1]+":1")
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(out, "the tenant's page\x00"))
 }
@@ -218,7 +223,7 @@ func TestSplitAgentKilledMidRun(t *testing.T) {
 	agentArgs := []string{"dpu", "--memnode", node.Addrs["memory node"], "--shm", name, "--lz", "256KiB", "--cache", "64KiB"}
 	agent := start(t, []string{"dpu agent"}, agentArgs...)
 	host := start(t, []string{"page server", "metrics"}, "serve", "--memnode", node.Addrs["memory node"], "--dpu", "shm:"+name,
-		"--page", "127.0.0.1:0", "--volume", "disk0:1MiB", "--cache", "64KiB", "--workers", "4", "--metrics", "127.0.0.1:0")
+		"--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:1MiB", "--cache", "64KiB", "--workers", "4", "--metrics", "127.0.0.1:0")
 
 	ctx := context.Background()
 	hist := linearize.NewHistory()
