@@ -17,9 +17,13 @@ import (
 // in PD3 mode and carries the host's remote reads and write-backs as well
 // as the agent's prefetches, applying PD3 Table 2:
 //
-//   - a write-back deletes its key from Host View, invalidates the key's
-//     Loading Zone record and any prefetch of it in flight, and only then
-//     is queued to the node;
+//   - a write-back invalidates the key's Loading Zone record and any
+//     prefetch of it in flight, and only then is queued to the node. It
+//     leaves Host View alone, unlike PD3's rule: PD3's host writes a page
+//     back as it evicts it, but our store also writes back pages it keeps
+//     (flush, fsync, NBD FLUSH), and dropping their keys made the agent
+//     prefetch pages the host held. An eviction, dirty or clean, removes
+//     the key through the host's eviction notice (Agent.Evicted);
 //   - a read response adds its key to Host View before it is delivered;
 //   - a prefetch response is placed in the Loading Zone (and its key added
 //     to Host View) only if no write-back of the key was queued since the
@@ -456,15 +460,12 @@ func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 
 var _ pagestore.Trimmer = (*Engine)(nil)
 
-// Invalidate forgets k as a write-back does — Host View entry, Loading
-// Zone record, prefetch in flight — for a write that reached the memory
+// Invalidate forgets k as a write-back does — Loading Zone record,
+// prefetch in flight — for a write that reached the memory
 // node by another connection (the host's direct path in split mode). Call
 // it after that write is acknowledged: prefetches issued later read it.
 func (e *Engine) Invalidate(k memnode.Key) {
 	e.mu.Lock()
-	if e.hv != nil {
-		e.hv.Delete(uint64(k))
-	}
 	e.lz.Invalidate(uint64(k))
 	delete(e.inflight, k)
 	e.mu.Unlock()
@@ -480,9 +481,6 @@ func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]b
 		e.mu.Lock()
 		for i := 0; i < n; i++ {
 			k := keys[i]
-			if e.hv != nil {
-				e.hv.Delete(uint64(k))
-			}
 			e.lz.Invalidate(uint64(k))
 			// Its completion will find no entry (or a newer prefetch's
 			// generation) and drop the page it read.

@@ -40,6 +40,40 @@ func TestUnixSockets(t *testing.T) {
 	assert.Equal(t, p, got)
 }
 
+// TestFlushKeepsPagesInHostView: pages the host wrote and flushed are
+// still cached, so Host View must keep them — dropping them at the flush
+// made the agent prefetch pages the host held.
+func TestFlushKeepsPagesInHostView(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	h, err := StartHost(ctx, HostConfig{
+		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
+		CacheBytes: 64 * 4096, PageListen: "127.0.0.1:0", DPU: "embedded",
+	})
+	require.NoError(t, err)
+	defer h.Close(ctx)
+	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	p := make([]byte, 4096)
+	const pages = 32
+	for i := uint64(0); i < pages; i++ {
+		require.NoError(t, c.Put(ctx, memnode.MakeKey(1, i), p))
+	}
+	// Let the agent apply the PUTs (Host View adds) before the flush, so a
+	// write-back that dropped keys would drop these.
+	require.Eventually(t, func() bool { return h.Agent.Parsed.Load() >= pages }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.HostView.Contains(uint64(memnode.MakeKey(1, pages-1))) }, 5*time.Second, time.Millisecond)
+	require.NoError(t, c.Sync(ctx))
+	require.EqualValues(t, pages, h.Store.Stats().WriteBacks, "SYNC wrote every page back")
+	for i := uint64(0); i < pages; i++ {
+		assert.True(t, h.HostView.Contains(uint64(memnode.MakeKey(1, i))), "page %d", i)
+	}
+	assert.Zero(t, h.Engine.Issued.Load(), "nothing the host holds is prefetched")
+}
+
 func TestParseVolume(t *testing.T) {
 	v, err := ParseVolume("disk0:1GiB")
 	require.NoError(t, err)
