@@ -86,16 +86,15 @@ func (s *session) window(vol uint16) uint32 {
 	return k
 }
 
-// windowed reports whether op is a data op that names a window, and of
-// which volume.
-func windowed(h *ReqHeader) (uint16, bool) {
+// stamp puts in a data op's header the key of the session's window on the
+// volume it touches; other ops name no window.
+func (s *session) stamp(h *ReqHeader) {
 	switch h.Op {
 	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA:
-		return h.Volume, true
+		h.Window = s.window(h.Volume)
 	case OpPrefetch:
-		return Key(h.Offset).Volume(), true
+		h.Window = s.window(Key(h.Offset).Volume())
 	}
-	return 0, false
 }
 
 // wireProto adapts the memnode response format to the pipeline.
@@ -264,9 +263,7 @@ func (c *Client) start(ctx context.Context, h *ReqHeader, payload []byte, setup 
 	if err != nil {
 		return Call{err: fmt.Errorf("memnode %v: %w", h.Op, err), what: h.Op}
 	}
-	if vol, ok := windowed(h); ok {
-		h.Window = s.window(vol)
-	}
+	s.stamp(h)
 	pc := s.Get()
 	if setup != nil {
 		setup(pc)
@@ -329,9 +326,7 @@ func (c *Client) startFn(h *ReqHeader, done func(error), fn func(*pipeline.Call)
 		done(fmt.Errorf("memnode %v: %w", h.Op, err))
 		return
 	}
-	if vol, ok := windowed(h); ok {
-		h.Window = s.window(vol)
-	}
+	s.stamp(h)
 	pc := s.Get()
 	setup(pc)
 	pc.Fn, pc.Arg = fn, done

@@ -18,15 +18,25 @@ import (
 // startNode runs a node on a loopback port and checks its store at cleanup.
 func startNode(t testing.TB, token string, capacity uint64) (*Server, string) {
 	t.Helper()
+	srv := &Server{Store: NewStore(capacity), Token: token}
+	return srv, serveT(t, srv)
+}
+
+// serveT serves srv on a loopback port until the test ends, then checks
+// its store, and returns the address.
+func serveT(t testing.TB, srv *Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := &Server{Store: NewStore(capacity), Token: token, HandshakeTimeout: 2 * time.Second}
+	if srv.HandshakeTimeout == 0 {
+		srv.HandshakeTimeout = 2 * time.Second
+	}
 	go srv.Serve(context.Background(), ln)
 	t.Cleanup(func() {
 		srv.Close()
 		assert.NoError(t, srv.Store.Check())
 	})
-	return srv, ln.Addr().String()
+	return ln.Addr().String()
 }
 
 func dialT(t testing.TB, addr, token string) *Client {

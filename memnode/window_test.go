@@ -138,12 +138,8 @@ func TestWindowKeysArePerConnection(t *testing.T) {
 // TestGrantLimitsVolumes: a grant's token reaches its volumes and nothing
 // else, by name (create, open, list, delete) and by id (windows).
 func TestGrantLimitsVolumes(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	srv := &Server{Store: NewStore(0), Token: "admin", Grants: []Grant{{Token: "t1", Volumes: []string{"t1.*"}}}}
-	go srv.Serve(context.Background(), ln)
-	t.Cleanup(func() { srv.Close() })
-	addr := ln.Addr().String()
+	addr := serveT(t, srv)
 	ctx := context.Background()
 
 	admin := dialT(t, addr, "admin")

@@ -40,20 +40,30 @@ func TestUnixSockets(t *testing.T) {
 	assert.Equal(t, p, got)
 }
 
+// hostOnNewNode starts a memory node and a host on it (cfg.Memnode is set
+// here), both stopped when the test ends; it returns the host and the
+// node's address.
+func hostOnNewNode(t *testing.T, cfg HostConfig) (*Host, string) {
+	t.Helper()
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { node.Close() })
+	cfg.Memnode = node.Addr
+	h, err := StartHost(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close(ctx) })
+	return h, node.Addr
+}
+
 // TestFlushKeepsPagesInHostView: pages the host wrote and flushed are
 // still cached, so Host View must keep them — dropping them at the flush
 // made the agent prefetch pages the host held.
 func TestFlushKeepsPagesInHostView(t *testing.T) {
 	ctx := context.Background()
-	node, err := StartMemnode(ctx, MemnodeConfig{})
-	require.NoError(t, err)
-	defer node.Close()
-	h, err := StartHost(ctx, HostConfig{
-		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
-		CacheBytes: 64 * 4096, PageListen: "127.0.0.1:0", DPU: "embedded",
+	h, _ := hostOnNewNode(t, HostConfig{
+		Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 64 * 4096, PageListen: "127.0.0.1:0", DPU: "embedded",
 	})
-	require.NoError(t, err)
-	defer h.Close(ctx)
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
 	require.NoError(t, err)
 	defer c.Close()
@@ -88,15 +98,9 @@ func TestParseVolume(t *testing.T) {
 // served from the Loading Zone; without a trend nothing is prefetched.
 func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	ctx := context.Background()
-	node, err := StartMemnode(ctx, MemnodeConfig{})
-	require.NoError(t, err)
-	defer node.Close()
-	h, err := StartHost(ctx, HostConfig{
-		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 4 << 20}},
-		CacheBytes: 16 * 4096, PageListen: "127.0.0.1:0", Prefetch: "leap",
+	h, nodeAddr := hostOnNewNode(t, HostConfig{
+		Volumes: []VolumeSpec{{"disk0", 4 << 20}}, CacheBytes: 16 * 4096, PageListen: "127.0.0.1:0", Prefetch: "leap",
 	})
-	require.NoError(t, err)
-	defer h.Close(ctx)
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
 	require.NoError(t, err)
 	defer c.Close()
@@ -107,12 +111,10 @@ func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	assert.Positive(t, h.Leap.Predictions.Load())
 	assert.Greater(t, h.Store.Stats().PrefetchHits, uint64(200), "most of a sequential scan comes from the Loading Zone")
 
-	_, err = StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
+	_, err = StartHost(ctx, HostConfig{Memnode: nodeAddr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
 	assert.ErrorContains(t, err, "use it with --dpu none")
 }
 
-// TestAgentPrefetchesNBDReads: reads over NBD with an embedded agent are
-// parsed and served from the Loading Zone.
 // TestAgentPrefetchesNBDReads: with either mirror, the agent follows
 // nbdcopy's connection (handshake included) and its prefetches serve
 // reads. The packet mirror sees it on an AF_PACKET socket (root).
