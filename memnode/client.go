@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/stages"
 )
 
 // ClientOptions configure a Client.
@@ -27,6 +28,9 @@ type ClientOptions struct {
 	OpTimeout time.Duration
 	// MaxInFlight bounds outstanding requests (default 16384).
 	MaxInFlight int
+	// Stages, if set, is stamped as a READ with a completion function is
+	// issued (the miss-path breakdown); nil in production.
+	Stages *stages.Recorder
 }
 
 // Client talks to one memory node. It is safe for concurrent use: requests
@@ -296,6 +300,7 @@ func (c *Client) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 		return
 	}
 	h := ReqHeader{Op: OpRead, Volume: vol, Offset: off, Count: uint32(len(p))}
+	c.opt.Stages.Stamp(stages.HostRemoteSent)
 	c.startFn(&h, done, readDone, func(pc *pipeline.Call) { pc.Dst = p })
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/sockio"
+	"github.com/pd3-go/pd3/internal/stages"
 )
 
 // Server serves a Store over the memnode protocol. One goroutine owns each
@@ -31,6 +33,9 @@ type Server struct {
 	Log *slog.Logger
 	// HandshakeTimeout bounds the wait for HELLO (default 10s).
 	HandshakeTimeout time.Duration
+	// Stages, if set, is stamped as requests pass (the miss-path
+	// breakdown); nil in production.
+	Stages *stages.Recorder
 
 	group netsrv.Group
 }
@@ -92,10 +97,15 @@ type conn struct {
 }
 
 func (s *Server) serveConn(nc net.Conn) error {
+	var rd io.Reader = nc
+	fast := sockio.NewReader(nc)
+	if fast != nil {
+		rd = fast
+	}
 	c := &conn{
 		s:  s,
 		nc: nc,
-		r:  bufio.NewReaderSize(nc, readBufSize),
+		r:  bufio.NewReaderSize(rd, readBufSize),
 		bw: pipeline.NewBatchWriter(nc, writeBufSize, nil),
 	}
 	// With persistence, write acknowledgements leave only once their log
@@ -105,8 +115,14 @@ func (s *Server) serveConn(nc net.Conn) error {
 	if err := c.handshake(); err != nil {
 		return err
 	}
+	if fast != nil {
+		// This goroutine plays the NIC: it waits for requests in poll(2)
+		// and answers them with no scheduler hop (see sockio).
+		fast.Direct()
+	}
 	var h ReqHeader
 	for {
+		c.need(ReqHeaderSize)
 		hb, err := c.r.Peek(ReqHeaderSize)
 		if err != nil {
 			return err
@@ -115,12 +131,14 @@ func (s *Server) serveConn(nc net.Conn) error {
 			c.respondErr(&h, err)
 			return err
 		}
+		s.Stages.Stamp(stages.NodeRequestRead)
 		if _, err := c.r.Discard(ReqHeaderSize); err != nil {
 			return err
 		}
 		if err := c.execute(&h); err != nil {
 			return err
 		}
+		s.Stages.Stamp(stages.NodeServed)
 	}
 }
 
@@ -169,12 +187,27 @@ func (c *conn) handshake() error {
 	return c.respond(&h, StatusOK, info[:])
 }
 
+// need writes the responses held back so far if the next n bytes of input
+// are not buffered yet: the read may wait, and nothing may wait behind it.
+// Responses are held back while requests are buffered, so a burst of
+// requests is answered with one write, and the last response of a burst
+// leaves on this goroutine with no hand-off.
+func (c *conn) need(n int) {
+	if c.r.Buffered() < n {
+		if c.s.Stages != nil && c.bw.Queued() > 0 {
+			c.s.Stages.Stamp(stages.NodeReplyWritten)
+		}
+		c.bw.Flush()
+	}
+}
+
 // payload returns the next n bytes of input, valid until the next read.
 // It avoids a copy whenever the payload fits in the read buffer.
 func (c *conn) payload(n uint32) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
+	c.need(int(n))
 	if int(n) <= c.r.Size() {
 		p, err := c.r.Peek(int(n))
 		if err != nil {
@@ -307,7 +340,7 @@ func (c *conn) respondData(h *ReqHeader, key uint64, n int, fill func([]byte) er
 	if err := fill(buf[start+RespHeaderSize+pre:]); err != nil {
 		buf = appendResp(buf[:start], h, statusOf(err), nil)
 	}
-	c.bw.End(buf)
+	c.bw.EndLater(buf)
 	return nil
 }
 
@@ -322,7 +355,7 @@ func (c *conn) respond(h *ReqHeader, s Status, payload []byte) error {
 	if err != nil {
 		return err
 	}
-	c.bw.End(appendResp(buf, h, s, payload))
+	c.bw.EndLater(appendResp(buf, h, s, payload))
 	return nil
 }
 

@@ -17,6 +17,8 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/sockio"
+	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -71,6 +73,9 @@ type Server struct {
 	// and half-open clients cannot hold a connection.
 	HandshakeTimeout time.Duration
 	Log              *slog.Logger
+	// Stages, if set, is stamped as requests pass (the miss-path
+	// breakdown); nil in production.
+	Stages *stages.Recorder
 
 	group  netsrv.Group
 	bufs   bufPool
@@ -151,6 +156,10 @@ type conn struct {
 	pr      PageReader            // nil: every request goes to a worker
 	pending sync.WaitGroup        // reads started with PageReader
 	nasync  atomic.Int32          // reads started with PageReader, in flight
+	// inflight counts requests read and not yet answered: a reply with
+	// no other request in flight is written at once on the goroutine
+	// that made it; others are queued for the writer, which batches.
+	inflight atomic.Int32
 }
 
 // maxConnAsync bounds one connection's reads in flight on the reader's
@@ -160,10 +169,14 @@ const maxConnAsync = 256
 func (s *Server) serveConn(nc net.Conn) {
 	s.Connections.Add(1)
 	var rd io.Reader = nc
+	fast := sockio.NewReader(nc)
+	if fast != nil {
+		rd = fast
+	}
 	if s.Mirror != nil {
 		st := s.Mirror.NewStream()
 		defer st.Close()
-		rd = mirror.Conn{Conn: nc, S: st}
+		rd = mirror.Conn{Conn: nc, S: st, R: rd}
 	}
 	c := &conn{s: s, nc: nc, r: bufio.NewReaderSize(rd, 256<<10), w: bufio.NewWriter(nc)}
 	nc.SetDeadline(time.Now().Add(s.HandshakeTimeout))
@@ -175,6 +188,11 @@ func (s *Server) serveConn(nc net.Conn) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
+	if fast != nil {
+		// The reader waits for requests in poll(2): a request wakes this
+		// thread directly, and a hit is answered with no scheduler hop.
+		fast.Direct()
+	}
 	if err := c.transmit(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		s.Log.Warn("nbd: closing connection", "remote", nc.RemoteAddr().String(), "export", c.exp.Name, "err", err)
 	}
@@ -465,7 +483,7 @@ func (s *Server) newRequest(c *conn) *request {
 // BatchWriter in completion order.
 func (c *conn) transmit() error {
 	s := c.s
-	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { c.nc.Close() })
+	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.nc) })
 	c.bw = bw
 	c.pr, _ = s.Backend.(PageReader)
 	work := make(chan *request, s.Workers*2)
@@ -475,11 +493,11 @@ func (c *conn) transmit() error {
 		go func() {
 			defer wg.Done()
 			for r := range work {
-				c.execute(r, bw)
+				c.execute(r)
 			}
 		}()
 	}
-	err := c.readRequests(work, bw)
+	err := c.readRequests(work)
 	close(work)
 	wg.Wait() // every request gets its reply before the connection closes
 	c.pending.Wait()
@@ -487,10 +505,11 @@ func (c *conn) transmit() error {
 	return err
 }
 
-func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) error {
+func (c *conn) readRequests(work chan<- *request) error {
 	s := c.s
 	var h [requestHeaderLen]byte
 	for {
+		c.need(requestHeaderLen)
 		if _, err := io.ReadFull(c.r, h[:]); err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				s.ProtocolViolations.Add(1)
@@ -498,6 +517,7 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 			}
 			return err
 		}
+		s.Stages.Stamp(stages.HostRequestRead)
 		if m := binary.BigEndian.Uint32(h[0:]); m != magicRequest {
 			s.ProtocolViolations.Add(1)
 			return fmt.Errorf("%w: bad request magic %#x", errProtocol, m)
@@ -513,20 +533,23 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 			s.reqs.Put(r)
 			return nil // outstanding requests finish in transmit
 		}
+		c.inflight.Add(1)
 		if r.typ == cmdWrite {
 			if r.length > s.MaxRequest {
 				// Refuse it, but keep the stream in step if we can.
 				r.errno = errOverflow
 				if n := r.length; n > maxDiscard {
-					c.answer(r, bw) // recycles r
+					c.answer(r, false) // recycles r
 					s.ProtocolViolations.Add(1)
 					return fmt.Errorf("%w: WRITE of %d bytes", errProtocol, n)
 				}
+				c.need(int(r.length))
 				if _, err := c.r.Discard(int(r.length)); err != nil {
 					return err
 				}
 			} else {
 				r.buf = c.data(r, int(r.length))
+				c.need(len(r.buf))
 				if _, err := io.ReadFull(c.r, r.buf); err != nil {
 					c.recycle(r)
 					return err
@@ -537,7 +560,7 @@ func (c *conn) readRequests(work chan<- *request, bw *pipeline.BatchWriter) erro
 			r.errno = c.validate(r)
 		}
 		if r.errno != 0 {
-			c.answer(r, bw)
+			c.answer(r, true)
 			continue
 		}
 		if r.typ == cmdRead {
@@ -562,6 +585,7 @@ func (c *conn) readPage(r *request) bool {
 		return false
 	}
 	c.pending.Add(1)
+	c.s.Stages.Stamp(stages.HostDispatched)
 	finished, err := c.pr.GetAsync(memnode.MakeKey(c.exp.Volume, r.off/memnode.PageSize), r.buf, r.done)
 	if errors.Is(err, pagestore.ErrWouldBlock) {
 		c.nasync.Add(-1)
@@ -569,27 +593,49 @@ func (c *conn) readPage(r *request) bool {
 		return false
 	}
 	if finished {
-		r.pageRead(err)
+		c.pageDone(r, err, true)
 	}
 	return true
 }
 
-// pageRead completes a READ started by readPage. It may run on the page
-// store's remote reader goroutine, so it must not wait: if the reply
-// buffer is full (the client is not reading), a goroutine answers.
-func (r *request) pageRead(err error) {
-	c := r.c
+// pageRead completes a READ started by readPage when the page arrives.
+func (r *request) pageRead(err error) { r.c.pageDone(r, err, false) }
+
+// pageDone answers a READ started by readPage: on the reader (later: the
+// reply waits for the reader's flush) or on the page store's remote reader
+// goroutine, which must not wait: if the reply buffer is full (the client
+// is not reading), a goroutine answers.
+func (c *conn) pageDone(r *request, err error, later bool) {
+	if !later {
+		c.s.Stages.Stamp(stages.HostRemoteDone)
+	}
 	if err != nil {
 		c.failed(r, err)
 	}
 	defer c.pending.Done()
 	defer c.nasync.Add(-1)
-	if !c.tryAnswer(r) {
+	if !later {
+		c.s.Stages.Stamp(stages.HostReplyWritten)
+	}
+	if !c.tryAnswer(r, later) {
 		c.pending.Add(1)
 		go func() {
 			defer c.pending.Done()
-			c.answer(r, c.bw)
+			c.answer(r, false)
 		}()
+	}
+}
+
+// need writes the replies held back so far if the next n bytes of input
+// are not buffered yet: the read may wait, and no reply may wait behind
+// it. Replies made on the reader are held back while requests are
+// buffered, so a burst is answered with one write.
+func (c *conn) need(n int) {
+	if c.r.Buffered() < n {
+		if c.s.Stages != nil && c.bw.Queued() > 0 {
+			c.s.Stages.Stamp(stages.HostReplyWritten)
+		}
+		c.bw.Flush()
 	}
 }
 
@@ -643,7 +689,7 @@ func (c *conn) validate(r *request) uint32 {
 	return 0
 }
 
-func (c *conn) execute(r *request, bw *pipeline.BatchWriter) {
+func (c *conn) execute(r *request) {
 	ctx := c.s.ctx
 	vol := c.exp.Volume
 	var err error
@@ -668,7 +714,7 @@ func (c *conn) execute(r *request, bw *pipeline.BatchWriter) {
 	if err != nil {
 		c.failed(r, err)
 	}
-	c.answer(r, bw)
+	c.answer(r, false)
 }
 
 func (c *conn) failed(r *request, err error) {
@@ -708,30 +754,43 @@ func errnoOf(err error) uint32 {
 	return errIO
 }
 
-// answer sends r's reply and recycles r and its buffer.
-func (c *conn) answer(r *request, bw *pipeline.BatchWriter) {
-	buf, err := bw.Begin()
+// answer sends r's reply and recycles r and its buffer. With later the
+// reply waits for the reader's next flush (see need).
+func (c *conn) answer(r *request, later bool) {
+	buf, err := c.bw.Begin()
 	if err == nil {
-		bw.End(c.appendReply(r, buf))
+		c.end(c.appendReply(r, buf), later)
 	}
 	c.recycle(r)
 }
 
 // tryAnswer is answer if the reply buffer has room; false (r untouched)
 // if not.
-func (c *conn) tryAnswer(r *request) bool {
+func (c *conn) tryAnswer(r *request, later bool) bool {
 	buf, ok, err := c.bw.TryBegin()
 	if !ok && err == nil {
 		return false
 	}
 	if ok {
-		c.bw.End(c.appendReply(r, buf))
+		c.end(c.appendReply(r, buf), later)
 	}
 	c.recycle(r)
 	return true
 }
 
+func (c *conn) end(buf []byte, later bool) {
+	switch {
+	case later:
+		c.bw.EndLater(buf)
+	case c.inflight.Load() <= 1:
+		c.bw.End(buf)
+	default:
+		c.bw.EndQueue(buf)
+	}
+}
+
 func (c *conn) recycle(r *request) {
+	c.inflight.Add(-1)
 	if cap(r.buf) > len(r.page) {
 		c.s.bufs.put(r.buf)
 	}

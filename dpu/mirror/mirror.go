@@ -4,7 +4,10 @@
 // without importing each other.
 package mirror
 
-import "net"
+import (
+	"io"
+	"net"
+)
 
 // Stream receives the bytes one client connection delivers, exactly as the
 // host read them and before the host parses them. Observe must not retain
@@ -26,10 +29,19 @@ type Mirror interface {
 type Conn struct {
 	net.Conn
 	S Stream
+	// R, if set, is read instead of Conn (the connection read another
+	// way, such as a sockio.Reader of Conn).
+	R io.Reader
 }
 
 func (c Conn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
+	var n int
+	var err error
+	if c.R != nil {
+		n, err = c.R.Read(b)
+	} else {
+		n, err = c.Conn.Read(b)
+	}
 	if n > 0 {
 		c.S.Observe(b[:n])
 	}

@@ -4,6 +4,8 @@
 package netsrv
 
 import (
+	"github.com/pd3-go/pd3/internal/sockio"
+
 	"context"
 	"errors"
 	"fmt"
@@ -89,7 +91,8 @@ func (g *Group) Close() {
 		ln.Close()
 	}
 	for c := range g.conns {
-		c.Close()
+		// A handler may be blocked in sockio's poll(2) on c.
+		sockio.Close(c)
 	}
 	g.mu.Unlock()
 	g.wg.Wait()

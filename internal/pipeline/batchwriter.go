@@ -5,30 +5,51 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pd3-go/pd3/internal/sockio"
 )
 
 // BatchWriter owns the write side of a connection. Producers append frames
-// to a shared buffer between Begin and End; one goroutine writes whatever
-// has accumulated, so frames produced while a write syscall is under way
-// leave together in the next one. Producers never wait for the network
-// unless MaxPending bytes are already waiting.
+// to a shared buffer between Begin and End. Whoever finds no write under
+// way writes, on its own goroutine: a lone frame leaves with one syscall
+// and no goroutine hand-off, and frames appended while that write is in
+// the kernel leave together in the next one (the writing goroutine loops
+// until the buffer is empty). Producers never wait for the network unless
+// MaxPending bytes are already waiting.
+//
+// A producer that knows more frames are coming from itself (a server loop
+// with requests still buffered) appends with EndLater and calls Flush
+// before it waits for input: one write per burst.
+//
+// Writes made on a producer's goroutine never block: each is one
+// non-blocking attempt on the socket. What the socket does not take (a
+// client that does not read) is handed to the writer goroutine, which
+// blocks on the network instead. The goroutine also writes for writers
+// that are not sockets (io.Writer without syscall.Conn) and for batches
+// behind a durability gate, which may wait.
 type BatchWriter struct {
-	w       io.Writer
-	max     int
-	onErr   func(error)
-	mu      sync.Mutex
-	cond    sync.Cond
-	buf     []byte
-	spare   []byte
-	kicked  bool
-	err     error
-	kick    chan struct{}
-	stopped chan struct{}
-	done    chan struct{}
+	w     io.Writer
+	raw   *sockio.Writer // nil: every write is the goroutine's
+	max   int
+	onErr func(error)
+	mu    sync.Mutex
+	cond  sync.Cond
+	buf   []byte
+	spare []byte
+	// writing: some goroutine owns the socket's write side; handoff: the
+	// owner is the writer goroutine (rung, or about to be). rest is an
+	// unwritten tail of restBuf an inline writer left it. Guarded by mu.
+	writing, handoff bool
+	rest, restBuf    []byte
+	err              error
+	kick             chan struct{}
+	stopped          chan struct{}
+	done             chan struct{}
 
 	// Writes and Bytes count write syscalls and the bytes they carried:
-	// Bytes/Writes is the batching achieved.
-	Writes, Bytes atomic.Uint64
+	// Bytes/Writes is the batching achieved. Inline counts the writes
+	// made on a producer's goroutine (no hand-off).
+	Writes, Bytes, Inline atomic.Uint64
 
 	// gate, if set, is waited on before a batch holding a token is
 	// written (the memory node's durable acknowledgements).
@@ -36,12 +57,19 @@ type BatchWriter struct {
 	token uint64 // highest token in buf; guarded by mu
 }
 
+// inlineRounds bounds how many batches one producer writes before it
+// hands a busy connection to the writer goroutine: a producer is on some
+// request's path, and a stream of others' frames should not hold it.
+const inlineRounds = 4
+
 // SetGate makes the writer call gate(t) before writing any batch that
 // holds a frame appended with EndToken(…, t), and fail if it errs. Set it
 // before the first write.
 func (b *BatchWriter) SetGate(gate func(token uint64) error) { b.gate = gate }
 
 // EndToken is End for a frame that may only leave once gate(token) passed.
+// Such a batch is always written by the writer goroutine (the gate may
+// wait for stable storage).
 func (b *BatchWriter) EndToken(buf []byte, token uint64) {
 	if token > b.token {
 		b.token = token
@@ -50,7 +78,7 @@ func (b *BatchWriter) EndToken(buf []byte, token uint64) {
 }
 
 // NewBatchWriter starts the writer goroutine. onErr (may be nil) is called
-// once, from the writer goroutine, if a write fails.
+// once if a write fails.
 func NewBatchWriter(w io.Writer, maxPending int, onErr func(error)) *BatchWriter {
 	b := &BatchWriter{
 		w: w, max: maxPending, onErr: onErr,
@@ -60,16 +88,25 @@ func NewBatchWriter(w io.Writer, maxPending int, onErr func(error)) *BatchWriter
 		stopped: make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	b.raw = sockio.NewWriter(w)
 	b.cond.L = &b.mu
 	go b.loop()
 	return b
 }
 
 // Begin locks the buffer, waiting while more than MaxPending bytes are
-// queued, and returns it for appending. A nil error means End must follow.
+// queued, and returns it for appending. A nil error means End, EndLater or
+// EndToken must follow.
 func (b *BatchWriter) Begin() ([]byte, error) {
 	b.mu.Lock()
 	for len(b.buf) > b.max && b.err == nil {
+		if !b.writing {
+			// Frames held back by EndLater and nobody writing: the
+			// caller writes them, or nothing ever would.
+			b.push(true)
+			b.mu.Lock()
+			continue
+		}
 		b.cond.Wait()
 	}
 	if b.err != nil {
@@ -89,6 +126,15 @@ func (b *BatchWriter) TryBegin() (buf []byte, ok bool, err error) {
 		b.mu.Unlock()
 		return nil, false, err
 	}
+	if len(b.buf) > b.max && !b.writing {
+		b.push(true) // held back by EndLater: write now (never blocks)
+		b.mu.Lock()
+		if b.err != nil {
+			err := b.err
+			b.mu.Unlock()
+			return nil, false, err
+		}
+	}
 	if len(b.buf) > b.max {
 		b.mu.Unlock()
 		return nil, false, nil
@@ -96,20 +142,134 @@ func (b *BatchWriter) TryBegin() (buf []byte, ok bool, err error) {
 	return b.buf, true, nil
 }
 
-// End stores the appended buffer, unlocks and rings the writer.
+// End stores the appended buffer and unlocks; if no write is under way the
+// caller writes it now (see the type's doc). It is for a lone frame: a
+// producer with many frames in flight makes one syscall per frame this way,
+// where EndQueue would batch them.
 func (b *BatchWriter) End(buf []byte) {
 	b.buf = buf
-	ring := !b.kicked && len(buf) > 0
-	if ring {
-		b.kicked = true
-	}
+	b.push(true)
+}
+
+// EndQueue stores the appended buffer, unlocks and leaves the write to the
+// writer goroutine, which yields once before taking the buffer so that
+// frames readied together leave in one write. It is for producers with
+// other frames in flight (measured: fio Q32 over NBD, 22 K IOPS with
+// queued replies against 17 K with every reply written inline).
+func (b *BatchWriter) EndQueue(buf []byte) {
+	b.buf = buf
+	b.push(false)
+}
+
+// EndLater stores the appended buffer and unlocks without writing: the
+// caller promises a Flush (or End) before it waits for anything.
+func (b *BatchWriter) EndLater(buf []byte) {
+	b.buf = buf
 	b.mu.Unlock()
-	if ring {
-		select {
-		case b.kick <- struct{}{}:
-		default:
-		}
+}
+
+// Flush writes what is queued, on the caller's goroutine if no write is
+// under way (otherwise the writing goroutine takes it with its next
+// batch).
+func (b *BatchWriter) Flush() {
+	b.mu.Lock()
+	b.push(true)
+}
+
+// push is called with mu held and releases it. It makes sure whatever is in
+// buf will be written: by the caller now (inline), by the goroutine that
+// is writing, or by the writer goroutine.
+func (b *BatchWriter) push(inline bool) {
+	if b.writing || len(b.buf) == 0 || b.err != nil {
+		b.mu.Unlock()
+		return
 	}
+	b.writing = true
+	if !inline || b.raw == nil || (b.token > 0 && b.gate != nil) {
+		b.handOff()
+		return
+	}
+	out := b.take()
+	b.mu.Unlock()
+	b.inline(out)
+}
+
+// take swaps the buffers and returns what is queued; called with mu held
+// by the owner of the write side.
+func (b *BatchWriter) take() []byte {
+	out := b.buf
+	b.buf = b.spare[:0]
+	b.spare = nil
+	return out
+}
+
+// handOff gives the write side to the writer goroutine; called with mu
+// held by its owner, it releases mu.
+func (b *BatchWriter) handOff() {
+	b.handoff = true
+	b.cond.Broadcast()
+	b.mu.Unlock()
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// inline writes out (and what is appended meanwhile) with non-blocking
+// attempts; the caller owns the write side and gives it up on return.
+func (b *BatchWriter) inline(out []byte) {
+	for round := 0; ; round++ {
+		n, err := b.tryWrite(out)
+		if err != nil {
+			b.fail(err)
+			b.mu.Lock()
+			b.spare, b.writing = out[:0], false
+			b.cond.Broadcast()
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Lock()
+		if n < len(out) {
+			// The socket is full: the goroutine waits for it, keeping
+			// the write side (writing stays true).
+			b.rest, b.restBuf = out[n:], out
+			b.handOff()
+			return
+		}
+		if len(b.buf) == 0 || b.err != nil {
+			b.spare, b.writing = out[:0], false
+			b.cond.Broadcast()
+			b.mu.Unlock()
+			return
+		}
+		if round+1 >= inlineRounds || (b.token > 0 && b.gate != nil) {
+			b.spare = out[:0]
+			b.handOff()
+			return
+		}
+		b.spare = out[:0]
+		out = b.take()
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	}
+}
+
+// tryWrite makes one non-blocking write attempt of p.
+func (b *BatchWriter) tryWrite(p []byte) (int, error) {
+	n, err := b.raw.TryWrite(p)
+	if n > 0 {
+		b.Writes.Add(1)
+		b.Inline.Add(1)
+		b.Bytes.Add(uint64(n))
+	}
+	return n, err
+}
+
+// Queued returns how many bytes wait to be written.
+func (b *BatchWriter) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.buf)
 }
 
 // Close stops the writer after it has written what is queued (or failed).
@@ -134,6 +294,25 @@ func (b *BatchWriter) Fail(err error) {
 	b.mu.Unlock()
 }
 
+// fail records a write error and reports it once.
+func (b *BatchWriter) fail(err error) {
+	b.mu.Lock()
+	first := b.err == nil
+	b.mu.Unlock()
+	b.Fail(err)
+	if first && b.onErr != nil {
+		b.onErr(err)
+	}
+}
+
+// write writes p fully (blocking) and counts it.
+func (b *BatchWriter) write(p []byte) error {
+	b.Writes.Add(1)
+	b.Bytes.Add(uint64(len(p)))
+	_, err := b.w.Write(p)
+	return err
+}
+
 func (b *BatchWriter) loop() {
 	defer close(b.done)
 	for {
@@ -143,43 +322,83 @@ func (b *BatchWriter) loop() {
 		case <-b.stopped:
 			stopping = true
 		}
-		// Let the goroutines readied with the one that kicked us (a batch
-		// of responses completing at once) append first: one bigger write.
-		runtime.Gosched()
 		b.mu.Lock()
-		out := b.buf
-		b.buf = b.spare[:0]
-		b.kicked = false
+		if stopping {
+			// Let an inline writer finish (or hand over), then take the
+			// write side for what is left.
+			for b.writing && !b.handoff {
+				b.cond.Wait()
+			}
+			if !b.writing && len(b.buf) > 0 {
+				b.writing, b.handoff = true, true
+			}
+		}
+		own := b.handoff
+		b.handoff = false
+		b.mu.Unlock()
+		if own {
+			b.drain()
+		}
+		if stopping {
+			return
+		}
+	}
+}
+
+// drain runs on the writer goroutine, which owns the write side: it writes
+// the tail an inline writer left, then batches until the buffer is empty,
+// and gives the write side up.
+func (b *BatchWriter) drain() {
+	b.mu.Lock()
+	rest, restBuf := b.rest, b.restBuf
+	b.rest, b.restBuf = nil, nil
+	failed := b.err != nil
+	b.mu.Unlock()
+	if restBuf != nil {
+		if !failed {
+			if err := b.write(rest); err != nil {
+				b.fail(err)
+			}
+		}
+		b.mu.Lock()
+		b.spare = restBuf[:0]
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	}
+	for first := true; ; first = false {
+		if first {
+			// Let the goroutines readied with the one that kicked us (a
+			// batch of responses completing at once) append first: one
+			// bigger write.
+			runtime.Gosched()
+		}
+		b.mu.Lock()
+		if len(b.buf) == 0 || b.err != nil {
+			b.writing = false
+			b.token = 0
+			b.cond.Broadcast()
+			b.mu.Unlock()
+			return
+		}
+		out := b.take()
 		failed := b.err != nil
 		token := b.token
 		b.token = 0
 		b.mu.Unlock()
 		if token > 0 && b.gate != nil && !failed {
 			if err := b.gate(token); err != nil {
-				b.Fail(err)
-				if b.onErr != nil {
-					b.onErr(err)
-				}
+				b.fail(err)
 				failed = true
 			}
 		}
-		if len(out) > 0 && !failed {
-			b.Writes.Add(1)
-			b.Bytes.Add(uint64(len(out)))
-			_, err := b.w.Write(out)
-			if err != nil {
-				b.Fail(err)
-				if b.onErr != nil {
-					b.onErr(err)
-				}
+		if !failed {
+			if err := b.write(out); err != nil {
+				b.fail(err)
 			}
 		}
 		b.mu.Lock()
 		b.spare = out[:0]
 		b.cond.Broadcast()
 		b.mu.Unlock()
-		if stopping {
-			return
-		}
 	}
 }

@@ -32,6 +32,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pd3-go/pd3/internal/sockio"
 )
 
 // Header describes one decoded response header.
@@ -193,7 +195,7 @@ func (s *Session) Err() error {
 // Send registers c, queues hdr and payload for the writer (hdr's tag is
 // filled in), and returns without waiting. On error c has been recycled.
 func (s *Session) Send(c *Call, hdr, payload []byte) error {
-	tag, err := s.register(c)
+	tag, lone, err := s.register(c)
 	if err != nil {
 		s.put(c)
 		return err
@@ -206,18 +208,25 @@ func (s *Session) Send(c *Call, hdr, payload []byte) error {
 	buf = append(buf, hdr...)
 	// Tag the copy, not hdr: hdr then stays on the caller's stack.
 	s.proto.PutTag(buf[start:], tag)
-	s.w.End(append(buf, payload...))
+	if lone {
+		// The only call in flight: written now, on this goroutine.
+		s.w.End(append(buf, payload...))
+	} else {
+		s.w.EndQueue(append(buf, payload...))
+	}
 	return nil
 }
 
-func (s *Session) register(c *Call) (uint32, error) {
+// register puts c in the tag table; lone reports that no other call is in
+// flight.
+func (s *Session) register(c *Call) (tag uint32, lone bool, err error) {
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
 	for len(s.free) == 0 && s.err == nil {
 		s.tcond.Wait()
 	}
 	if s.err != nil {
-		return 0, s.err
+		return 0, false, s.err
 	}
 	idx := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
@@ -227,7 +236,7 @@ func (s *Session) register(c *Call) (uint32, error) {
 		// The watchdog measures silence from the moment work exists.
 		s.lastRecv.Store(time.Now().UnixNano())
 	}
-	return uint32(s.gens[idx])<<idxBits | idx, nil
+	return uint32(s.gens[idx])<<idxBits | idx, s.pending == 1, nil
 }
 
 // take removes the call with tag from the table; nil if no such call.
@@ -267,7 +276,7 @@ func (s *Session) fail(err error) {
 	s.tcond.Broadcast()
 	s.tmu.Unlock()
 	s.w.Fail(err)
-	s.nc.Close()
+	sockio.Close(s.nc) // the reader may be blocked in poll(2)
 	for _, c := range calls {
 		if c.state.CompareAndSwap(stPending, stReceiving) {
 			c.err = err
@@ -308,7 +317,14 @@ func (s *Session) Close(err error) {
 
 func (s *Session) readLoop() {
 	defer s.wg.Done()
-	r := bufio.NewReaderSize(s.nc, s.opt.ReadBuf)
+	// The reader waits in poll(2): a response wakes this thread directly
+	// and completes its call with no scheduler hop (see sockio).
+	var rd io.Reader = s.nc
+	if fast := sockio.NewReader(s.nc); fast != nil {
+		fast.Direct()
+		rd = fast
+	}
+	r := bufio.NewReaderSize(rd, s.opt.ReadBuf)
 	for {
 		h, err := s.proto.ReadHeader(r)
 		if err != nil {

@@ -111,3 +111,31 @@ func (g *Gate) Release() {
 	}
 	<-g.mu
 }
+
+// Pair returns the two ends of a connection on a listener of network at
+// addr ("tcp" on "127.0.0.1:0", or "unix" on a socket path), closed at
+// the end of the test.
+func Pair(t testing.TB, network, addr string) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	a, err = net.Dial(network, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = <-acc
+	if b == nil {
+		a.Close()
+		t.Fatal("accepting the test connection failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -113,15 +114,21 @@ func (s *Server) Close() error {
 
 func (s *Server) serveConn(nc net.Conn) {
 	var rd io.Reader = nc
+	if fast := sockio.NewReader(nc); fast != nil {
+		// The reader waits for requests in poll(2), woken by the kernel
+		// directly rather than through the network poller (see sockio).
+		fast.Direct()
+		rd = fast
+	}
 	if s.Mirror != nil {
 		st := s.Mirror.NewStream()
 		defer st.Close()
-		rd = mirror.Conn{Conn: nc, S: st}
+		rd = mirror.Conn{Conn: nc, S: st, R: rd}
 	}
 	c := &conn{nc: nc, rd: rd, free: make(chan *request, s.MaxInFlight)}
-	// Replies are appended by the workers; the writer goroutine writes
-	// whatever accumulated during its previous write.
-	c.bw = pipeline.NewBatchWriter(nc, 512<<10, func(error) { nc.Close() })
+	// Replies are appended by the workers: a lone reply is written by its
+	// worker, others by the writer goroutine, which batches them.
+	c.bw = pipeline.NewBatchWriter(nc, 512<<10, func(error) { sockio.Close(nc) })
 	for i := 0; i < s.MaxInFlight; i++ {
 		c.free <- &request{c: c}
 	}
@@ -172,7 +179,14 @@ func (s *Server) worker() {
 		req.hdr.EncodeResponse(hb[:])
 		if buf, err := req.c.bw.Begin(); err == nil {
 			buf = append(buf, hb[:]...)
-			req.c.bw.End(append(buf, req.data[:req.hdr.ResponsePayloadLen()]...))
+			buf = append(buf, req.data[:req.hdr.ResponsePayloadLen()]...)
+			if cap(req.c.free)-len(req.c.free) == 1 {
+				// The connection's only request in flight: written
+				// now, on this goroutine, with no hand-off.
+				req.c.bw.End(buf)
+			} else {
+				req.c.bw.EndQueue(buf)
+			}
 		}
 		req.c.free <- req
 	}

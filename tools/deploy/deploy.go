@@ -5,6 +5,8 @@
 package deploy
 
 import (
+	"github.com/pd3-go/pd3/internal/stages"
+
 	"cmp"
 	"context"
 	"errors"
@@ -84,6 +86,9 @@ type MemnodeConfig struct {
 	// acknowledged write survives a crash or power loss.
 	Persist string
 	Log     *slog.Logger
+	// Stages, if set, receives the node's stamps of a request's path
+	// (the miss-path breakdown; nil in production).
+	Stages *stages.Recorder
 }
 
 // Memnode is a running memory node.
@@ -111,7 +116,7 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 		return nil, fmt.Errorf("memory node: %w", err)
 	}
 	m := &Memnode{
-		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log},
+		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log, Stages: cfg.Stages},
 		Addr:   addrString(ln),
 		done:   make(chan error, 1),
 	}
@@ -172,6 +177,9 @@ type HostConfig struct {
 	// (default 1 Mi pages: 4 GiB of cached file data).
 	KernelViewPages int
 	Log             *slog.Logger
+	// Stages, if set, receives the host's stamps of a request's path
+	// (the miss-path breakdown; nil in production).
+	Stages *stages.Recorder
 }
 
 // Host is a running host: cache, remote client and frontends.
@@ -229,7 +237,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	default:
 		return nil, fmt.Errorf("host: unknown --mirror %q (tap, packet or none)", cfg.Mirror)
 	}
-	c, err := memnode.Dial(ctx, cfg.Memnode, memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout})
+	c, err := memnode.Dial(ctx, cfg.Memnode, memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages})
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -539,7 +547,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			ln.Close()
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
-		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir}
+		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages}
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
 				Name: v.Name, Volume: v.ID, Size: v.Size, ReadOnly: slices.Contains(cfg.NBDReadOnly, v.Name),

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/pd3-go/pd3/internal/stages"
+
 	"cmp"
 	"context"
 	"errors"
@@ -77,6 +79,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
+		Stages: stageRecorder(),
 	}
 	lz, err := units.ParseSize(f.lz)
 	if err != nil {
@@ -308,7 +311,7 @@ window key copied from one connection is refused on another.`,
 			if err != nil {
 				return err
 			}
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Grants: gs, Capacity: capBytes, Log: logger(), Persist: persist})
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Grants: gs, Capacity: capBytes, Log: logger(), Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
 			}
@@ -347,4 +350,20 @@ func parseGrants(specs []string) ([]memnode.Grant, error) {
 		out = append(out, g)
 	}
 	return out, nil
+}
+
+// stageRecorder maps the stage recorder a breakdown benchmark names in
+// $PD3_STAGES (pd3 bench nbd --breakdown); nil, recording nothing,
+// otherwise.
+func stageRecorder() *stages.Recorder {
+	name := os.Getenv("PD3_STAGES")
+	if name == "" {
+		return nil
+	}
+	r, err := stages.Open(name)
+	if err != nil {
+		logger().Warn("pd3: no stage stamps", "err", err)
+		return nil
+	}
+	return r
 }

@@ -1,0 +1,200 @@
+// Package sockio waits for a socket's input the way a C server does: the
+// goroutine that owns a connection blocks its thread in poll(2) on that
+// one socket and then reads, instead of parking in Go's network poller.
+//
+// Why: on the paths where pd3 answers one request at a time (a memory-node
+// READ of resident memory, a host's miss at queue depth 1), the network
+// poller costs more than the work. Measured on the 2-vCPU test VMs at
+// queue depth 1, a memory node serving one READ made about 7 syscalls and
+// 3 context switches (a non-blocking and a blocking epoll_pwait, a read
+// that found nothing, futex wake-ups of an idle thread to spin for work)
+// where nbdkit makes 3 and 1. Blocked in poll(2), the thread is woken by
+// the kernel directly when the bytes arrive, keeps its P (the Go
+// scheduler does not retake a P whose syscall it has no other work for),
+// and goes on with no scheduler involvement: poll, read, write.
+//
+// The cost: a thread blocked here holds its P while other goroutines may
+// want it; the runtime's monitor takes the P back when they do (within
+// its 20 µs–10 ms period), so other work is delayed, never stopped. Use
+// it for a few connections that carry most of a process's work, not for
+// every connection of a busy server.
+//
+// A blocked poll holds the socket's descriptor, so closing the connection
+// must first shut its reading side down (Close does both); a connection
+// closed by plain net.Conn.Close while a Reader is blocked stays blocked
+// until its peer sends or hangs up.
+//
+// This is the only package besides internal/shm that makes raw syscalls.
+package sockio
+
+import (
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reader reads a socket, waiting in poll(2) instead of the network
+// poller. It is for the one goroutine that owns the connection's reading.
+// Until Direct is called it reads through nc (the network poller, which
+// honours read deadlines, as a handshake wants).
+type Reader struct {
+	nc     net.Conn
+	raw    syscall.RawConn
+	direct bool
+	// drained: the last read did not fill its buffer, so the socket was
+	// empty then; the next Read waits first instead of making a read
+	// that would find nothing.
+	drained bool
+
+	// Wakeups counts returns from poll(2): an idle connection makes none
+	// (nothing here polls on a timer).
+	Wakeups atomic.Uint64
+}
+
+// Direct makes every later Read wait in poll(2); read deadlines no longer
+// apply. Call it from the reading goroutine.
+func (r *Reader) Direct() { r.direct = true }
+
+// NewReader returns a Reader for nc, or nil if nc is not a socket this
+// package can wait on (then read nc itself).
+func NewReader(nc net.Conn) *Reader {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	switch nc.(type) {
+	case *net.TCPConn, *net.UnixConn:
+	default:
+		return nil // TLS and other wrappers read through their own layer
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return &Reader{nc: nc, raw: raw}
+}
+
+// Read reads at least one byte into p, waiting for input in poll(2).
+func (r *Reader) Read(p []byte) (int, error) {
+	if !r.direct {
+		return r.nc.Read(p)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if r.drained {
+		if err := r.Wait(); err != nil {
+			return 0, err
+		}
+	}
+	for {
+		n, err := r.TryRead(p)
+		if n > 0 || err != nil {
+			r.drained = n < len(p)
+			return n, err
+		}
+		if err := r.Wait(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// TryRead makes one non-blocking read attempt: 0, nil means nothing was
+// waiting.
+func (r *Reader) TryRead(p []byte) (int, error) {
+	var n int
+	var rerr error
+	err := r.raw.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = syscall.Read(int(fd), p)
+			if rerr != syscall.EINTR {
+				return true
+			}
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case rerr == syscall.EAGAIN:
+		return 0, nil
+	case rerr != nil:
+		return 0, &net.OpError{Op: "read", Net: r.nc.LocalAddr().Network(), Source: r.nc.LocalAddr(), Addr: r.nc.RemoteAddr(), Err: rerr}
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// Wait blocks until the socket has input, has hung up or has failed.
+func (r *Reader) Wait() error {
+	var perr error
+	err := r.raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		for {
+			_, perr = unix.Poll(fds, -1)
+			if perr != unix.EINTR {
+				r.Wakeups.Add(1)
+				return
+			}
+		}
+	})
+	if err == nil {
+		err = perr
+	}
+	return err
+}
+
+// Close shuts nc's reading side down, which wakes a Reader blocked in
+// Wait, and closes nc.
+func Close(nc net.Conn) error {
+	if cr, ok := nc.(interface{ CloseRead() error }); ok {
+		cr.CloseRead()
+	}
+	return nc.Close()
+}
+
+// Writer makes non-blocking write attempts on a socket, for a producer
+// that must never wait for the network (it is on another request's path)
+// and hands what the socket does not take to a goroutine that may.
+type Writer struct {
+	raw syscall.RawConn
+}
+
+// NewWriter returns a Writer for nc, or nil if nc is not a socket.
+func NewWriter(nc io.Writer) *Writer {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return &Writer{raw: raw}
+}
+
+// TryWrite makes one non-blocking write attempt of p: it returns how much
+// the socket took (0, nil when it is full).
+func (w *Writer) TryWrite(p []byte) (int, error) {
+	var n int
+	var werr error
+	err := w.raw.Write(func(fd uintptr) bool {
+		for {
+			n, werr = syscall.Write(int(fd), p)
+			if werr != syscall.EINTR {
+				return true
+			}
+		}
+	})
+	if err == nil {
+		err = werr
+	}
+	if err == syscall.EAGAIN {
+		return 0, nil
+	}
+	return max(n, 0), err
+}
