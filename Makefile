@@ -94,8 +94,8 @@ bench: build
 	./$(BIN) bench hostview
 	./$(BIN) bench loadingzone
 
-# fio's nbd engine: pd3 (data at a separate memory node) vs nbdkit memory
-# vs the go-nbd reference server, IOPS ratios in one run.
+# fio's nbd engine: pd3 (data at a separate memory node) vs nbdkit memory,
+# the nbdkit cache chains over a remote nbdkit and pd3-local; IOPS ratios in one run.
 bench-nbd: build deps-system
 	./$(BIN) bench nbd
 

@@ -154,7 +154,15 @@ func (c *Child) Output() string {
 // StartChild runs exe with args and waits until it has printed a
 // "listening on ADDR" line for every role in want.
 func StartChild(ctx context.Context, exe string, want []string, args ...string) (*Child, error) {
+	return StartChildEnv(ctx, exe, nil, want, args...)
+}
+
+// StartChildEnv is StartChild with env added to the child's environment.
+func StartChildEnv(ctx context.Context, exe string, env []string, want []string, args ...string) (*Child, error) {
 	cmd := exec.Command(exe, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

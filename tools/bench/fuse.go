@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -188,30 +187,10 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			}
 		}
 		// TCP on loopback, as pd3's host reaches its memory node.
-		port, err := freePort()
+		kitChild, addr, err := startNbdkit(ctx, nil, "memory", strconv.FormatUint(opt.Size, 10))
 		if err != nil {
 			cleanup()
 			return "", nil, nil, nil, err
-		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		kit := exec.CommandContext(ctx, "nbdkit", "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "memory", strconv.FormatUint(opt.Size, 10))
-		kit.Stderr = os.Stderr
-		if err := kit.Start(); err != nil {
-			cleanup()
-			return "", nil, nil, nil, err
-		}
-		kitChild := &Child{cmd: kit, Pid: kit.Process.Pid, Addrs: map[string]string{}}
-		for i := 0; ; i++ {
-			if nc, err := net.Dial("tcp", addr); err == nil {
-				nc.Close()
-				break
-			}
-			if i > 400 {
-				kitChild.Stop()
-				cleanup()
-				return "", nil, nil, nil, errors.New("nbdkit did not start")
-			}
-			time.Sleep(25 * time.Millisecond)
 		}
 		fuse := exec.CommandContext(ctx, "nbdfuse", filepath.Join(mnt, "bench"), "nbd://"+addr)
 		fuse.Stderr = os.Stderr

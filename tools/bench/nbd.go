@@ -34,7 +34,12 @@ type NBDOptions struct {
 // persistent memory node (--persist), for the cost of durability;
 // pd3-local is pd3's host with every page in its cache and no memory
 // node (--local): the ceiling of any remote configuration.
-var NBDSystems = []string{"pd3", "nbdkit-memory", "go-nbd", "pd3-persist", "pd3-local"}
+// nbdkit-cache-nbd is the fair remote peer: nbdkit's cache filter (the
+// same cache size as pd3's, in RAM) over its nbd plugin to a second
+// nbdkit holding the data in memory, a process of its own like pd3's
+// memory node; nbdkit-readahead-cache-nbd adds nbdkit's readahead filter
+// above the cache (prefetching).
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -139,33 +144,17 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 		}
 		return "nbd://" + srv.Addrs["go-nbd server"] + "/disk0", srv, nil, srv.Stop, nil
 	case "nbdkit-memory":
-		exe, err := exec.LookPath("nbdkit")
-		if err != nil {
-			return "", nil, nil, nil, fmt.Errorf("nbdkit is not installed (make deps-system)")
-		}
-		port, err := freePort()
+		c, addr, err := startNbdkit(ctx, nil, "memory", size)
 		if err != nil {
 			return "", nil, nil, nil, err
-		}
-		cmd := exec.CommandContext(ctx, exe, "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "memory", size)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return "", nil, nil, nil, err
-		}
-		c := &Child{cmd: cmd, Pid: cmd.Process.Pid, Addrs: map[string]string{}}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		for i := 0; ; i++ {
-			if nc, err := net.Dial("tcp", addr); err == nil {
-				nc.Close()
-				break
-			}
-			if i > 200 {
-				c.Stop()
-				return "", nil, nil, nil, fmt.Errorf("nbdkit did not listen on %s", addr)
-			}
-			time.Sleep(25 * time.Millisecond)
 		}
 		return "nbd://" + addr, c, nil, c.Stop, nil
+	case "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd":
+		front, remote, addr, err := startNbdkitCacheChain(ctx, opt.Size, opt.Cache, sys == "nbdkit-readahead-cache-nbd")
+		if err != nil {
+			return "", nil, nil, nil, err
+		}
+		return "nbd://" + addr, front, remote, func() { front.Stop(); remote.Stop() }, nil
 	}
 	return "", nil, nil, nil, fmt.Errorf("unknown NBD system %q (have %v)", sys, NBDSystems)
 }
@@ -212,6 +201,9 @@ func runSuite(rep *Report, systems, jobs []string, start func(sys string) (suite
 			}
 			rep.Results = append(rep.Results, r)
 			iops[sys][job] = r.OpsPerSec
+		}
+		if note := idleCPU(sys, s.proc, s.node); note != "" {
+			rep.Notes = append(rep.Notes, note)
 		}
 		s.stop()
 	}
@@ -309,4 +301,27 @@ func ServeGoNBD(ctx context.Context, ln net.Listener, size uint64) error {
 	return g.Serve(ctx, ln, func(nc net.Conn) {
 		server.Handle(nc, exports, &server.Options{SupportsMultiConn: true, MaximumBlockSize: 32 << 20})
 	})
+}
+
+// idleWindow is how long idleCPU watches a system with no client.
+const idleWindow = 2 * time.Second
+
+// idleCPU reports the CPU a system's processes use with no client at all
+// (after its jobs): waiting for work must cost nothing, whatever the
+// system does to shorten a request's path.
+func idleCPU(sys string, proc, node *Child) string {
+	if proc == nil {
+		return ""
+	}
+	c0 := proc.CPU()
+	var n0 time.Duration
+	if node != nil {
+		n0 = node.CPU()
+	}
+	time.Sleep(idleWindow)
+	note := fmt.Sprintf("%s idle for %v with no client: server CPU %.1f%%", sys, idleWindow, 100*float64(proc.CPU()-c0)/float64(idleWindow))
+	if node != nil {
+		note += fmt.Sprintf(", remote/memory node CPU %.1f%%", 100*float64(node.CPU()-n0)/float64(idleWindow))
+	}
+	return note
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -166,9 +167,10 @@ func benchCmd() *cobra.Command {
 
 	var nopt bench.NBDOptions
 	var nsystems, njobs, nsize, ncache string
+	var breakdown int
 	nbdc := &cobra.Command{
 		Use:   "nbd",
-		Short: "fio's nbd engine against pd3, nbdkit memory and go-nbd (IOPS ratios)",
+		Short: "fio's nbd engine against pd3, nbdkit memory, the nbdkit cache chain over a remote nbdkit, go-nbd (IOPS ratios)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -184,6 +186,17 @@ func benchCmd() *cobra.Command {
 			}
 			ctx, stop := sigctx(cmd)
 			defer stop()
+			if breakdown > 0 {
+				bd, err := bench.NBDBreakdown(ctx, bench.BreakdownOptions{Exe: nopt.Exe, Size: nopt.Size, Cache: nopt.Cache, Requests: breakdown})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(os.Stdout).Encode(bd)
+				}
+				bd.Print(os.Stdout)
+				return nil
+			}
 			rep, err := bench.NBD(ctx, nopt)
 			if err != nil {
 				return err
@@ -191,12 +204,13 @@ func benchCmd() *cobra.Command {
 			return rep.Print(os.Stdout, asJSON)
 		},
 	}
-	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,go-nbd,pd3-local", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
+	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,nbdkit-cache-nbd,nbdkit-readahead-cache-nbd,pd3-local", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
 	nbdc.Flags().StringVar(&njobs, "jobs", strings.Join(bench.NBDJobs, ","), "fio jobs (tools/fio/NAME.fio)")
 	nbdc.Flags().StringVar(&nsize, "size", "1GiB", "export size")
 	nbdc.Flags().StringVar(&ncache, "cache", "64MiB", "pd3 host cache")
 	nbdc.Flags().DurationVar(&nopt.Runtime, "runtime", 10*time.Second, "per job")
 	nbdc.Flags().DurationVar(&nopt.Ramp, "ramp", 2*time.Second, "unmeasured start of each job")
+	nbdc.Flags().IntVar(&breakdown, "breakdown", 0, "instead of fio jobs: read this many pages one at a time and print where each read's time goes, stage by stage (pd3 miss, pd3 hit, nbdkit peers)")
 
 	var fopt bench.FUSEOptions
 	var fsystems, fjobs, fsize, fcache string

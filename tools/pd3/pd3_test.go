@@ -284,14 +284,56 @@ func TestBenchNBDSmoke(t *testing.T) {
 	require.NoError(t, err, out)
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	assert.Len(t, rep.Results, 8)
+	assert.Len(t, rep.Results, 10) // pd3, nbdkit-memory, two nbdkit cache chains, pd3-local
 	assert.Contains(t, rep.Ratios, "pd3/nbdkit-memory@randread-q32t1")
-	assert.Contains(t, rep.Ratios, "pd3/go-nbd@randwrite-q32t1")
+	assert.Contains(t, rep.Ratios, "pd3/nbdkit-cache-nbd@randread-q32t1")
+	assert.Contains(t, rep.Ratios, "pd3/nbdkit-readahead-cache-nbd@randwrite-q32t1")
 	assert.Contains(t, rep.Ratios, "pd3-local/nbdkit-memory@randread-q32t1")
 	for _, r := range rep.Results {
 		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
-		if r.System == "pd3" {
-			assert.Positive(t, r.MemnodeCPUusOp, "the memory node's CPU is measured")
+		if r.System == "pd3" || r.System == "nbdkit-cache-nbd" {
+			assert.Positive(t, r.MemnodeCPUusOp, "the remote process's CPU is measured")
+		}
+	}
+	idle := 0
+	for _, n := range rep.Notes {
+		if strings.Contains(n, "idle for") {
+			idle++
+		}
+	}
+	assert.Equal(t, 5, idle, "every system's idle CPU is reported: %v", rep.Notes)
+}
+
+// TestBenchNBDBreakdownSmoke: the per-stage breakdown stamps every stage
+// of a pd3 miss and a pd3 hit across the client, host and memory-node
+// processes (the numbers are not judged).
+func TestBenchNBDBreakdownSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	for _, tool := range []string{"fio", "nbdkit"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make deps-system)", tool)
+		}
+	}
+	out, err := run(t, "", "bench", "nbd", "--size", "64MiB", "--cache", "4MiB", "--breakdown", "300", "--json")
+	require.NoError(t, err, out)
+	var bd bench.Breakdown
+	require.NoError(t, json.Unmarshal([]byte(out), &bd))
+	rows := map[string]bench.BreakdownRow{}
+	for _, r := range bd.Rows {
+		rows[r.System] = r
+	}
+	require.Contains(t, rows, "pd3")
+	require.Contains(t, rows, "pd3-local")
+	require.Contains(t, rows, "nbdkit-nbd")
+	assert.Len(t, rows["pd3"].Stages, 9, "every stage of a miss")
+	assert.Len(t, rows["pd3-local"].Stages, 4, "every stage of a hit")
+	assert.Greater(t, rows["pd3"].Requests, 100, "most reads of a 4 MiB cache over 64 MiB miss")
+	for _, r := range bd.Rows {
+		assert.Positive(t, r.P50us, r.System)
+		for _, s := range r.Stages {
+			assert.GreaterOrEqual(t, s.P50us, 0.0, r.System+" "+s.Stage)
 		}
 	}
 }
