@@ -779,13 +779,10 @@ func (c *conn) tryAnswer(r *request, later bool) bool {
 }
 
 func (c *conn) end(buf []byte, later bool) {
-	switch {
-	case later:
+	if later {
 		c.bw.EndLater(buf)
-	case c.inflight.Load() <= 1:
-		c.bw.End(buf)
-	default:
-		c.bw.EndQueue(buf)
+	} else {
+		c.bw.EndInFlight(buf, int(c.inflight.Load()))
 	}
 }
 

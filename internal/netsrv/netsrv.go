@@ -4,13 +4,13 @@
 package netsrv
 
 import (
-	"github.com/pd3-go/pd3/internal/sockio"
-
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
+
+	"github.com/pd3-go/pd3/internal/sockio"
 )
 
 // ErrClosed is returned by Serve after Close.

@@ -161,6 +161,14 @@ func (b *BatchWriter) EndQueue(buf []byte) {
 	b.push(false)
 }
 
+// EndInFlight is End for the frame of a producer with inFlight requests in
+// flight (this one included), EndQueue for one with others: a lone frame
+// leaves now, with no hand-off, and frames of a busy producer are batched.
+func (b *BatchWriter) EndInFlight(buf []byte, inFlight int) {
+	b.buf = buf
+	b.push(inFlight <= 1)
+}
+
 // EndLater stores the appended buffer and unlocks without writing: the
 // caller promises a Flush (or End) before it waits for anything.
 func (b *BatchWriter) EndLater(buf []byte) {
@@ -284,23 +292,22 @@ func (b *BatchWriter) Close() {
 	<-b.done
 }
 
-// Fail makes every later Begin return err (used when the connection dies).
-func (b *BatchWriter) Fail(err error) {
+// Fail makes every later Begin return err (used when the connection dies);
+// it reports whether err is the first error.
+func (b *BatchWriter) Fail(err error) (first bool) {
 	b.mu.Lock()
-	if b.err == nil {
+	first = b.err == nil
+	if first {
 		b.err = err
 	}
 	b.cond.Broadcast()
 	b.mu.Unlock()
+	return first
 }
 
 // fail records a write error and reports it once.
 func (b *BatchWriter) fail(err error) {
-	b.mu.Lock()
-	first := b.err == nil
-	b.mu.Unlock()
-	b.Fail(err)
-	if first && b.onErr != nil {
+	if b.Fail(err) && b.onErr != nil {
 		b.onErr(err)
 	}
 }
@@ -365,13 +372,10 @@ func (b *BatchWriter) drain() {
 		b.cond.Broadcast()
 		b.mu.Unlock()
 	}
-	for first := true; ; first = false {
-		if first {
-			// Let the goroutines readied with the one that kicked us (a
-			// batch of responses completing at once) append first: one
-			// bigger write.
-			runtime.Gosched()
-		}
+	// Let the goroutines readied with the one that kicked us (a batch of
+	// responses completing at once) append first: one bigger write.
+	runtime.Gosched()
+	for {
 		b.mu.Lock()
 		if len(b.buf) == 0 || b.err != nil {
 			b.writing = false

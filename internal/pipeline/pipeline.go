@@ -195,7 +195,7 @@ func (s *Session) Err() error {
 // Send registers c, queues hdr and payload for the writer (hdr's tag is
 // filled in), and returns without waiting. On error c has been recycled.
 func (s *Session) Send(c *Call, hdr, payload []byte) error {
-	tag, lone, err := s.register(c)
+	tag, inFlight, err := s.register(c)
 	if err != nil {
 		s.put(c)
 		return err
@@ -208,25 +208,20 @@ func (s *Session) Send(c *Call, hdr, payload []byte) error {
 	buf = append(buf, hdr...)
 	// Tag the copy, not hdr: hdr then stays on the caller's stack.
 	s.proto.PutTag(buf[start:], tag)
-	if lone {
-		// The only call in flight: written now, on this goroutine.
-		s.w.End(append(buf, payload...))
-	} else {
-		s.w.EndQueue(append(buf, payload...))
-	}
+	s.w.EndInFlight(append(buf, payload...), inFlight)
 	return nil
 }
 
-// register puts c in the tag table; lone reports that no other call is in
-// flight.
-func (s *Session) register(c *Call) (tag uint32, lone bool, err error) {
+// register puts c in the tag table; inFlight counts the calls in flight,
+// c included.
+func (s *Session) register(c *Call) (tag uint32, inFlight int, err error) {
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
 	for len(s.free) == 0 && s.err == nil {
 		s.tcond.Wait()
 	}
 	if s.err != nil {
-		return 0, false, s.err
+		return 0, 0, s.err
 	}
 	idx := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
@@ -236,7 +231,7 @@ func (s *Session) register(c *Call) (tag uint32, lone bool, err error) {
 		// The watchdog measures silence from the moment work exists.
 		s.lastRecv.Store(time.Now().UnixNano())
 	}
-	return uint32(s.gens[idx])<<idxBits | idx, s.pending == 1, nil
+	return uint32(s.gens[idx])<<idxBits | idx, s.pending, nil
 }
 
 // take removes the call with tag from the table; nil if no such call.

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,39 +46,52 @@ func TestReaderReadsInOrderAndSeesEOF(t *testing.T) {
 }
 
 // An idle connection costs nothing: a reader blocked in poll(2) with no
-// input is never woken (no timed polling), and Close wakes it.
+// input is never woken (no timed polling), and Close wakes it. Nothing here
+// depends on timing: the test waits for events, and the idle window only
+// gives a timed poll the chance to show itself.
 func TestIdleReaderMakesNoWakeupsAndCloseWakesIt(t *testing.T) {
 	a, b := pair(t, "tcp", "127.0.0.1:0")
 	r := NewReader(b)
 	require.NotNil(t, r)
 	r.Direct()
-	got := make(chan error, 1)
+	var got atomic.Int64 // bytes the reader has read
+	done := make(chan error, 1)
 	go func() {
-		var p [8]byte
+		var p [64]byte
 		for {
-			if _, err := r.Read(p[:]); err != nil {
-				got <- err
+			n, err := r.Read(p[:])
+			got.Add(int64(n))
+			if err != nil {
+				done <- err
 				return
 			}
 		}
 	}()
-	time.Sleep(20 * time.Millisecond) // the reader is in poll(2)
-	a.Write([]byte("x"))
-	require.Eventually(t, func() bool { return r.Wakeups.Load() >= 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(20 * time.Millisecond) // the reader is back in poll(2)
+	// Send until a byte has woken the reader out of poll(2) (however late
+	// the reader first got there), then until it has read everything.
+	var sent int64
+	require.Eventually(t, func() bool {
+		if r.Wakeups.Load() > 0 {
+			return true
+		}
+		a.Write([]byte("x"))
+		sent++
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return got.Load() == sent }, 10*time.Second, time.Millisecond)
 	idle := r.Wakeups.Load()
 	time.Sleep(200 * time.Millisecond)
 	assert.Equal(t, idle, r.Wakeups.Load(), "an idle connection woke its reader")
 	select {
-	case err := <-got:
+	case err := <-done:
 		t.Fatalf("reader returned while idle: %v", err)
 	default:
 	}
 	require.NoError(t, Close(b))
 	select {
-	case err := <-got:
+	case err := <-done:
 		assert.Error(t, err)
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Close did not wake the reader blocked in poll(2)")
 	}
 }

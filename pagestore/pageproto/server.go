@@ -180,13 +180,7 @@ func (s *Server) worker() {
 		if buf, err := req.c.bw.Begin(); err == nil {
 			buf = append(buf, hb[:]...)
 			buf = append(buf, req.data[:req.hdr.ResponsePayloadLen()]...)
-			if cap(req.c.free)-len(req.c.free) == 1 {
-				// The connection's only request in flight: written
-				// now, on this goroutine, with no hand-off.
-				req.c.bw.End(buf)
-			} else {
-				req.c.bw.EndQueue(buf)
-			}
+			req.c.bw.EndInFlight(buf, cap(req.c.free)-len(req.c.free))
 		}
 		req.c.free <- req
 	}

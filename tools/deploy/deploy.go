@@ -5,8 +5,6 @@
 package deploy
 
 import (
-	"github.com/pd3-go/pd3/internal/stages"
-
 	"cmp"
 	"context"
 	"errors"
@@ -27,6 +25,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
 	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/pd3-go/pd3/internal/stages"
-
 	"cmp"
 	"context"
 	"errors"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/bench"
