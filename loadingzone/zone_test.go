@@ -3,6 +3,7 @@ package loadingzone
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -124,6 +125,9 @@ func TestStress(t *testing.T) {
 				}
 				k := uint64(rng.IntN(keys)) + 1
 				if z.CheckAndReturn(k, dst) != PageSize {
+					// A spinning consumer would hold a lone P for a whole
+					// preemption slice.
+					runtime.Gosched()
 					continue
 				}
 				hits.Add(1)
@@ -139,17 +143,27 @@ func TestStress(t *testing.T) {
 			}
 		}()
 	}
+	// The producer runs until the consumers have taken enough pages to have
+	// raced it, not for a fixed time: with one P (go test -cpu 1) or a loaded
+	// machine, consumers only run when the producer yields or is preempted,
+	// so it yields every few placements and keeps going, up to a bound that
+	// no scheduler needs, until minHits pages were consumed.
+	const minHits, maxRounds = 1000, 100 * rounds
 	rng := rand.New(rand.NewPCG(99, 1))
-	for i := 0; i < rounds; i++ {
+	i := 0
+	for ; i < maxRounds && (i < rounds || hits.Load() < minHits); i++ {
 		k := uint64(rng.IntN(keys)) + 1
 		z.Place(k, page(k, seq.Add(1)))
 		if i%7 == 0 {
 			z.Invalidate(uint64(rng.IntN(keys)) + 1)
 		}
+		if i%16 == 0 {
+			runtime.Gosched()
+		}
 	}
 	close(stop)
 	wg.Wait()
-	assert.Greater(t, hits.Load(), uint64(1000), "consumers must actually race the producer")
+	assert.GreaterOrEqual(t, hits.Load(), uint64(minHits), "consumers must actually race the producer (%d placements)", i)
 	t.Logf("placed %d, hits %d, dropped %d, invalidated %d, index lost %d",
 		z.Placed.Load(), z.Hits.Load(), z.DroppedUnconsumed.Load(), z.Invalidated.Load(), z.IndexLost.Load())
 }
