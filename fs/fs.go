@@ -65,6 +65,8 @@ type FS struct {
 	vols    map[uint16]memnode.VolumeInfo
 	byVol   map[uint16]*inode // regular files by data volume id
 
+	storedCache storedCache // st_blocks and statfs
+
 	syncMu sync.Mutex // serialises snapshots
 	lease  memnode.Lease
 	fenced atomic.Bool // the lease was lost: write nothing more
@@ -367,7 +369,7 @@ func (f *FS) errno(op string, err error) syscall.Errno {
 }
 
 // fillAttr copies n's attributes for the kernel; mu must be held.
-func fillAttr(n *inode, a *fuse.Attr) {
+func (f *FS) fillAttr(n *inode, a *fuse.Attr) {
 	a.Ino = n.Ino
 	a.Mode = n.Mode
 	a.Nlink = n.Nlink
@@ -376,7 +378,14 @@ func fillAttr(n *inode, a *fuse.Attr) {
 		a.Nlink++
 	}
 	a.Size = n.Size
-	a.Blocks = (n.Size + 511) / 512
+	// st_blocks counts what the node stores for the file (whole chunks),
+	// so du and cp --sparse see a sparse file as sparse. Directories and
+	// symlinks hold no pages: they live in the metadata snapshot.
+	a.Blocks = 0
+	if n.vol != 0 {
+		stored, _ := f.storedOf(n.vol)
+		a.Blocks = stored / 512
+	}
 	a.Blksize = memnode.PageSize
 	a.Uid, a.Gid = n.UID, n.GID
 	a.Atime, a.Atimensec = uint64(n.Atime/1e9), uint32(n.Atime%1e9)

@@ -97,24 +97,28 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if len(name) > maxName {
 		return nil, syscall.ENAMETOOLONG
 	}
+	// The entry's attributes are what a stat after this lookup sees (du
+	// looks up each file and asks nothing more).
+	n.f.refreshStored(ctx)
 	n.f.mu.RLock()
 	defer n.f.mu.RUnlock()
 	_, c, e := n.child(name)
 	if e != 0 {
 		return nil, e
 	}
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	return n.newChild(ctx, c), 0
 }
 
 func (n *node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.f.refreshStored(ctx)
 	n.f.mu.RLock()
 	defer n.f.mu.RUnlock()
 	c := n.f.inodes[n.ino]
 	if c == nil {
 		return syscall.ENOENT
 	}
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	return 0
 }
 
@@ -152,7 +156,7 @@ func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrI
 	}
 	c.Ctime = now
 	f.changes++
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	return 0
 }
 
@@ -247,7 +251,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	n.f.byVol[v.ID] = c
 	n.f.mu.Unlock()
 	n.f.mu.RLock()
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
 	return n.newChild(ctx, c), &handle{}, fuse.FOPEN_KEEP_CACHE, 0
 }
@@ -265,7 +269,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, e
 	}
 	n.f.mu.RLock()
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
 	return n.newChild(ctx, c), 0
 }
@@ -283,7 +287,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		return nil, e
 	}
 	n.f.mu.RLock()
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
 	return n.newChild(ctx, c), 0
 }
@@ -334,7 +338,7 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	c.Nlink++
 	c.Ctime = now
 	f.changes++
-	fillAttr(c, &out.Attr)
+	n.f.fillAttr(c, &out.Attr)
 	return t.EmbeddedInode(), 0
 }
 
@@ -543,10 +547,16 @@ func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 			list = append(list, fuse.DirEntry{Name: name, Ino: ino, Mode: c.Mode})
 		}
 	}
+	parent := d.Parent
 	f.mu.RUnlock()
 	if n.ino == rootIno {
 		list = append(list, fuse.DirEntry{Name: volumesName, Ino: volumesIno, Mode: syscall.S_IFDIR})
+		parent = rootIno // the mount's parent is not ours to know; ls shows the root's own
 	}
+	// "." and "..": ls -a and programs that count entries expect them; the
+	// kernel resolves them itself, so they need no Lookup.
+	list = append(list, fuse.DirEntry{Name: ".", Ino: n.ino, Mode: syscall.S_IFDIR},
+		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
 	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
 	return gofs.NewListDirStream(list), 0
 }
@@ -683,6 +693,7 @@ func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) sysca
 		if err := n.f.cfg.Store.FlushVolume(ctx, vol); err != nil {
 			return n.f.errno("fsync", err)
 		}
+		n.f.storedChanged()
 	}
 	return n.f.errno("fsync", n.f.syncMeta(ctx))
 }
@@ -735,12 +746,10 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	if capacity == 0 {
 		capacity = 1 << 50
 	}
-	var used, files uint64
+	f.refreshStored(ctx)
+	_, used := f.storedOf(0)
 	f.mu.RLock()
-	for _, c := range f.inodes {
-		used += (c.Size + memnode.PageSize - 1) &^ (memnode.PageSize - 1)
-		files++
-	}
+	files := uint64(len(f.inodes))
 	f.mu.RUnlock()
 	out.Bsize, out.Frsize, out.NameLen = memnode.PageSize, memnode.PageSize, maxName
 	out.Blocks = capacity / memnode.PageSize

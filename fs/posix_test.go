@@ -3,9 +3,12 @@ package fs_test
 import (
 	"bytes"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -260,4 +263,49 @@ func nlink(t *testing.T, p string) uint64 {
 	var st syscall.Stat_t
 	require.NoError(t, syscall.Stat(p, &st))
 	return st.Nlink
+}
+
+// TestAttributesAsToolsExpect: st_blocks counts what the memory node
+// stores (du of a sparse file), statfs counts stored memory (df), the root
+// has real times, and readdir lists "." and "..", as ls -a expects.
+func TestAttributesAsToolsExpect(t *testing.T) {
+	start := time.Now()
+	e := mount(t, startNode(t, 0), "", 0)
+	d := e.dir
+	const chunk = 1 << 20
+
+	f, err := os.Create(d + "/sparse")
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(5<<30))
+	data := bytes.Repeat([]byte{7}, 4<<20)
+	_, err = f.WriteAt(data, 3<<30)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Fstat(int(f.Fd()), &st))
+	require.NoError(t, f.Close())
+	assert.Equal(t, int64(5<<30), st.Size)
+	assert.InDelta(t, 4<<20, st.Blocks*512, chunk, "du counts the 4 MiB stored, not the 5 GiB size")
+	out, err := exec.Command("du", "-B1", d+"/sparse").Output()
+	require.NoError(t, err)
+	used, _ := strconv.ParseInt(strings.Fields(string(out))[0], 10, 64)
+	assert.InDelta(t, 4<<20, used, chunk, "du: %s", out)
+
+	var fsst syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(d, &fsst))
+	assert.InDelta(t, 4<<20, float64((fsst.Blocks-fsst.Bfree)*uint64(fsst.Bsize)), 2*chunk, "df counts stored memory (and the metadata)")
+
+	require.NoError(t, syscall.Stat(d, &st))
+	assert.WithinDuration(t, start, time.Unix(st.Mtim.Unix()), time.Minute, "the root has real times")
+	assert.NotZero(t, st.Ctim.Sec)
+
+	require.NoError(t, os.Mkdir(d+"/dir", 0o755))
+	out, err = exec.Command("ls", "-a", d+"/dir").Output()
+	require.NoError(t, err)
+	assert.Equal(t, []string{".", ".."}, strings.Fields(string(out)))
+	var dst, pst syscall.Stat_t
+	require.NoError(t, syscall.Stat(d+"/dir/.", &dst))
+	require.NoError(t, syscall.Stat(d+"/dir/..", &pst))
+	require.NoError(t, syscall.Stat(d, &st))
+	assert.Equal(t, st.Ino, pst.Ino, "dir/.. is the root")
 }

@@ -43,9 +43,10 @@ func (d *volumesDir) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.A
 }
 
 func (d *volumesDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	d.f.refreshStored(ctx)
 	for _, v := range d.f.vols {
 		if v.Name == name {
-			out.Attr = volumeAttr(v)
+			out.Attr = d.f.volumeAttr(v)
 			return d.NewInode(ctx, &volumeFile{f: d.f, v: v}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: volumeInoBase + uint64(v.ID)}), 0
 		}
 	}
@@ -82,15 +83,19 @@ func (d *volumesDir) Rename(ctx context.Context, name string, newParent gofs.Ino
 	return syscall.EPERM
 }
 
-func volumeAttr(v memnode.VolumeInfo) fuse.Attr {
+// volumeAttr is the attributes of volume v's file; the caller refreshes
+// what is stored.
+func (f *FS) volumeAttr(v memnode.VolumeInfo) fuse.Attr {
+	stored, _ := f.storedOf(v.ID)
 	return fuse.Attr{
 		Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG | 0o600, Nlink: 1,
-		Size: v.Size, Blocks: v.Size / 512, Blksize: memnode.PageSize,
+		Size: v.Size, Blocks: stored / 512, Blksize: memnode.PageSize,
 	}
 }
 
 func (v *volumeFile) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Attr = volumeAttr(v.v)
+	v.f.refreshStored(ctx)
+	out.Attr = v.f.volumeAttr(v.v)
 	return 0
 }
 
@@ -99,7 +104,7 @@ func (v *volumeFile) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.Se
 	if size, ok := in.GetSize(); ok && size != v.v.Size {
 		return syscall.EPERM
 	}
-	out.Attr = volumeAttr(v.v)
+	out.Attr = v.f.volumeAttr(v.v)
 	return 0
 }
 

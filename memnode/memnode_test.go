@@ -73,6 +73,10 @@ func TestReadWriteZeroesAndVolumes(t *testing.T) {
 	require.NoError(t, c.Prefetch(ctx, MakeKey(v.ID, off/PageSize), page))
 	assert.Equal(t, data[:PageSize], page)
 
+	o, err := c.Open(ctx, "disk0")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2*ChunkSize), o.Stored, "the straddling write allocated two chunks")
+
 	// Trim of a whole chunk frees it; a partial trim zeroes.
 	require.NoError(t, c.Trim(ctx, v.ID, ChunkSize, ChunkSize))
 	require.NoError(t, c.ReadAt(ctx, v.ID, off, got))
@@ -93,8 +97,10 @@ func TestReadWriteZeroesAndVolumes(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, "disk0", list[0].Name)
-	o, err := c.Open(ctx, "disk0")
+	assert.Equal(t, uint64(ChunkSize), list[0].Stored, "the trimmed chunk is no longer stored")
+	o, err = c.Open(ctx, "disk0")
 	require.NoError(t, err)
+	v.Stored = ChunkSize
 	assert.Equal(t, v, o)
 	require.NoError(t, c.Delete(ctx, "disk0"))
 	_, err = c.Open(ctx, "disk0")

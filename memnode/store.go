@@ -28,6 +28,8 @@ type Store struct {
 type volume struct {
 	info   VolumeInfo
 	chunks chunkTable
+	// stored is the bytes of chunk memory the volume holds (VolumeInfo.Stored).
+	stored atomic.Uint64
 	// deleted is set when the volume is removed, so that requests that
 	// looked it up before the delete do not resurrect chunks.
 	deleted atomic.Bool
@@ -85,7 +87,7 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 		delete(s.byID, id)
 		return VolumeInfo{}, err
 	}
-	return v.info, nil
+	return v.current(), nil
 }
 
 // saveVolumesLocked persists the volume table; s.mu must be held.
@@ -95,7 +97,7 @@ func (s *Store) saveVolumesLocked() error {
 	}
 	vs := make([]VolumeInfo, 0, len(s.byID))
 	for _, v := range s.byID {
-		vs = append(vs, v.info)
+		vs = append(vs, v.current())
 	}
 	if err := s.persist.saveVolumes(vs); err != nil {
 		return fmt.Errorf("memnode: saving the volume table: %w", err)
@@ -154,7 +156,7 @@ func (s *Store) Open(name string) (VolumeInfo, error) {
 	if !ok {
 		return VolumeInfo{}, fmt.Errorf("opening %q: %w", name, ErrNoVolume)
 	}
-	return v.info, nil
+	return v.current(), nil
 }
 
 // List returns all volumes ordered by id.
@@ -162,7 +164,7 @@ func (s *Store) List() []VolumeInfo {
 	s.mu.RLock()
 	out := make([]VolumeInfo, 0, len(s.byID))
 	for _, v := range s.byID {
-		out = append(out, v.info)
+		out = append(out, v.current())
 	}
 	s.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
@@ -343,7 +345,15 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 		}
 	}
 	c.data = make([]byte, ChunkSize)
+	v.stored.Add(ChunkSize)
 	return nil
+}
+
+// current is v's info with the memory it holds now.
+func (v *volume) current() VolumeInfo {
+	info := v.info
+	info.Stored = v.stored.Load()
+	return info
 }
 
 func (s *Store) freeChunk(c *chunk) {
@@ -396,6 +406,7 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 			if c.data != nil {
 				c.data = nil
 				s.used.Add(^uint64(ChunkSize - 1))
+				v.stored.Add(^uint64(ChunkSize - 1))
 			}
 		} else if c.data != nil {
 			clear(c.data[co : co+m])
@@ -486,13 +497,18 @@ func (s *Store) Check() error {
 		if v.info.ID != id || s.byName[v.info.Name] != v {
 			return fmt.Errorf("memnode: volume tables disagree on %d/%q", id, v.info.Name)
 		}
+		var held uint64
 		v.chunks.each(func(_ uint64, c *chunk) {
 			c.mu.RLock()
 			if c.data != nil {
-				n += ChunkSize
+				held += ChunkSize
 			}
 			c.mu.RUnlock()
 		})
+		if st := v.stored.Load(); st != held {
+			return fmt.Errorf("memnode: volume %q counts %d bytes stored but its chunks hold %d", v.info.Name, st, held)
+		}
+		n += held
 	}
 	if len(s.byName) != len(s.byID) {
 		return fmt.Errorf("memnode: %d names for %d ids", len(s.byName), len(s.byID))

@@ -231,11 +231,17 @@ func (h *RespHeader) Decode(b []byte) error {
 }
 
 // VolumeInfo describes a volume. On the wire (CREATE/OPEN response payload and
-// each LIST entry): u16 id, u16 name length, u32 reserved, u64 size, name.
+// each LIST entry): u16 id, u16 name length, u32 stored chunks, u64 size,
+// name. (The stored chunks were a reserved zero before: an older node
+// reports nothing stored.)
 type VolumeInfo struct {
 	ID   uint16
 	Size uint64
 	Name string
+	// Stored is the memory the volume holds at the node, in whole chunks
+	// (ChunkSize): pages never written, and whole chunks trimmed, cost
+	// nothing. It is a snapshot, as of the reply.
+	Stored uint64
 }
 
 const volumeInfoFixed = 16
@@ -244,6 +250,7 @@ func appendVolumeInfo(b []byte, v VolumeInfo) []byte {
 	var f [volumeInfoFixed]byte
 	binary.LittleEndian.PutUint16(f[0:], v.ID)
 	binary.LittleEndian.PutUint16(f[2:], uint16(len(v.Name)))
+	binary.LittleEndian.PutUint32(f[4:], uint32(min(v.Stored/ChunkSize, 1<<32-1)))
 	binary.LittleEndian.PutUint64(f[8:], v.Size)
 	b = append(b, f[:]...)
 	return append(b, v.Name...)
@@ -259,9 +266,10 @@ func decodeVolumeInfo(b []byte) (VolumeInfo, []byte, error) {
 		return VolumeInfo{}, nil, fmt.Errorf("%w: volume name overruns entry", ErrProtocol)
 	}
 	v := VolumeInfo{
-		ID:   binary.LittleEndian.Uint16(b[0:]),
-		Size: binary.LittleEndian.Uint64(b[8:]),
-		Name: string(b[volumeInfoFixed : volumeInfoFixed+n]),
+		ID:     binary.LittleEndian.Uint16(b[0:]),
+		Size:   binary.LittleEndian.Uint64(b[8:]),
+		Name:   string(b[volumeInfoFixed : volumeInfoFixed+n]),
+		Stored: uint64(binary.LittleEndian.Uint32(b[4:])) * ChunkSize,
 	}
 	return v, b[volumeInfoFixed+n:], nil
 }
