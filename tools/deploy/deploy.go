@@ -46,7 +46,7 @@ func ParseVolume(s string) (VolumeSpec, error) {
 	if !ok || name == "" {
 		return VolumeSpec{}, fmt.Errorf("bad volume %q: want NAME:SIZE, e.g. disk0:1GiB", s)
 	}
-	n, err := units.ParseSize(size)
+	n, err := units.ParseMultiple(size, memnode.PageSize)
 	if err != nil {
 		return VolumeSpec{}, fmt.Errorf("volume %q: %w", name, err)
 	}
@@ -215,6 +215,7 @@ type Host struct {
 
 // StartHost connects to the memory node, opens the volumes and serves.
 func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
+	cfg.Log = cmp.Or(cfg.Log, slog.Default())
 	if len(cfg.Volumes) == 0 {
 		return nil, errors.New("host: no volumes")
 	}
@@ -312,7 +313,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 			return nil, fmt.Errorf("host: volume %q: %w", vs.Name, err)
 		}
 		if v.Size != (vs.Size+pagestore.PageSize-1)&^(pagestore.PageSize-1) {
-			slog.Default().Info("volume exists with another size; using the node's", "volume", v.Name, "size", units.FormatSize(v.Size))
+			cfg.Log.Warn(fmt.Sprintf("volume %s exists at the memory node with size %s, not %s: serving the node's size", v.Name, units.FormatSize(v.Size), units.FormatSize(vs.Size)))
 		}
 		h.Volumes = append(h.Volumes, v)
 	}
@@ -361,7 +362,7 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 		}
 		h.leases = append(h.leases, volumeLease{v, l})
 	}
-	log := cmp.Or(cfg.Log, slog.Default())
+	log := cfg.Log
 	stop, done := make(chan struct{}), make(chan struct{})
 	h.stopLeases = func() { close(stop); <-done }
 	go func() {
@@ -428,8 +429,12 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if err := fs.Available(); err != nil {
 		return fmt.Errorf("host: --mount %s: %w", cfg.Mount, err)
 	}
-	if err := os.MkdirAll(cfg.Mount, 0o755); err != nil {
-		return fmt.Errorf("host: %w", err)
+	stale, err := fs.PrepareMountPoint(cfg.Mount)
+	if err != nil {
+		return fmt.Errorf("host: --mount %s: %w", cfg.Mount, err)
+	}
+	if stale {
+		cfg.Log.Warn(fmt.Sprintf("detached a dead pd3 mount at %s, left by a pd3 that ended without unmounting", cfg.Mount))
 	}
 	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
 	// The FUSE request mirror and the tracker's events go to the agent:
@@ -570,7 +575,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: page server: %w", err)
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = runtime.NumCPU()
+		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
 	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
