@@ -59,10 +59,7 @@ func (s *Server) log() *slog.Logger {
 // Serve accepts connections on ln until ctx is done or Close is called.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	err := s.group.Serve(ctx, ln, func(nc net.Conn) {
-		err := s.serveConn(nc)
-		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-			s.log().Warn("memnode: closing connection", "remote", nc.RemoteAddr().String(), "err", err)
-		}
+		netsrv.LogEnd(s.log(), "memnode", nc, s.serveConn(nc))
 	})
 	if errors.Is(err, netsrv.ErrClosed) {
 		return ErrClosed

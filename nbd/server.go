@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"math/bits"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,6 +140,16 @@ func (s *Server) export(name string) (Export, bool) {
 	return Export{}, false
 }
 
+// noExport is the message for an export name that is not served: it
+// names the ones that are, so the user can correct the URI.
+func (s *Server) noExport(name string) string {
+	names := make([]string, len(s.Exports))
+	for i, e := range s.Exports {
+		names[i] = strconv.Quote(e.Name)
+	}
+	return fmt.Sprintf("no export %q; this server exports %s", name, strings.Join(names, ", "))
+}
+
 // errProtocol marks a violation that ends the connection.
 var errProtocol = errors.New("nbd: protocol violation")
 
@@ -182,9 +194,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	nc.SetDeadline(time.Now().Add(s.HandshakeTimeout))
 	ok, err := c.handshake()
 	if err != nil || !ok {
-		if err != nil && !errors.Is(err, io.EOF) {
-			s.Log.Info("nbd: handshake ended", "remote", nc.RemoteAddr().String(), "err", err)
-		}
+		netsrv.LogEnd(s.Log, "nbd", nc, err, "phase", "handshake")
 		return
 	}
 	nc.SetDeadline(time.Time{})
@@ -193,9 +203,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		// thread directly, and a hit is answered with no scheduler hop.
 		fast.Direct()
 	}
-	if err := c.transmit(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		s.Log.Warn("nbd: closing connection", "remote", nc.RemoteAddr().String(), "export", c.exp.Name, "err", err)
-	}
+	netsrv.LogEnd(s.Log, "nbd", nc, c.transmit(), "export", c.exp.Name)
 }
 
 // handshake runs fixed-newstyle negotiation; it reports whether the
@@ -265,7 +273,7 @@ func (c *conn) option(opt uint32, data []byte) (done bool, err error) {
 		e, ok := c.s.export(string(data))
 		if !ok {
 			// No way to report an error to EXPORT_NAME: the spec says hang up.
-			return true, fmt.Errorf("unknown export %q", data)
+			return true, errors.New(c.s.noExport(string(data)))
 		}
 		c.exp = e
 		var b [10 + 124]byte
@@ -338,7 +346,7 @@ func (c *conn) infoGo(opt uint32, data []byte) (bool, error) {
 	}
 	e, ok := c.s.export(name)
 	if !ok {
-		return false, c.replyErr(opt, repErrUnknown, fmt.Sprintf("no export %q", name))
+		return false, c.replyErr(opt, repErrUnknown, c.s.noExport(name))
 	}
 	prev := c.exp
 	c.exp = e
@@ -417,7 +425,7 @@ func (c *conn) metaContext(opt uint32, data []byte) error {
 	}
 	e, ok := c.s.export(name)
 	if !ok {
-		return c.replyErr(opt, repErrUnknown, fmt.Sprintf("no export %q", name))
+		return c.replyErr(opt, repErrUnknown, c.s.noExport(name))
 	}
 	match := false
 	if len(queries) == 0 {

@@ -7,8 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 
 	"github.com/pd3-go/pd3/internal/sockio"
 )
@@ -96,4 +100,21 @@ func (g *Group) Close() {
 	}
 	g.mu.Unlock()
 	g.wg.Wait()
+}
+
+// LogEnd logs why a connection ended, once, at the level its cause
+// deserves: nothing for a clean close (EOF, the server's own Close); info
+// for a client that went away (reset, broken pipe) or stayed silent past a
+// deadline; a warning for anything else, which is a client breaking the
+// protocol or a failure the operator should see.
+func LogEnd(log *slog.Logger, proto string, nc net.Conn, err error, attrs ...any) {
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return
+	}
+	attrs = append([]any{"remote", nc.RemoteAddr().String()}, append(attrs, "err", err)...)
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, os.ErrDeadlineExceeded) {
+		log.Info(proto+": client went away", attrs...)
+		return
+	}
+	log.Warn(proto+": closing connection", attrs...)
 }

@@ -1,9 +1,16 @@
 package netsrv
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"os"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,4 +39,33 @@ func TestCloseStopsListenersAndConnections(t *testing.T) {
 	ln2, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	assert.ErrorIs(t, g.Serve(context.Background(), ln2, nil), ErrClosed)
+}
+
+func TestLogEndLevels(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"clean close", io.EOF, ""},
+		{"server closed", fmt.Errorf("reading: %w", net.ErrClosed), ""},
+		{"reset", &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, "level=INFO msg=\"x: client went away\""},
+		{"idle past deadline", fmt.Errorf("handshake: %w", os.ErrDeadlineExceeded), "level=INFO"},
+		{"protocol violation", errors.New("x: bad magic 0x4e"), "level=WARN msg=\"x: closing connection\""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			LogEnd(slog.New(slog.NewTextHandler(&buf, nil)), "x", a, tc.err, "export", "disk0")
+			if tc.want == "" {
+				assert.Empty(t, buf.String())
+				return
+			}
+			assert.Contains(t, buf.String(), tc.want)
+			assert.Equal(t, 1, strings.Count(buf.String(), "\n"), "logged once")
+			assert.Contains(t, buf.String(), "export=disk0")
+		})
+	}
 }

@@ -1,5 +1,7 @@
 // Package units parses and prints byte sizes as the command line spells
-// them: 4096, 64MiB, 1GiB, 512K (binary multiples either way).
+// them: 4096, 64MiB, 1GiB, 1GB, 1G, 1g, 512K. Every suffix is a binary
+// multiple and case does not matter, so 1GiB, 1GB, 1G and 1g are the same
+// size (as in nbdkit and qemu-img, where 1G is 2^30).
 package units
 
 import (
@@ -13,6 +15,7 @@ var suffixes = []struct {
 	m uint64
 }{
 	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+	{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10},
 	{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
 }
 
@@ -29,12 +32,29 @@ func ParseSize(s string) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(t, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("bad size %q: want a number with an optional KiB/MiB/GiB/TiB suffix", s)
+		return 0, fmt.Errorf("bad size %q: want a whole number with an optional K, M, G or T suffix (binary: 1G = 1GB = 1GiB)", s)
 	}
 	if n > ^uint64(0)/mult {
 		return 0, fmt.Errorf("size %q overflows", s)
 	}
 	return n * mult, nil
+}
+
+// ParseMultiple is ParseSize for sizes that must be a whole number of
+// units (pages): it refuses the others instead of rounding them.
+func ParseMultiple(s string, unit uint64) (uint64, error) {
+	n, err := ParseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	if n%unit != 0 {
+		use := FormatSize((n/unit + 1) * unit)
+		if n > unit {
+			use = FormatSize(n/unit*unit) + " or " + use
+		}
+		return 0, fmt.Errorf("size %q (%d bytes) is not a whole number of %s pages: use %s", s, n, FormatSize(unit), use)
+	}
+	return n, nil
 }
 
 // FormatSize prints n with the largest binary suffix that divides it.

@@ -9,15 +9,27 @@ import (
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]uint64{
 		"4096": 4096, "64MiB": 64 << 20, "1GiB": 1 << 30, "512k": 512 << 10, "2T": 2 << 40, "7B": 7,
+		"1GB": 1 << 30, "1G": 1 << 30, "1g": 1 << 30, "1gb": 1 << 30, "1gib": 1 << 30, "16MB": 16 << 20, "4kb": 4 << 10,
 	} {
 		got, err := ParseSize(in)
 		assert.NoError(t, err, in)
 		assert.Equal(t, want, got, in)
 	}
-	for _, bad := range []string{"", "MiB", "-1", "1.5GiB", "99999999999TiB"} {
+	for _, bad := range []string{"", "MiB", "-1", "1.5GiB", "99999999999TiB", "1GiBB", "1 PB", "G1"} {
 		_, err := ParseSize(bad)
 		assert.Error(t, err, bad)
 	}
 	assert.Equal(t, "64MiB", FormatSize(64<<20))
 	assert.Equal(t, "4097B", FormatSize(4097))
+}
+
+func TestParseMultiple(t *testing.T) {
+	n, err := ParseMultiple("64MB", 4096)
+	assert.NoError(t, err)
+	assert.Equal(t, uint64(64<<20), n)
+	_, err = ParseMultiple("1000", 4096)
+	assert.ErrorContains(t, err, "not a whole number of 4KiB pages")
+	assert.ErrorContains(t, err, "4KiB", "the nearest page multiple above is suggested")
+	_, err = ParseMultiple("10000", 4096)
+	assert.ErrorContains(t, err, "use 8KiB or 12KiB")
 }

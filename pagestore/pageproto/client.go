@@ -134,3 +134,12 @@ func (c *Client) Put(ctx context.Context, id memnode.Key, src []byte) error {
 func (c *Client) Sync(ctx context.Context) error {
 	return c.send(OpSync, 0, nil, nil).Wait(ctx)
 }
+
+// Volumes lists the volumes the server serves (all of them unless more).
+func (c *Client) Volumes(ctx context.Context) (vs []memnode.VolumeInfo, more bool, err error) {
+	page := make([]byte, PageSize)
+	if err := c.send(OpVolumes, 0, page, nil).Wait(ctx); err != nil {
+		return nil, false, err
+	}
+	return DecodeVolumes(page)
+}

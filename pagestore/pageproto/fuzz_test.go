@@ -55,3 +55,31 @@ func FuzzServerStream(f *testing.F) {
 		testnet.Exchange(t, ln.Addr().String(), in)
 	})
 }
+
+// FuzzVolumes: any VOLUMES data decodes or fails cleanly; what decodes
+// encodes back to the same list.
+func FuzzVolumes(f *testing.F) {
+	page := make([]byte, PageSize)
+	EncodeVolumes(page, []memnode.VolumeInfo{{ID: 1, Size: 1 << 30, Name: "disk0"}, {ID: 2, Size: 4096, Name: ""}})
+	f.Add(page[:64])
+	f.Add([]byte{1, 0, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		vs, _, err := DecodeVolumes(in)
+		if err != nil {
+			return
+		}
+		out := make([]byte, PageSize)
+		if !EncodeVolumes(out, vs) {
+			return // more than a page: the input was not a page
+		}
+		again, more, err := DecodeVolumes(out)
+		if err != nil || more || len(again) != len(vs) {
+			t.Fatalf("round trip of %d volumes: %d, more %v, %v", len(vs), len(again), more, err)
+		}
+		for i := range vs {
+			if vs[i] != again[i] {
+				t.Fatalf("volume %d: %+v → %+v", i, vs[i], again[i])
+			}
+		}
+	})
+}

@@ -237,3 +237,54 @@ func TestMemnodeDownGivesIO(t *testing.T) {
 	require.NoError(t, c.Get(ctx, memnode.MakeKey(vol.ID, 1), buf))
 	assert.Equal(t, pageOf(1, 1), buf)
 }
+
+// VOLUMES lists what the server serves, so clients can say which ids exist.
+func TestVolumesListsServedVolumes(t *testing.T) {
+	r := newRig(t, 16, 64)
+	ctx := context.Background()
+	c, err := Dial(ctx, r.addr, ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	vs, more, err := c.Volumes(ctx)
+	require.NoError(t, err)
+	assert.False(t, more)
+	assert.Equal(t, []memnode.VolumeInfo{r.vol}, vs)
+}
+
+func TestVolumesEncodingTruncates(t *testing.T) {
+	var vs []memnode.VolumeInfo
+	for i := 0; i < 400; i++ {
+		vs = append(vs, memnode.VolumeInfo{ID: uint16(i), Size: uint64(i) << 12, Name: "fs.pd3.volume-with-a-long-name"})
+	}
+	page := make([]byte, PageSize)
+	assert.False(t, EncodeVolumes(page, vs), "400 long names do not fit a page")
+	got, more, err := DecodeVolumes(page)
+	require.NoError(t, err)
+	assert.True(t, more)
+	assert.Equal(t, vs[:len(got)], got)
+	assert.Greater(t, len(got), 90)
+}
+
+// A page client that reaches an NBD server by mistake says so.
+func TestClientNamesTheWrongServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		// An NBD server's greeting: NBDMAGIC, IHAVEOPT, handshake flags.
+		nc.Write(append([]byte("NBDMAGICIHAVEOPT"), 0, 3))
+		io.Copy(io.Discard, nc)
+	}()
+	ctx := context.Background()
+	c, err := Dial(ctx, ln.Addr().String(), ClientOptions{OpTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer c.Close()
+	err = c.Get(ctx, memnode.MakeKey(1, 0), make([]byte, PageSize))
+	require.ErrorIs(t, err, ErrFraming)
+	assert.ErrorContains(t, err, "this looks like an NBD server, not a page server")
+}

@@ -28,7 +28,17 @@ type Backend interface {
 	Flush(ctx context.Context) error
 }
 
-var _ Backend = (*pagestore.Store)(nil)
+// VolumeLister is a Backend that can list its volumes. Without it
+// VOLUMES is answered with StatusUnknownOp, and clients' errors name no
+// volumes.
+type VolumeLister interface {
+	Volumes() []memnode.VolumeInfo
+}
+
+var (
+	_ Backend      = (*pagestore.Store)(nil)
+	_ VolumeLister = (*pagestore.Store)(nil)
+)
 
 // Server serves the page protocol. Requests from all connections wait in
 // one queue for a fixed pool of workers; each worker runs one request at a
@@ -132,10 +142,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	for i := 0; i < s.MaxInFlight; i++ {
 		c.free <- &request{c: c}
 	}
-	err := s.read(c)
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		s.log().Warn("pageproto: closing connection", "remote", nc.RemoteAddr().String(), "err", err)
-	}
+	netsrv.LogEnd(s.log(), "pageproto", nc, s.read(c))
 	// Wait for every request to come back, then flush the replies owed.
 	for i := 0; i < s.MaxInFlight; i++ {
 		<-c.free
@@ -196,6 +203,12 @@ func (s *Server) execute(req *request) {
 		err = s.Backend.Put(s.ctx, req.hdr.ID, req.data[:])
 	case OpSync:
 		err = s.Backend.Flush(s.ctx)
+	case OpVolumes:
+		err = ErrUnknownOp
+		if l, ok := s.Backend.(VolumeLister); ok {
+			EncodeVolumes(req.data[:], l.Volumes())
+			err = nil
+		}
 	default:
 		err = ErrUnknownOp
 	}

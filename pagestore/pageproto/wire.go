@@ -8,8 +8,8 @@ package pageproto
 //
 //	off size field
 //	0   1    magic   0x50
-//	1   1    op      GET=1, PUT=2, SYNC=3; any other value is a header-only
-//	                 frame answered with StatusUnknownOp
+//	1   1    op      GET=1, PUT=2, SYNC=3, VOLUMES=4; any other value is a
+//	                 header-only frame answered with StatusUnknownOp
 //	2   2    flags   must be zero
 //	4   4    tag     echoed in the response
 //	8   8    id      page id: volume (16 bits) | page number (48 bits)
@@ -23,7 +23,15 @@ package pageproto
 //	2   2    status  Status
 //	4   4    tag
 //	8   8    id
-//	16  4096 data    GET with StatusOK only
+//	16  4096 data    GET and VOLUMES with StatusOK only
+//
+// VOLUMES data (one page; what the server serves, for error messages and
+// tools):
+//
+//	off size field
+//	0   2    n       entries that follow
+//	2   1    more    1 if volumes were left out for lack of room
+//	3   -    n entries: id u16 | size u64 (bytes) | name length u8 | name
 //
 // Protocol flow: no handshake; the client pipelines requests and the server
 // answers each exactly once, in any order (match by tag). SYNC returns once
@@ -32,6 +40,7 @@ package pageproto
 // that connection and no other.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -56,6 +65,8 @@ const (
 	OpGet  Op = 1
 	OpPut  Op = 2
 	OpSync Op = 3
+	// OpVolumes lists the served volumes (data: EncodeVolumes).
+	OpVolumes Op = 4
 )
 
 func (o Op) String() string {
@@ -66,6 +77,8 @@ func (o Op) String() string {
 		return "PUT"
 	case OpSync:
 		return "SYNC"
+	case OpVolumes:
+		return "VOLUMES"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -171,7 +184,7 @@ func (h *Header) DecodeResponse(b []byte) error {
 		return fmt.Errorf("%w: short header (%d bytes)", ErrFraming, len(b))
 	}
 	if b[0] != RespMagic {
-		return fmt.Errorf("%w: bad magic %#x", ErrFraming, b[0])
+		return fmt.Errorf("%w: bad magic %#x%s", ErrFraming, b[0], peerHint(b))
 	}
 	h.Op = Op(b[1])
 	h.Status = Status(binary.LittleEndian.Uint16(b[2:]))
@@ -182,8 +195,70 @@ func (h *Header) DecodeResponse(b []byte) error {
 
 // ResponsePayloadLen is the payload following a response header.
 func (h *Header) ResponsePayloadLen() int {
-	if h.Op == OpGet && h.Status == StatusOK {
+	if (h.Op == OpGet || h.Op == OpVolumes) && h.Status == StatusOK {
 		return PageSize
 	}
 	return 0
+}
+
+// EncodeVolumes writes vs into page (PageSize bytes) as VOLUMES data, as
+// many as fit; it reports whether all did.
+func EncodeVolumes(page []byte, vs []memnode.VolumeInfo) (all bool) {
+	_ = page[PageSize-1]
+	clear(page[:PageSize])
+	off, n := 3, 0
+	for _, v := range vs {
+		name := v.Name
+		if len(name) > 255 {
+			name = name[:255]
+		}
+		if off+11+len(name) > PageSize || n == 0xffff {
+			page[2] = 1
+			break
+		}
+		binary.LittleEndian.PutUint16(page[off:], v.ID)
+		binary.LittleEndian.PutUint64(page[off+2:], v.Size)
+		page[off+10] = byte(len(name))
+		copy(page[off+11:], name)
+		off += 11 + len(name)
+		n++
+	}
+	binary.LittleEndian.PutUint16(page, uint16(n))
+	return page[2] == 0
+}
+
+// DecodeVolumes parses VOLUMES data; more reports volumes left out.
+func DecodeVolumes(page []byte) (vs []memnode.VolumeInfo, more bool, err error) {
+	if len(page) < 3 {
+		return nil, false, fmt.Errorf("%w: VOLUMES data of %d bytes", ErrFraming, len(page))
+	}
+	n := int(binary.LittleEndian.Uint16(page))
+	off := 3
+	for i := 0; i < n; i++ {
+		if off+11 > len(page) || off+11+int(page[off+10]) > len(page) {
+			return nil, false, fmt.Errorf("%w: VOLUMES entry %d of %d overruns the page", ErrFraming, i, n)
+		}
+		l := int(page[off+10])
+		vs = append(vs, memnode.VolumeInfo{
+			ID:   binary.LittleEndian.Uint16(page[off:]),
+			Size: binary.LittleEndian.Uint64(page[off+2:]),
+			Name: string(page[off+11 : off+11+l]),
+		})
+		off += 11 + l
+	}
+	return vs, page[2] != 0, nil
+}
+
+// peerHint names the server a client reached instead of a page server,
+// when the first bytes it sent tell: the usual mistake is a wrong port.
+func peerHint(b []byte) string {
+	switch {
+	case bytes.HasPrefix(b, []byte("NBDMAGIC")):
+		return ": this looks like an NBD server, not a page server (wrong port? NBD clients use nbd://HOST:PORT/EXPORT)"
+	case bytes.HasPrefix(b, []byte("HTTP/")):
+		return ": this looks like an HTTP server, not a page server (wrong port?)"
+	case b[0] == 0x3D: // memnode's response magic
+		return ": this looks like a memory node, not a page server (wrong port? the page server is pd3 up's --page address)"
+	}
+	return ""
 }

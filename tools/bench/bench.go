@@ -22,6 +22,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/procstat"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
@@ -163,8 +164,10 @@ func StartChildEnv(ctx context.Context, exe string, env []string, want []string,
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
+	// pd3 logs on stderr ("pd3: ..." lines): the child's notices are kept
+	// for Output and its warnings and errors passed on to ours.
+	cmd.Stdout = os.Stderr
+	out, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
 	}
@@ -181,8 +184,11 @@ func StartChildEnv(ctx context.Context, exe string, env []string, want []string,
 			c.mu.Lock()
 			c.out.WriteString(line + "\n")
 			c.mu.Unlock()
+			if strings.HasPrefix(line, clilog.Prefix+"warning: ") || strings.HasPrefix(line, clilog.Prefix+"error: ") {
+				fmt.Fprintln(os.Stderr, line)
+			}
 			for _, role := range want {
-				if rest, ok := strings.CutPrefix(line, "pd3: "+role+" listening on "); ok {
+				if rest, ok := strings.CutPrefix(line, clilog.Prefix+role+" listening on "); ok {
 					c.Addrs[role] = strings.Fields(rest)[0]
 				}
 			}
@@ -192,7 +198,7 @@ func StartChildEnv(ctx context.Context, exe string, env []string, want []string,
 			}
 		}
 		if !reported {
-			found <- fmt.Errorf("%s %v exited before listening", exe, args)
+			found <- fmt.Errorf("%s %v exited before listening:\n%s", exe, args, c.Output())
 		}
 	}()
 	select {

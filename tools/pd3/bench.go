@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/pacer"
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
@@ -68,13 +69,13 @@ func benchCmd() *cobra.Command {
 			}
 			popt.Systems = strings.Split(systems, ",")
 			popt.Dists = strings.Split(dists, ",")
-			if popt.Dataset, err = units.ParseSize(dataset); err != nil {
+			if popt.Dataset, err = units.ParseMultiple(dataset, memnode.PageSize); err != nil {
 				return fmt.Errorf("--dataset: %w", err)
 			}
-			if popt.Cache, err = units.ParseSize(cache); err != nil {
+			if popt.Cache, err = units.ParseMultiple(cache, memnode.PageSize); err != nil {
 				return fmt.Errorf("--cache: %w", err)
 			}
-			if popt.LZ, err = units.ParseSize(lzs); err != nil {
+			if popt.LZ, err = units.ParseMultiple(lzs, memnode.PageSize); err != nil {
 				return fmt.Errorf("--lz: %w", err)
 			}
 			var ok bool
@@ -178,10 +179,10 @@ func benchCmd() *cobra.Command {
 				return err
 			}
 			nopt.Systems, nopt.Jobs = strings.Split(nsystems, ","), strings.Split(njobs, ",")
-			if nopt.Size, err = units.ParseSize(nsize); err != nil {
+			if nopt.Size, err = units.ParseMultiple(nsize, memnode.PageSize); err != nil {
 				return fmt.Errorf("--size: %w", err)
 			}
-			if nopt.Cache, err = units.ParseSize(ncache); err != nil {
+			if nopt.Cache, err = units.ParseMultiple(ncache, memnode.PageSize); err != nil {
 				return fmt.Errorf("--cache: %w", err)
 			}
 			ctx, stop := sigctx(cmd)
@@ -224,10 +225,10 @@ func benchCmd() *cobra.Command {
 				return err
 			}
 			fopt.Systems, fopt.Jobs = strings.Split(fsystems, ","), strings.Split(fjobs, ",")
-			if fopt.Size, err = units.ParseSize(fsize); err != nil {
+			if fopt.Size, err = units.ParseMultiple(fsize, memnode.PageSize); err != nil {
 				return fmt.Errorf("--size: %w", err)
 			}
-			if fopt.Cache, err = units.ParseSize(fcache); err != nil {
+			if fopt.Cache, err = units.ParseMultiple(fcache, memnode.PageSize); err != nil {
 				return fmt.Errorf("--cache: %w", err)
 			}
 			ctx, stop := sigctx(cmd)
@@ -257,7 +258,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pd3: go-nbd server listening on %s\n", ln.Addr())
+			logger().Info(fmt.Sprintf("go-nbd server listening on %s", ln.Addr()))
 			ctx, stop := sigctx(cmd)
 			defer stop()
 			return bench.ServeGoNBD(ctx, ln, n)
@@ -274,7 +275,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("pd3: raw server listening on %s\n", ln.Addr())
+			logger().Info(fmt.Sprintf("raw server listening on %s", ln.Addr()))
 			ctx, stop := sigctx(cmd)
 			defer stop()
 			return bench.ServeRaw(ctx, ln, region)

@@ -41,10 +41,10 @@ root; residency does not.`,
 			view := &pagecache.View{KeyOf: func(uint64, uint64) (memnode.Key, bool) { return 0, false }}
 			tr, err := pagecache.Start(dev, view)
 			if err != nil {
-				fmt.Fprintf(cmd.OutOrStdout(), "pd3: hits and misses unavailable (%v); showing residency only\n", err)
+				logger().Warn(fmt.Sprintf("hits and misses unavailable (%v); showing residency only", err))
 			} else {
 				defer tr.Close()
-				fmt.Fprintf(cmd.OutOrStdout(), "pd3: tracing the page cache of %s\n", dir)
+				logger().Info(fmt.Sprintf("tracing the page cache of %s (every %v until Ctrl-C, or --count times)", dir, interval))
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

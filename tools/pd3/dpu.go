@@ -44,14 +44,15 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			if err != nil {
 				return err
 			}
-			lzBytes, err := units.ParseSize(lz)
+			lzBytes, err := units.ParseMultiple(lz, memnode.PageSize)
 			if err != nil {
 				return fmt.Errorf("--lz: %w", err)
 			}
-			cacheBytes, err := units.ParseSize(cache)
+			cacheBytes, err := units.ParseMultiple(cache, memnode.PageSize)
 			if err != nil {
 				return fmt.Errorf("--cache: %w", err)
 			}
+			log := logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token, OpTimeout: 30 * time.Second})
@@ -73,28 +74,28 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 				for _, t := range targets {
 					c, err := packet.ListenAddr(t.addr, s.Mirror(ctx, t.proto))
 					if err != nil {
-						fmt.Fprintln(os.Stderr, "pd3:", err)
+						log.Error(err.Error())
 						continue
 					}
 					capWG.Add(1)
 					go func() {
 						defer capWG.Done()
 						if err := c.Run(ctx); err != nil {
-							fmt.Fprintln(os.Stderr, "pd3:", err)
+							log.Error(err.Error())
 						}
 					}()
-					fmt.Printf("pd3: dpu agent watching %s on an AF_PACKET socket\n", t.addr)
+					log.Info(fmt.Sprintf("dpu agent watching %s on an AF_PACKET socket", t.addr))
 				}
 				if metrics != "" {
 					m := deploy.NewMetrics()
 					m.RegisterAgent(s.Agent, s.Engine, s.Zone, s.HV)
 					if a, _, err := deploy.ServeRegistry(ctx, metrics, m.R); err == nil {
-						fmt.Printf("pd3: agent metrics listening on http://%s/metrics\n", a)
+						log.Info(fmt.Sprintf("agent metrics listening on http://%s/metrics", a))
 					} else {
-						fmt.Fprintln(os.Stderr, "pd3:", err)
+						log.Error(err.Error())
 					}
 				}
-				fmt.Printf("pd3: dpu agent listening on shm:%s (epoch %d, Loading Zone %d pages)\n", name, s.Epoch, s.Zone.Records())
+				log.Info(fmt.Sprintf("dpu agent listening on shm:%s (epoch %d, Loading Zone %d pages)", name, s.Epoch, s.Zone.Records()))
 			})
 		},
 	}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -42,9 +43,42 @@ func main() {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
 	}
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "pd3:", err)
+	// Runnable, so that "pd3 frob" fails NoArgs (an unknown command, a
+	// usage error) instead of printing the help and exiting 0.
+	root.Args = cobra.NoArgs
+	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	markUsageErrors(root)
+	if cmd, err := root.ExecuteC(); err != nil {
+		log := logger()
+		log.Error(err.Error())
+		if errors.As(err, new(usageError)) {
+			log.Info(fmt.Sprintf("run '%s --help' for usage", cmd.CommandPath()))
+		}
 		pprof.StopCPUProfile()
 		os.Exit(1)
+	}
+}
+
+// usageError is a command line cobra could not take (an unknown command
+// or flag, a bad flag value, the wrong number of arguments): the user is
+// pointed at --help, which other errors do not need.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// markUsageErrors makes the flag and argument errors of c and its
+// subcommands usageErrors.
+func markUsageErrors(c *cobra.Command) {
+	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	if args := c.Args; args != nil {
+		c.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markUsageErrors(sub)
 	}
 }

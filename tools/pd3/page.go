@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,7 +58,7 @@ func pageCmd() *cobra.Command {
 			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
 				buf := make([]byte, pageproto.PageSize)
 				if err := c.Get(ctx, id, buf); err != nil {
-					return err
+					return describe(ctx, c, id, err)
 				}
 				_, err := os.Stdout.Write(buf)
 				return err
@@ -79,7 +80,7 @@ func pageCmd() *cobra.Command {
 				return fmt.Errorf("stdin holds more than one page (%d bytes)", pageproto.PageSize)
 			}
 			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
-				return c.Put(ctx, id, buf[:pageproto.PageSize])
+				return describe(ctx, c, id, c.Put(ctx, id, buf[:pageproto.PageSize]))
 			})
 		},
 	}, &cobra.Command{
@@ -91,4 +92,36 @@ func pageCmd() *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// describe adds to an error about page id what the user needs to fix the
+// id: the size of its volume, or the volumes the server has.
+func describe(ctx context.Context, c *pageproto.Client, id memnode.Key, err error) error {
+	noVol, past := errors.Is(err, pageproto.ErrNoVolume), errors.Is(err, pageproto.ErrOutOfRange)
+	if !noVol && !past {
+		return err
+	}
+	vs, more, lerr := c.Volumes(ctx)
+	if lerr != nil {
+		return err // an older server: the error as it is
+	}
+	if past {
+		for _, v := range vs {
+			if v.ID == id.Volume() {
+				n := v.Size / pageproto.PageSize
+				return fmt.Errorf("%w: volume %d (%s) has %d pages, %d:0 to %d:%d", err, v.ID, v.Name, n, v.ID, v.ID, n-1)
+			}
+		}
+	}
+	list := make([]string, 0, len(vs)+1)
+	for _, v := range vs {
+		list = append(list, fmt.Sprintf("%d (%s, %d pages)", v.ID, v.Name, v.Size/pageproto.PageSize))
+	}
+	if more {
+		list = append(list, "…")
+	}
+	if len(list) == 0 {
+		return fmt.Errorf("%w: this server serves no volumes", err)
+	}
+	return fmt.Errorf("%w: this server serves volumes %s", err, strings.Join(list, ", "))
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
@@ -56,7 +57,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
 	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
-	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: one per CPU)")
+	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: GOMAXPROCS, see --procs)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
@@ -80,12 +81,12 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
 		Stages: stageRecorder(),
 	}
-	lz, err := units.ParseSize(f.lz)
+	lz, err := units.ParseMultiple(f.lz, memnode.PageSize)
 	if err != nil {
 		return cfg, fmt.Errorf("--lz: %w", err)
 	}
 	cfg.LZBytes = int64(lz)
-	cache, err := units.ParseSize(f.cache)
+	cache, err := units.ParseMultiple(f.cache, memnode.PageSize)
 	if err != nil {
 		return cfg, fmt.Errorf("--cache: %w", err)
 	}
@@ -100,7 +101,9 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	return cfg, nil
 }
 
-func logger() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, nil)) }
+// logger is the command's one log: start-up notices and the libraries'
+// records alike, as "pd3: ..." lines on stderr (stdout is for data).
+func logger() *slog.Logger { return clilog.New(os.Stderr, slog.LevelInfo) }
 
 func upCmd() *cobra.Command {
 	var f hostFlags
@@ -118,7 +121,7 @@ back to the memory node first.`,
 				return err
 			}
 			if err := fs.Available(); err != nil && !cmd.Flags().Changed("mount") {
-				fmt.Printf("pd3: not mounting %s: %v\n", cfg.Mount, err)
+				cfg.Log.Info(fmt.Sprintf("not mounting %s: %v", cfg.Mount, err))
 				cfg.Mount = ""
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -140,6 +143,7 @@ func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 
 // runUp runs an embedded memory node (unless cfg names one) and a host.
 func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics string) error {
+	log := cfg.Log
 	if cfg.Memnode == "" && !cfg.Local {
 		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist})
 		if err != nil {
@@ -147,7 +151,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics 
 		}
 		defer node.Close()
 		cfg.Memnode = node.Addr
-		fmt.Printf("pd3: memory node listening on %s (embedded)\n", node.Addr)
+		log.Info(fmt.Sprintf("memory node listening on %s (embedded)", node.Addr))
 	}
 	return runHost(ctx, cfg, metrics)
 }
@@ -211,6 +215,7 @@ func serveCmd() *cobra.Command {
 }
 
 func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
+	log := cfg.Log
 	h, err := deploy.StartHost(ctx, cfg)
 	if err != nil {
 		return err
@@ -221,7 +226,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 			h.Close(ctx)
 			return err
 		}
-		fmt.Printf("pd3: metrics listening on http://%s/metrics\n", addr)
+		log.Info(fmt.Sprintf("metrics listening on http://%s/metrics", addr))
 	}
 	if cfg.Local {
 		if err := bench.PrewarmStore(ctx, h.Store); err != nil {
@@ -229,57 +234,74 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 		}
 	}
 	for _, v := range h.Volumes {
-		fmt.Printf("pd3: volume %s id %d size %s\n", v.Name, v.ID, units.FormatSize(v.Size))
+		log.Info(fmt.Sprintf("volume %s id %d size %s", v.Name, v.ID, units.FormatSize(v.Size)))
 	}
 	switch {
 	case h.Agent != nil:
-		fmt.Printf("pd3: DPU agent embedded (Loading Zone %d pages, mirror %s)\n", h.Zone.Records(), cmp.Or(cfg.Mirror, "tap"))
+		log.Info(fmt.Sprintf("DPU agent embedded (Loading Zone %d pages, mirror %s)", h.Zone.Records(), cmp.Or(cfg.Mirror, "tap")))
 	case h.Link != nil:
 		state := "attached"
 		if !h.Link.Attached() {
 			state = "not running yet: serving directly until it starts"
 		}
-		fmt.Printf("pd3: DPU agent process %s: %s\n", cfg.DPU, state)
+		log.Info(fmt.Sprintf("DPU agent process %s: %s", cfg.DPU, state))
 	case h.Leap != nil:
-		fmt.Printf("pd3: no DPU agent; Leap prefetches on the host (Loading Zone %d pages)\n", h.Zone.Records())
+		log.Info(fmt.Sprintf("no DPU agent; Leap prefetches on the host (Loading Zone %d pages)", h.Zone.Records()))
 	}
 	if h.NBDAddr != "" {
-		fmt.Printf("pd3: NBD server listening on %s (exports:", h.NBDAddr)
+		var names []string
 		for _, e := range h.NBD.Exports {
-			fmt.Printf(" %s", e.Name)
 			if e.ReadOnly {
-				fmt.Print(" (read-only)")
+				names = append(names, e.Name+" (read-only)")
+			} else {
+				names = append(names, e.Name)
 			}
 		}
-		fmt.Println(")")
-		fmt.Printf("pd3: try: nbdinfo nbd://%s/%s\n", h.NBDAddr, h.Volumes[0].Name)
+		log.Info(fmt.Sprintf("NBD server listening on %s (exports: %s)", h.NBDAddr, strings.Join(names, ", ")))
+		log.Info(fmt.Sprintf("try: nbdinfo nbd://%s/%s", h.NBDAddr, h.Volumes[0].Name))
 	}
 	if h.Mounted != nil {
-		fmt.Printf("pd3: filesystem %q mounted at %s (NBD volumes under %s/volumes)\n", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir)
+		log.Info(fmt.Sprintf("filesystem %q mounted at %s (NBD volumes under %s/volumes)", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir))
 		if h.Tracker != nil {
-			fmt.Println("pd3: page-cache tracker on: the agent skips pages the kernel caches")
+			log.Info("page-cache tracker on: the agent skips pages the kernel caches")
 		} else {
-			fmt.Printf("pd3: page-cache tracker off: %v\n", h.TrackerErr)
+			log.Info(fmt.Sprintf("page-cache tracker off: %v", h.TrackerErr))
 		}
 	}
 	if h.PageAddr != "" {
-		fmt.Printf("pd3: page server listening on %s (cache %s, workers %d)\n", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers)
+		log.Info(fmt.Sprintf("page server listening on %s (cache %s, workers %d)", h.PageAddr, units.FormatSize(uint64(cfg.CacheBytes)), h.Page.Workers))
 		// Suggest the binary as it was invoked: after `make run` it is
 		// ./bin/pd3, not on PATH.
 		self := os.Args[0]
-		fmt.Printf("pd3: try: echo hello | %s page put --page %s %d:0 && %s page get --page %s %d:0 | head -c 6\n",
-			self, h.PageAddr, h.Volumes[0].ID, self, h.PageAddr, h.Volumes[0].ID)
+		log.Info(fmt.Sprintf("try: echo hello | %s page put --page %s %d:0 && %s page get --page %s %d:0 | head -c 6",
+			self, h.PageAddr, h.Volumes[0].ID, self, h.PageAddr, h.Volumes[0].ID))
 	}
 	<-ctx.Done()
-	fmt.Println("pd3: stopping; writing back dirty pages")
+	st := h.Store.Stats()
+	if st.DirtyPages == 0 {
+		log.Info("stopping: no dirty pages to write back")
+	} else {
+		log.Info(fmt.Sprintf("stopping: writing back %d dirty pages (%s) to the memory node", st.DirtyPages, units.FormatSize(uint64(st.DirtyPages)*memnode.PageSize)))
+	}
 	if h.Agent != nil {
-		fmt.Printf("pd3: agent: parsed %d, prefetched %d (placed %d, consumed %d, dropped unconsumed %d, stale %d), skipped as cached %d\n",
+		log.Info(fmt.Sprintf("agent: parsed %d, prefetched %d (placed %d, consumed %d, dropped unconsumed %d, stale %d), skipped as cached %d",
 			h.Agent.Parsed.Load(), h.Engine.Issued.Load(), h.Engine.Placed.Load(), h.Zone.Hits.Load(),
-			h.Zone.DroppedUnconsumed.Load(), h.Engine.Stale.Load(), h.Agent.Skipped.Load())
+			h.Zone.DroppedUnconsumed.Load(), h.Engine.Stale.Load(), h.Agent.Skipped.Load()))
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return h.Close(cctx)
+	if err := h.Close(cctx); err != nil {
+		return err
+	}
+	if h.Mounted != nil {
+		log.Info(fmt.Sprintf("filesystem unmounted from %s", h.Mounted.Dir))
+	}
+	if wrote := h.Store.Stats().WriteBacks - st.WriteBacks; wrote > 0 {
+		log.Info(fmt.Sprintf("stopped: %d pages (%s) written back to the memory node while stopping", wrote, units.FormatSize(wrote*memnode.PageSize)))
+	} else {
+		log.Info("stopped")
+	}
+	return nil
 }
 
 func memnodeCmd() *cobra.Command {
@@ -300,7 +322,7 @@ reaches volumes through memory windows bound on that connection, so a
 window key copied from one connection is refused on another.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			capBytes, err := units.ParseSize(capacity)
+			capBytes, err := units.ParseMultiple(capacity, memnode.PageSize)
 			if err != nil {
 				return fmt.Errorf("--capacity: %w", err)
 			}
@@ -310,7 +332,8 @@ window key copied from one connection is refused on another.`,
 			if err != nil {
 				return err
 			}
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Grants: gs, Capacity: capBytes, Log: logger(), Persist: persist, Stages: stageRecorder()})
+			log := logger()
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Grants: gs, Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
 			}
@@ -318,7 +341,7 @@ window key copied from one connection is refused on another.`,
 			if persist != "" {
 				mode = "persistent in " + persist
 			}
-			fmt.Printf("pd3: memory node listening on %s (%s)\n", node.Addr, mode)
+			log.Info(fmt.Sprintf("memory node listening on %s (%s)", node.Addr, mode))
 			<-ctx.Done()
 			return node.Close()
 		},
@@ -361,7 +384,7 @@ func stageRecorder() *stages.Recorder {
 	}
 	r, err := stages.Open(name)
 	if err != nil {
-		logger().Warn("pd3: no stage stamps", "err", err)
+		logger().Warn("no stage stamps", "err", err)
 		return nil
 	}
 	return r
