@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"syscall"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -102,10 +101,8 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 	if err != nil {
 		// Busy: detach it from the tree; the kernel keeps the connection
 		// until its last user goes, so write everything back now.
-		if err2 := syscall.Unmount(m.Dir, syscall.MNT_DETACH); err2 != nil {
-			if out, err3 := exec.Command("fusermount3", "-u", "-z", m.Dir).CombinedOutput(); err3 != nil {
-				return fmt.Errorf("fs: unmounting %s: %v; lazy: %v (%s)", m.Dir, err, err3, out)
-			}
+		if err2 := detach(m.Dir); err2 != nil {
+			return fmt.Errorf("fs: unmounting %s: %v; lazily: %w", m.Dir, err, err2)
 		}
 		if err := m.FS.Sync(ctx); err != nil {
 			return err

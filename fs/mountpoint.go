@@ -63,8 +63,8 @@ func PrepareMountPoint(dir string) (stale bool, err error) {
 	return stale, nil
 }
 
-// detach lazily unmounts a dead mount: with umount2(2) as root, else
-// with the setuid helper.
+// detach lazily unmounts dir (a dead mount, or a busy one at unmount):
+// with umount2(2) as root, else with the setuid helper.
 func detach(dir string) error {
 	err := syscall.Unmount(dir, syscall.MNT_DETACH)
 	if err == nil {
@@ -107,7 +107,7 @@ func parseMountinfo(line string) (e mountEntry, point string, ok bool) {
 			break
 		}
 	}
-	if len(fs) < 5 || sep < 0 || sep+2 >= len(fs) {
+	if sep < 0 || sep+2 >= len(fs) { // sep ≥ 6: the mount point is there too
 		return e, "", false
 	}
 	return mountEntry{fsType: unescape(fs[sep+1]), source: unescape(fs[sep+2])}, unescape(fs[4]), true
