@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/signal"
 	"strings"
 	"sync"
@@ -20,7 +19,8 @@ import (
 )
 
 func dpuCmd() *cobra.Command {
-	var addr, token, name, lz, cache, metrics string
+	var addr, name, lz, cache, metrics string
+	var token *secretFlag
 	var captures []string
 	cmd := &cobra.Command{
 		Use:   "dpu",
@@ -55,7 +55,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			log := logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token, OpTimeout: 30 * time.Second})
+			c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token.Value(), OpTimeout: 30 * time.Second})
 			if err != nil {
 				return err
 			}
@@ -101,7 +101,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&addr, "memnode", "", "memory node address")
-	fl.StringVar(&token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
+	token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
 	fl.StringVar(&name, "shm", "pd3", "region name: /dev/shm/pd3-NAME")
 	fl.StringVar(&lz, "lz", "16MiB", "Loading Zone size")
 	fl.StringVar(&cache, "cache", "64MiB", "the host's cache size (sizes Host View)")

@@ -1063,3 +1063,24 @@ func TestRestartAfterKillOnSameMount(t *testing.T) {
 	assert.Contains(t, out, "is already a mount point (tmpfs from tmpfs)")
 	assert.True(t, mounted(mnt), "another filesystem's mount is left alone")
 }
+
+// The access token may come from $PD3_TOKEN; it must never be printed
+// (cobra prints a flag's default in --help), yet still be used.
+func TestTokenFromEnvironmentIsUsedAndNeverPrinted(t *testing.T) {
+	const secret = "canary-9f2e1d"
+	t.Setenv("PD3_TOKEN", secret)
+	for _, cmd := range []string{"up", "serve", "mount", "memnode", "dpu"} {
+		out, err := run(t, "", cmd, "--help")
+		require.NoError(t, err, cmd)
+		assert.Contains(t, out, "--token", cmd)
+		assert.NotContains(t, out, secret, "pd3 %s --help prints the token", cmd)
+	}
+
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	host := start(t, []string{"page server"}, "serve", "--memnode", node.Addrs["memory node"], "--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:4MiB")
+	host.Stop()
+	out, err := run(t, "", "serve", "--memnode", node.Addrs["memory node"], "--token", "wrong", "--page", "127.0.0.1:0", "--nbd", "")
+	require.Error(t, err)
+	assert.Contains(t, out, "unauthorised")
+	assert.NotContains(t, out, secret)
+}

@@ -29,7 +29,7 @@ type hostFlags struct {
 	cache     string
 	policy    string
 	memnode   string
-	token     string
+	token     *secretFlag
 	workers   int
 	opTimeout time.Duration
 	local     bool
@@ -56,7 +56,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.cache, "cache", "64MiB", "host page-cache capacity")
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
-	fl.StringVar(&f.token, "token", os.Getenv("PD3_TOKEN"), "memory-node access token (default $PD3_TOKEN)")
+	f.token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: GOMAXPROCS, see --procs)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
@@ -75,7 +75,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
-		Memnode: f.memnode, Token: f.token, Policy: f.policy, PageListen: f.page,
+		Memnode: f.memnode, Token: f.token.Value(), Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
@@ -305,7 +305,8 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 }
 
 func memnodeCmd() *cobra.Command {
-	var listen, token, capacity, persist string
+	var listen, capacity, persist string
+	var token *secretFlag
 	var grants []string
 	cmd := &cobra.Command{
 		Use:   "memnode",
@@ -333,7 +334,7 @@ window key copied from one connection is refused on another.`,
 				return err
 			}
 			log := logger()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token, Grants: gs, Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), Grants: gs, Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
 			}
@@ -347,7 +348,7 @@ window key copied from one connection is refused on another.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
-	cmd.Flags().StringVar(&token, "token", os.Getenv("PD3_TOKEN"), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
+	token = tokenFlag(cmd.Flags(), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
 	cmd.Flags().StringVar(&capacity, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
