@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -98,8 +97,7 @@ type SplitAgentConfig struct {
 	HostPages   int             // host cache pages, to size Host View (default 16384)
 	RingBytes   int             // per ring (default 8 MiB)
 	Workers     int             // goroutines executing host reads/writes (default 64)
-	OnReady     func(epoch uint64)
-	MaxInFlight int // prefetches in flight (default 1024)
+	MaxInFlight int             // prefetches in flight (default 1024)
 }
 
 // SplitAgent is a running agent process's state (exposed for metrics).
@@ -205,9 +203,6 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 	}
 	if ready != nil {
 		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Kernel: kv, Epoch: epoch, c: cfg.Client})
-	}
-	if cfg.OnReady != nil {
-		cfg.OnReady(epoch)
 	}
 	streams := map[uint32]mirror.Stream{}
 	bufs := sync.Pool{New: func() any { return make([]byte, memnode.PageSize) }}
@@ -977,12 +972,6 @@ func (s *linkStream) Close() {
 		binary.LittleEndian.PutUint32(h[4:], s.conn)
 		s.l.send(a, false, h[:])
 	}
-}
-
-// RegionExists reports whether an agent region is present (for messages).
-func RegionExists(name string) bool {
-	_, err := os.Stat(shm.Path(name))
-	return err == nil
 }
 
 // resolver maps export names to volume ids by asking the memory node once

@@ -6,7 +6,6 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,7 +59,6 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 				return err
 			}
 			defer c.Close()
-			var state atomic.Pointer[dpu.SplitAgent]
 			cfg := dpu.SplitAgentConfig{
 				Name: name, Client: c,
 				LZRecords: int(lzBytes / memnode.PageSize), HostPages: int(cacheBytes / memnode.PageSize),
@@ -70,7 +68,6 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			ctx, stopCaptures := context.WithCancel(ctx)
 			defer stopCaptures() // before the Wait above
 			return dpu.RunSplitAgent(ctx, cfg, func(s *dpu.SplitAgent) {
-				state.Store(s)
 				for _, t := range targets {
 					c, err := packet.ListenAddr(t.addr, s.Mirror(ctx, t.proto))
 					if err != nil {
