@@ -1,9 +1,11 @@
 package pagestore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sort"
 	"sync"
@@ -69,6 +71,9 @@ type Options struct {
 	// Flush — before the error reaches the caller. A memory node that
 	// restarts within it is invisible to clients. 0: no retries.
 	RetryFor time.Duration
+	// Log receives the background write-back's failures and recoveries
+	// (nil: slog.Default()).
+	Log *slog.Logger
 }
 
 // DefaultCacheBytes is the default cache capacity.
@@ -829,26 +834,44 @@ func (s *Store) Check() error {
 // StartWriteback writes dirty pages back every interval until ctx ends, so
 // data reaches the remote (and is retried after a remote outage) even when
 // clients never flush. Failures are counted and retried at the next tick;
-// the pages stay dirty meanwhile.
+// the pages stay dirty meanwhile. An outage is logged when it starts, every
+// wbLogEvery failed rounds while it lasts, and when it ends, not once per
+// round.
 func (s *Store) StartWriteback(ctx context.Context, interval time.Duration) {
+	log := cmp.Or(s.opt.Log, slog.Default())
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		failing := 0 // consecutive failed rounds
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			if s.dirtyCount() == 0 {
+			n := s.dirtyCount()
+			if n == 0 {
 				continue
 			}
-			if err := s.Flush(ctx); err != nil {
+			err := s.Flush(ctx)
+			switch {
+			case err == nil && failing > 0:
+				log.Info(fmt.Sprintf("background write-back recovered after %d failed rounds", failing))
+				failing = 0
+			case err != nil && ctx.Err() == nil:
 				s.wbFailures.Add(1)
+				if failing%wbLogEvery == 0 {
+					log.Warn(fmt.Sprintf("background write-back failed (%d rounds in a row); %d dirty pages stay cached and are retried every %v", failing+1, n, interval), "err", err)
+				}
+				failing++
 			}
 		}
 	}()
 }
+
+// wbLogEvery is how many failed write-back rounds in a row pass between
+// two warnings.
+const wbLogEvery = 60
 
 func (s *Store) dirtyCount() int {
 	n := 0

@@ -1,10 +1,13 @@
 package pagestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,9 +215,14 @@ func TestModel(t *testing.T) {
 
 // TestBackgroundWritebackRetries: with the remote failing, dirty pages stay
 // dirty; once it recovers they reach it without any Flush.
+// The outage is logged when it starts and when it ends, not once per round.
 func TestBackgroundWritebackRetries(t *testing.T) {
 	rem := NewMemRemote()
-	s := newTestStore(t, rem, 16, "", 64)
+	var logged lockedBuffer
+	s, err := New(rem, Options{CacheBytes: 16 * PageSize, Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	require.NoError(t, err)
+	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 64 * PageSize})
+	t.Cleanup(func() { assert.NoError(t, s.Check()) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	rem.Fail.Store(true)
@@ -222,10 +230,16 @@ func TestBackgroundWritebackRetries(t *testing.T) {
 	for p := uint64(0); p < 8; p++ {
 		require.NoError(t, s.Put(ctx, memnode.MakeKey(1, p), fill(memnode.MakeKey(1, p), 3)))
 	}
-	require.Eventually(t, func() bool { return s.Stats().WritebackFailures > 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.Stats().WritebackFailures >= 3 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 8, s.Stats().DirtyPages, "failed write-backs keep the pages dirty")
 	rem.Fail.Store(false)
 	require.Eventually(t, func() bool { return s.Stats().DirtyPages == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(logged.String(), "recovered") }, 5*time.Second, 5*time.Millisecond)
+	out := logged.String()
+	assert.Equal(t, 1, strings.Count(out, "level=WARN"), out)
+	assert.Contains(t, out, "background write-back failed (1 rounds in a row); 8 dirty pages")
+	assert.Contains(t, out, ErrInjected.Error(), "the warning carries the remote's error")
+	assert.Regexp(t, `recovered after \d+ failed rounds`, out)
 	for p := uint64(0); p < 8; p++ {
 		k := memnode.MakeKey(1, p)
 		assert.Equal(t, fill(k, 3), rem.Page(k))
@@ -270,4 +284,22 @@ func TestConcurrentFlushesCoverTheirWrites(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer for a logger written by another goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -244,7 +244,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	h := &Host{Client: c, done: make(chan error, 1)}
 	// A write-back that cannot reach the node is retried for one operation
 	// timeout before clients see EIO: a node restart inside it is invisible.
-	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout}
+	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
 	var remote pagestore.Remote = pagestore.MemnodeRemote{C: c}
 	switch cfg.DPU {
 	case "", "none":
