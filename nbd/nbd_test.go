@@ -152,7 +152,9 @@ func (c *client) optReply(t *testing.T) (uint32, []byte) {
 	_, err := io.ReadFull(c.r, h[:])
 	require.NoError(t, err)
 	require.Equal(t, magicReply, binary.BigEndian.Uint64(h[0:]))
-	data := make([]byte, binary.BigEndian.Uint32(h[16:]))
+	n := binary.BigEndian.Uint32(h[16:])
+	require.LessOrEqual(t, n, uint32(64<<10), "option reply length from the server")
+	data := make([]byte, n)
 	_, err = io.ReadFull(c.r, data)
 	require.NoError(t, err)
 	return binary.BigEndian.Uint32(h[12:]), data

@@ -13,6 +13,13 @@ import (
 	"time"
 )
 
+const (
+	optReplyMagic = 0x3e889045565a9
+	// maxOptReply bounds an option reply's data; the longest this client
+	// asks for (NBD_REP_INFO, an error message) is far shorter.
+	maxOptReply = 64 << 10
+)
+
 // Client is one NBD connection.
 type Client struct {
 	nc     net.Conn
@@ -38,8 +45,12 @@ func Dial(addr, export string) (*Client, error) {
 func (c *Client) handshake(export string) error {
 	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.nc.SetDeadline(time.Time{})
-	if _, err := io.ReadFull(c.r, make([]byte, 18)); err != nil {
+	var greet [18]byte
+	if _, err := io.ReadFull(c.r, greet[:]); err != nil {
 		return err
+	}
+	if string(greet[:16]) != "NBDMAGICIHAVEOPT" {
+		return fmt.Errorf("not an NBD server with fixed newstyle negotiation: greeting %q", greet[:16])
 	}
 	c.nc.Write(binary.BigEndian.AppendUint32(nil, 1)) // fixed newstyle
 	d := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
@@ -55,8 +66,17 @@ func (c *Client) handshake(export string) error {
 		if _, err := io.ReadFull(c.r, rh[:]); err != nil {
 			return err
 		}
+		if m := binary.BigEndian.Uint64(rh[:]); m != optReplyMagic {
+			return fmt.Errorf("option reply magic %#x, want %#x", m, uint64(optReplyMagic))
+		}
 		typ := binary.BigEndian.Uint32(rh[12:])
-		data := make([]byte, binary.BigEndian.Uint32(rh[16:]))
+		n := binary.BigEndian.Uint32(rh[16:])
+		if n > maxOptReply {
+			// The length comes from the peer: trust it only as far as
+			// an option reply can reasonably go.
+			return fmt.Errorf("option reply of %d bytes: more than %d", n, maxOptReply)
+		}
+		data := make([]byte, n)
 		if _, err := io.ReadFull(c.r, data); err != nil {
 			return err
 		}
