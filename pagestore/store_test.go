@@ -1,7 +1,6 @@
 package pagestore
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -218,7 +217,7 @@ func TestModel(t *testing.T) {
 // The outage is logged when it starts and when it ends, not once per round.
 func TestBackgroundWritebackRetries(t *testing.T) {
 	rem := NewMemRemote()
-	var logged lockedBuffer
+	var logged testutil.SyncBuffer
 	s, err := New(rem, Options{CacheBytes: 16 * PageSize, Log: slog.New(slog.NewTextHandler(&logged, nil))})
 	require.NoError(t, err)
 	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 64 * PageSize})
@@ -284,22 +283,4 @@ func TestConcurrentFlushesCoverTheirWrites(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer for a logger written by another goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -2,9 +2,11 @@
 package testutil
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -52,4 +54,23 @@ func LockPageCache(t testing.TB) {
 		t.Fatalf("page-cache lock: %v", err)
 	}
 	t.Cleanup(func() { f.Close() }) // closing releases the lock
+}
+
+// SyncBuffer is a bytes.Buffer that one goroutine (a logger, a child
+// process's output) may write while a test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -679,24 +679,6 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 	t.Logf("%d NBD operations over 4 connections linearizable across 2 agent kills", hist.Len())
 }
 
-// syncBuffer is a bytes.Buffer safe for a child's output and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func mounted(dir string) bool {
 	b, _ := os.ReadFile("/proc/self/mounts")
 	return strings.Contains(string(b), " "+dir+" ")
@@ -759,7 +741,7 @@ func TestCachestat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, pd3Bin, "cachestat", mnt, "--count", "1", "--interval", "1500ms")
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "tracing the page cache") }, 10*time.Second, 5*time.Millisecond, "%s", out.String())
