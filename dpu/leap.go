@@ -104,21 +104,64 @@ func (l *Leap) trend() (int64, bool) {
 
 // LeapRemote runs Leap on the host's misses and prefetches through an
 // Engine into the Loading Zone; reads and write-backs go to the Engine.
+//
+// Every read capability of the Engine is forwarded by a method of its
+// own that first shows the miss to Leap: with the Engine embedded, the
+// page store's capability checks found the Engine's ReadPages and
+// ReadPageAsync, and NBD reads and multi-page misses never reached the
+// predictor.
 type LeapRemote struct {
-	*Engine
-	L *Leap
+	Engine *Engine
+	L      *Leap
 }
 
-var _ pagestore.Remote = LeapRemote{}
+var (
+	_ pagestore.Remote      = LeapRemote{}
+	_ pagestore.PagesReader = LeapRemote{}
+	_ pagestore.AsyncReader = LeapRemote{}
+	_ pagestore.Trimmer     = LeapRemote{}
+)
 
-// ReadPage implements pagestore.Remote.
-func (r LeapRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+// missed shows Leap a run of n missed pages from first and prefetches what
+// it predicts after the last of them.
+func (r LeapRemote) missed(first memnode.Key, n int) {
 	var buf [8]uint64
-	for _, p := range r.L.Miss(uint64(k), buf[:0]) {
+	var out []uint64
+	for i := range n {
+		out = r.L.Miss(uint64(first)+uint64(i), buf[:0])
+	}
+	for _, p := range out {
 		pk := memnode.Key(p)
-		if pk.Volume() == k.Volume() { // never run off into another volume
+		if pk.Volume() == first.Volume() { // never run off into another volume
 			r.Engine.Prefetch(pk)
 		}
 	}
+}
+
+// ReadPage implements pagestore.Remote.
+func (r LeapRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+	r.missed(k, 1)
 	return r.Engine.ReadPage(ctx, k, dst)
+}
+
+// ReadPages implements pagestore.PagesReader.
+func (r LeapRemote) ReadPages(ctx context.Context, first memnode.Key, p []byte) error {
+	r.missed(first, len(p)/memnode.PageSize)
+	return r.Engine.ReadPages(ctx, first, p)
+}
+
+// ReadPageAsync implements pagestore.AsyncReader.
+func (r LeapRemote) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
+	r.missed(k, 1)
+	r.Engine.ReadPageAsync(k, dst, done)
+}
+
+// WritePages implements pagestore.Remote.
+func (r LeapRemote) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+	return r.Engine.WritePages(ctx, keys, pages)
+}
+
+// Trim implements pagestore.Trimmer.
+func (r LeapRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	return r.Engine.Trim(ctx, vol, off, n)
 }

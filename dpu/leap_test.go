@@ -1,9 +1,14 @@
 package dpu
 
 import (
+	"context"
 	"testing"
+	"time"
 
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestLeapFindsTrends(t *testing.T) {
@@ -46,4 +51,46 @@ func TestLeapRandomHasNoTrend(t *testing.T) {
 	}
 	assert.Empty(t, out)
 	assert.Zero(t, l.Predictions.Load())
+}
+
+// Leap must see the host's misses whichever way the page store takes
+// them: one page, one page without blocking (the NBD and page-protocol
+// readers' path), or a multi-page run (NBD and FUSE reads).
+func TestLeapRemoteSeesEveryKindOfMiss(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		miss func(t *testing.T, s *pagestore.Store, vol uint16, first uint64)
+	}{
+		{"ReadPage", func(t *testing.T, s *pagestore.Store, vol uint16, first uint64) {
+			buf := make([]byte, memnode.PageSize)
+			for p := first; p < first+12; p++ {
+				require.NoError(t, s.Get(context.Background(), memnode.MakeKey(vol, p), buf))
+			}
+		}},
+		{"ReadPageAsync", func(t *testing.T, s *pagestore.Store, vol uint16, first uint64) {
+			buf := make([]byte, memnode.PageSize)
+			for p := first; p < first+12; p++ {
+				done := make(chan error, 1)
+				finished, err := s.GetAsync(memnode.MakeKey(vol, p), buf, func(err error) { done <- err })
+				require.NoError(t, err)
+				require.False(t, finished, "page %d was a miss", p)
+				require.NoError(t, <-done)
+			}
+		}},
+		{"ReadPages", func(t *testing.T, s *pagestore.Store, vol uint16, first uint64) {
+			require.NoError(t, s.ReadRange(context.Background(), vol, first*memnode.PageSize, make([]byte, 12*memnode.PageSize)))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, 64)
+			leap := NewLeap(func() uint64 { return 0 })
+			s, err := pagestore.New(LeapRemote{Engine: r.e, L: leap}, pagestore.Options{CacheBytes: 64 * memnode.PageSize})
+			require.NoError(t, err)
+			s.AddVolume(r.vol)
+			tc.miss(t, s, r.vol.ID, 100)
+			assert.NotZero(t, leap.Predictions.Load(), "12 sequential misses and Leap found no trend: it never saw them")
+			require.Eventually(t, func() bool { return r.e.Placed.Load() > 0 }, 5*time.Second, time.Millisecond, "the predicted pages reach the Loading Zone")
+			require.NoError(t, s.Check())
+		})
+	}
 }
