@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,7 +43,9 @@ func newSplitRig(t *testing.T) *splitRig {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c, vol := testNode(t, ctx)
-	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano())}
+	// Subtest names hold '/', which a region name (a file in /dev/shm) cannot.
+	name := strings.NewReplacer("/", "-", ",", "", " ", "_").Replace(t.Name())
+	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", name, time.Now().UnixNano())}
 }
 
 // startAgent runs an agent on the rig's region until the test ends.
@@ -50,13 +53,20 @@ func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *SplitAgent {
 	t.Helper()
 	agents := make(chan *SplitAgent, 1)
 	done := make(chan struct{})
+	var err error
 	go func() {
 		defer close(done)
-		RunSplitAgent(r.ctx, SplitAgentConfig{Name: r.name, Client: c, LZRecords: 256, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+		err = RunSplitAgent(r.ctx, SplitAgentConfig{Name: r.name, Client: c, LZRecords: 256, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
 	}()
 	// The agent removes its region when it stops; wait for that.
 	t.Cleanup(func() { r.cancel(); <-done })
-	return <-agents
+	select {
+	case a := <-agents:
+		return a
+	case <-done:
+		t.Fatalf("agent ended before it was ready: %v", err)
+		return nil
+	}
 }
 
 // TestAttachWaitsForDirectWrites: an agent that appears while the host is

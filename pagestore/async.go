@@ -7,14 +7,6 @@ import (
 	"sync/atomic"
 )
 
-// AsyncReader is implemented by Remotes that can read a page without
-// blocking the caller. done is called exactly once with the result: later
-// on another goroutine (the remote's connection reader), or at once if the
-// read could not be started. done must not block.
-type AsyncReader interface {
-	ReadPageAsync(k Key, dst []byte, done func(error))
-}
-
 // ErrWouldBlock is GetAsync's answer when it cannot go on without waiting
 // (the page is being loaded or evicted, only dirty frames are left to
 // evict, too many loads are in flight, or the remote cannot read

@@ -19,9 +19,15 @@ import (
 // asyncRemote reads asynchronously on a goroutine of its own after a random
 // delay of up to maxDelay, as a connection's reader would.
 type asyncRemote struct {
-	*MemRemote
+	*Faults
+	mem      *MemRemote
 	maxDelay time.Duration
 	started  atomic.Int64
+}
+
+func newAsyncRemote(maxDelay time.Duration) *asyncRemote {
+	mem := NewMemRemote()
+	return &asyncRemote{Faults: NewFaults(mem), mem: mem, maxDelay: maxDelay}
 }
 
 func (a *asyncRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
@@ -51,7 +57,7 @@ func getAsync(ctx context.Context, s *Store, k Key, dst []byte) error {
 // evict them, plus Flushes: every read returns the reader's last write.
 func TestAsyncModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testutil.Seed(t), 7))
-	rem := &asyncRemote{MemRemote: NewMemRemote(), maxDelay: 200 * time.Microsecond}
+	rem := newAsyncRemote(200 * time.Microsecond)
 	const workers, volPages = 4, 64
 	s := newTestStore(t, rem, 8, "", volPages)
 	ctx := context.Background()
@@ -119,7 +125,7 @@ func TestAsyncModel(t *testing.T) {
 // TestAsyncMissBlocksWriters: a write to a page whose asynchronous load
 // is in flight waits for it, and a blocking read of it shares the load.
 func TestAsyncMissBlocksWriters(t *testing.T) {
-	rem := &asyncRemote{MemRemote: NewMemRemote(), maxDelay: 0}
+	rem := newAsyncRemote(0)
 	k := memnode.MakeKey(1, 3)
 	require.NoError(t, rem.WritePages(context.Background(), []Key{k}, [][]byte{fill(k, 1)}))
 	release := make(chan struct{})
@@ -173,7 +179,7 @@ func (g *gatedRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
 // TestAsyncNeverEvictsDirty: GetAsync evicts only clean pages (a dirty one
 // needs a write-back, which blocks), and says so when none is left.
 func TestAsyncNeverEvictsDirty(t *testing.T) {
-	rem := &asyncRemote{MemRemote: NewMemRemote()}
+	rem := newAsyncRemote(0)
 	s := newTestStore(t, rem, 4, "", 16)
 	ctx := context.Background()
 	for p := uint64(0); p < 4; p++ {
@@ -182,7 +188,7 @@ func TestAsyncNeverEvictsDirty(t *testing.T) {
 	buf := make([]byte, PageSize)
 	_, err := s.GetAsync(memnode.MakeKey(1, 9), buf, func(error) { t.Error("load started") })
 	assert.ErrorIs(t, err, ErrWouldBlock)
-	assert.Zero(t, rem.Writes.Load(), "nothing written back")
+	assert.Zero(t, rem.mem.Writes.Load(), "nothing written back")
 	require.NoError(t, s.Flush(ctx))
 	require.NoError(t, getAsync(ctx, s, memnode.MakeKey(1, 9), buf))
 	assert.Equal(t, int64(1), rem.started.Load())

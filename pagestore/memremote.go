@@ -2,55 +2,28 @@ package pagestore
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/pd3-go/pd3/memnode"
 )
 
 // MemRemote is an in-memory Remote: the reference implementation for tests
-// and the "local" system of the benchmarks. Fail and Delay inject faults.
+// and the "local" system of the benchmarks. Faults wraps it (or any
+// Remote) to inject failures and delays.
 type MemRemote struct {
 	mu    sync.RWMutex
 	pages map[Key][]byte
 
 	// Reads and Writes count pages moved.
 	Reads, Writes atomic.Uint64
-	// Fail, while set, makes every operation return ErrInjected.
-	Fail atomic.Bool
-	// Delay, if non-zero, is slept before every operation (nanoseconds).
-	Delay atomic.Int64
 }
-
-// ErrInjected is returned by MemRemote while Fail is set.
-var ErrInjected = errors.New("pagestore: injected remote failure")
 
 // NewMemRemote returns an empty MemRemote; missing pages read as zeroes.
 func NewMemRemote() *MemRemote { return &MemRemote{pages: make(map[Key][]byte)} }
 
-func (m *MemRemote) fault(ctx context.Context) error {
-	if d := m.Delay.Load(); d > 0 {
-		t := time.NewTimer(time.Duration(d))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		}
-	}
-	if m.Fail.Load() {
-		return ErrInjected
-	}
-	return nil
-}
-
 // ReadPage implements Remote.
 func (m *MemRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
-	if err := m.fault(ctx); err != nil {
-		return err
-	}
 	m.Reads.Add(1)
 	m.mu.RLock()
 	p, ok := m.pages[k]
@@ -77,9 +50,6 @@ func (m *MemRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
 
 // WritePages implements Remote.
 func (m *MemRemote) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
-	if err := m.fault(ctx); err != nil {
-		return err
-	}
 	m.Writes.Add(uint64(len(keys)))
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -105,9 +75,6 @@ func (m *MemRemote) Page(k Key) []byte {
 
 // Trim implements Trimmer.
 func (m *MemRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
-	if err := m.fault(ctx); err != nil {
-		return err
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for p := off / PageSize; p < (off+n)/PageSize; p++ {

@@ -10,14 +10,6 @@ import (
 	"github.com/pd3-go/pd3/memnode"
 )
 
-// Trimmer is implemented by Remotes that can drop pages: TRIM frees whole
-// memory-node chunks. Remotes without it get zero pages written instead.
-type Trimmer interface {
-	// Trim discards n bytes at byte offset off of volume vol; they read as
-	// zeroes afterwards.
-	Trim(ctx context.Context, vol uint16, off, n uint64) error
-}
-
 // ReadRange reads len(p) bytes at byte offset off of volume vol. The
 // missing pages of a multi-page range are loaded concurrently (up to
 // maxParallelMisses at a time), so a 1 MiB read costs about one remote
@@ -60,15 +52,6 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 
 // maxParallelMisses bounds the concurrent loads of one ReadRange.
 const maxParallelMisses = 64
-
-// PagesReader is implemented by Remotes that read consecutive pages of a
-// volume with one request; multi-page ReadRange misses then cost one
-// request per run instead of one per page.
-type PagesReader interface {
-	// ReadPages fills p (a whole number of pages) with the pages from
-	// first on.
-	ReadPages(ctx context.Context, first Key, p []byte) error
-}
 
 // maxRun bounds the pages one batched load claims: 256 KiB per request,
 // and never more than a sixteenth of the cache (frames stay locked until

@@ -37,24 +37,6 @@ var (
 	ErrCacheFull = errors.New("pagestore: no evictable page in cache")
 )
 
-// Remote is where pages live when they are not cached. Implementations:
-// MemnodeRemote (direct, the "sync" baseline and the fallback when the DPU
-// agent is down) and, with the DPU agent, the shared-memory ring path.
-type Remote interface {
-	// ReadPage fills dst (one page) with page k.
-	ReadPage(ctx context.Context, k Key, dst []byte) error
-	// WritePages stores pages[i] as keys[i] and returns once all of them
-	// are at the remote.
-	WritePages(ctx context.Context, keys []Key, pages [][]byte) error
-}
-
-// Prefetched is the Loading Zone as the miss path sees it: pages fetched
-// ahead of need. CheckAndReturn copies page k into dst and returns
-// PageSize on a hit, 0 on a miss; it never blocks.
-type Prefetched interface {
-	CheckAndReturn(k Key, dst []byte) int
-}
-
 // Options configure a Store.
 type Options struct {
 	// CacheBytes is the local cache capacity (default 64 MiB).

@@ -65,7 +65,8 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 	for _, pol := range PolicyNames {
 		t.Run(pol, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(testutil.Seed(t), 1))
-			rem := NewMemRemote()
+			mem := NewMemRemote()
+			rem := NewFaults(mem)
 			const volPages = 512
 			s := newTestStore(t, rem, 16, pol, volPages)
 			ctx := context.Background()
@@ -127,7 +128,7 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 			st := s.Stats()
 			assert.Greater(t, st.Evictions, uint64(100), "test must evict under pressure")
 			for k, v := range acked {
-				assert.Equal(t, fill(k, v), rem.Page(k), "page %v lost its acknowledged write", k)
+				assert.Equal(t, fill(k, v), mem.Page(k), "page %v lost its acknowledged write", k)
 			}
 		})
 	}
@@ -164,7 +165,8 @@ func TestConcurrentMissesShareOneRead(t *testing.T) {
 }
 
 func TestFailedLoadIsRetried(t *testing.T) {
-	rem := NewMemRemote()
+	mem := NewMemRemote()
+	rem := NewFaults(mem)
 	s := newTestStore(t, rem, 8, "", 16)
 	ctx := context.Background()
 	buf := make([]byte, PageSize)
@@ -216,7 +218,8 @@ func TestModel(t *testing.T) {
 // dirty; once it recovers they reach it without any Flush.
 // The outage is logged when it starts and when it ends, not once per round.
 func TestBackgroundWritebackRetries(t *testing.T) {
-	rem := NewMemRemote()
+	mem := NewMemRemote()
+	rem := NewFaults(mem)
 	var logged testutil.SyncBuffer
 	s, err := New(rem, Options{CacheBytes: 16 * PageSize, Log: slog.New(slog.NewTextHandler(&logged, nil))})
 	require.NoError(t, err)
@@ -241,7 +244,7 @@ func TestBackgroundWritebackRetries(t *testing.T) {
 	assert.Regexp(t, `recovered after \d+ failed rounds`, out)
 	for p := uint64(0); p < 8; p++ {
 		k := memnode.MakeKey(1, p)
-		assert.Equal(t, fill(k, 3), rem.Page(k))
+		assert.Equal(t, fill(k, 3), mem.Page(k))
 	}
 	cancel()
 }

@@ -1,0 +1,81 @@
+package dpu
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+	"github.com/pd3-go/pd3/pagestore/remotetest"
+)
+
+// bareRemote has no optional capability, like a minimal third-party Remote.
+type bareRemote struct{ r pagestore.Remote }
+
+func (b bareRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+	return b.r.ReadPage(ctx, k, dst)
+}
+
+func (b bareRemote) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+	return b.r.WritePages(ctx, keys, pages)
+}
+
+// TestRemoteConformance runs the Remote contract (pagestore/api.go) against
+// every Remote in pd3. A new Remote joins this table.
+func TestRemoteConformance(t *testing.T) {
+	all := remotetest.Capabilities{PagesReader: true, AsyncReader: true, Trimmer: true}
+	sync := remotetest.Capabilities{PagesReader: true, Trimmer: true}
+	for _, tc := range []struct {
+		name string
+		caps remotetest.Capabilities
+		open func(t *testing.T) (pagestore.Remote, uint16)
+	}{
+		{"MemRemote", sync, func(t *testing.T) (pagestore.Remote, uint16) {
+			return pagestore.NewMemRemote(), 1
+		}},
+		{"Faults(MemRemote)", sync, func(t *testing.T) (pagestore.Remote, uint16) {
+			return pagestore.NewFaults(pagestore.NewMemRemote()), 1
+		}},
+		{"Faults(bare Remote): fallbacks", sync, func(t *testing.T) (pagestore.Remote, uint16) {
+			return pagestore.NewFaults(bareRemote{pagestore.NewMemRemote()}), 1
+		}},
+		{"MemnodeRemote", all, func(t *testing.T) (pagestore.Remote, uint16) {
+			c, vol := testNode(t, context.Background())
+			return pagestore.MemnodeRemote{C: c}, vol.ID
+		}},
+		{"Engine", all, func(t *testing.T) (pagestore.Remote, uint16) {
+			r := newRig(t, 64)
+			return r.e, r.vol.ID
+		}},
+		{"LeapRemote", all, func(t *testing.T) (pagestore.Remote, uint16) {
+			r := newRig(t, 64)
+			return LeapRemote{Engine: r.e, L: NewLeap(func() uint64 { return 0 })}, r.vol.ID
+		}},
+		{"Link, agent attached", remotetest.Capabilities{Trimmer: true}, func(t *testing.T) (pagestore.Remote, uint16) {
+			r := newSplitRig(t)
+			agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
+			require.NoError(t, err)
+			t.Cleanup(func() { agentConn.Close() })
+			l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+			t.Cleanup(l.Close)
+			r.startAgent(t, agentConn) // it serves a host's link once one is open
+			require.Eventually(t, l.Attached, 5*time.Second, time.Millisecond)
+			return l, r.vol.ID
+		}},
+		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true}, func(t *testing.T) (pagestore.Remote, uint16) {
+			r := newSplitRig(t)
+			l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+			t.Cleanup(l.Close)
+			require.False(t, l.Attached())
+			return l, r.vol.ID
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, vol := tc.open(t)
+			remotetest.Run(t, r, vol, tc.caps)
+		})
+	}
+}

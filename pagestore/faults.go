@@ -1,0 +1,100 @@
+package pagestore
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/pd3-go/pd3/memnode"
+)
+
+// ErrInjected is returned by a Faults remote while Fail is set.
+var ErrInjected = errors.New("pagestore: injected remote failure")
+
+// Faults wraps a Remote to inject failures and delays, for tests of what
+// the Store does when its Remote errs or is slow. It offers Remote,
+// PagesReader and Trimmer whatever it wraps: when the wrapped Remote
+// lacks a capability, Faults does what the Store would do without it (a
+// ReadPage per page, zero pages written), so a test sees the same
+// results. It never offers AsyncReader.
+type Faults struct {
+	R Remote
+	// Fail, while set, makes every operation return ErrInjected.
+	Fail atomic.Bool
+	// Delay, if non-zero, is slept before every operation (nanoseconds).
+	Delay atomic.Int64
+}
+
+// NewFaults wraps r, injecting nothing until Fail or Delay are set.
+func NewFaults(r Remote) *Faults { return &Faults{R: r} }
+
+var (
+	_ PagesReader = (*Faults)(nil)
+	_ Trimmer     = (*Faults)(nil)
+)
+
+func (f *Faults) fault(ctx context.Context) error {
+	if d := f.Delay.Load(); d > 0 {
+		t := time.NewTimer(time.Duration(d))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	if f.Fail.Load() {
+		return ErrInjected
+	}
+	return nil
+}
+
+// ReadPage implements Remote.
+func (f *Faults) ReadPage(ctx context.Context, k Key, dst []byte) error {
+	if err := f.fault(ctx); err != nil {
+		return err
+	}
+	return f.R.ReadPage(ctx, k, dst)
+}
+
+// WritePages implements Remote.
+func (f *Faults) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
+	if err := f.fault(ctx); err != nil {
+		return err
+	}
+	return f.R.WritePages(ctx, keys, pages)
+}
+
+// ReadPages implements PagesReader.
+func (f *Faults) ReadPages(ctx context.Context, first Key, p []byte) error {
+	if err := f.fault(ctx); err != nil {
+		return err
+	}
+	if pr, ok := f.R.(PagesReader); ok {
+		return pr.ReadPages(ctx, first, p)
+	}
+	for i := range len(p) / PageSize {
+		if err := f.R.ReadPage(ctx, memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), p[i*PageSize:(i+1)*PageSize]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Trim implements Trimmer.
+func (f *Faults) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	if err := f.fault(ctx); err != nil {
+		return err
+	}
+	if tr, ok := f.R.(Trimmer); ok {
+		return tr.Trim(ctx, vol, off, n)
+	}
+	var zero [PageSize]byte
+	for p := off / PageSize; p < (off+n)/PageSize; p++ {
+		if err := f.R.WritePages(ctx, []Key{memnode.MakeKey(vol, p)}, [][]byte{zero[:]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

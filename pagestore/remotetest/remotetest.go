@@ -1,0 +1,255 @@
+// Package remotetest checks a pagestore.Remote against the contract in
+// pagestore/api.go: what the Store relies on from every Remote, and from
+// each optional capability the Remote offers. Every Remote in pd3 runs it
+// (the table is dpu's TestRemoteConformance); a new Remote, such as a
+// replicated one, joins that table.
+package remotetest
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// Capabilities names the optional interfaces a Remote offers.
+type Capabilities struct {
+	PagesReader, AsyncReader, Trimmer bool
+}
+
+// Of reports the capabilities r offers.
+func Of(r pagestore.Remote) Capabilities {
+	_, pr := r.(pagestore.PagesReader)
+	_, ar := r.(pagestore.AsyncReader)
+	_, tr := r.(pagestore.Trimmer)
+	return Capabilities{PagesReader: pr, AsyncReader: ar, Trimmer: tr}
+}
+
+// Pages is the volume size Run needs, in pages.
+const Pages = 256
+
+// Run checks r, which must serve volume vol (at least Pages pages, never
+// written before). want is the capabilities r must offer: a wrapper that
+// loses one (or gains one it cannot honour) fails here.
+func Run(t *testing.T, r pagestore.Remote, vol uint16, want Capabilities) {
+	t.Helper()
+	require.Equal(t, want, Of(r), "capabilities offered")
+	c := &checker{r: r, vol: vol}
+	t.Run("UnwrittenReadsZero", c.unwrittenReadsZero)
+	t.Run("WriteThenRead", c.writeThenRead)
+	t.Run("LastWriteWins", c.lastWriteWins)
+	t.Run("LargeBatch", c.largeBatch)
+	t.Run("ConcurrentOwners", c.concurrentOwners)
+	if want.PagesReader {
+		t.Run("ReadPagesEqualsReadPage", c.readPages)
+	}
+	if want.AsyncReader {
+		t.Run("ReadPageAsyncOnce", c.readPageAsync)
+	}
+	if want.Trimmer {
+		t.Run("TrimZeroesOnlyItsRange", c.trim)
+	}
+}
+
+type checker struct {
+	r   pagestore.Remote
+	vol uint16
+}
+
+// Page ranges, disjoint so the subtests do not see each other's writes.
+const (
+	zeroBase  = 0   // never written
+	wrBase    = 16  // WriteThenRead, LastWriteWins
+	batchBase = 32  // LargeBatch: 96 pages
+	ownBase   = 128 // ConcurrentOwners: 64 pages
+	runBase   = 192 // ReadPages: 32 pages, some written
+	asyncBase = 224 // ReadPageAsync: 16 pages
+	trimBase  = 240 // Trim: 16 pages
+)
+
+func (c *checker) key(p uint64) memnode.Key { return memnode.MakeKey(c.vol, p) }
+
+// content is page p's bytes at version v: distinct per page and version.
+func content(k memnode.Key, v uint64) []byte {
+	b := make([]byte, memnode.PageSize)
+	for i := 0; i < len(b); i += 16 {
+		binary.LittleEndian.PutUint64(b[i:], uint64(k))
+		binary.LittleEndian.PutUint64(b[i+8:], v)
+	}
+	return b
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func (c *checker) write(t *testing.T, v uint64, pages ...uint64) {
+	t.Helper()
+	keys := make([]memnode.Key, len(pages))
+	data := make([][]byte, len(pages))
+	for i, p := range pages {
+		keys[i], data[i] = c.key(p), content(c.key(p), v)
+	}
+	require.NoError(t, c.r.WritePages(ctx(t), keys, data))
+}
+
+func (c *checker) expect(t *testing.T, p uint64, want []byte) {
+	t.Helper()
+	got := bytes.Repeat([]byte{0xAA}, memnode.PageSize) // not what any page holds
+	require.NoError(t, c.r.ReadPage(ctx(t), c.key(p), got))
+	if !bytes.Equal(want, got) {
+		t.Fatalf("page %v: got version %d of %#x, want version %d of %#x", c.key(p),
+			binary.LittleEndian.Uint64(got[8:]), binary.LittleEndian.Uint64(got), binary.LittleEndian.Uint64(want[8:]), binary.LittleEndian.Uint64(want))
+	}
+}
+
+var zero = make([]byte, memnode.PageSize)
+
+func (c *checker) unwrittenReadsZero(t *testing.T) {
+	for p := uint64(zeroBase); p < zeroBase+4; p++ {
+		c.expect(t, p, zero)
+	}
+}
+
+func (c *checker) writeThenRead(t *testing.T) {
+	c.write(t, 1, wrBase, wrBase+1, wrBase+5)
+	c.expect(t, wrBase, content(c.key(wrBase), 1))
+	c.expect(t, wrBase+1, content(c.key(wrBase+1), 1))
+	c.expect(t, wrBase+2, zero)
+	c.expect(t, wrBase+5, content(c.key(wrBase+5), 1))
+}
+
+func (c *checker) lastWriteWins(t *testing.T) {
+	for v := uint64(2); v < 6; v++ {
+		c.write(t, v, wrBase+8)
+		c.expect(t, wrBase+8, content(c.key(wrBase+8), v))
+	}
+}
+
+// largeBatch writes more pages in one call than any Remote sends at once.
+func (c *checker) largeBatch(t *testing.T) {
+	var pages []uint64
+	for p := uint64(batchBase); p < batchBase+96; p++ {
+		pages = append(pages, p)
+	}
+	c.write(t, 3, pages...)
+	for _, p := range pages {
+		c.expect(t, p, content(c.key(p), 3))
+	}
+}
+
+// concurrentOwners: goroutines each own pages and write and read them at
+// once; each must read its own latest write, whatever the others do.
+func (c *checker) concurrentOwners(t *testing.T) {
+	const owners, each, rounds = 8, 8, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, owners)
+	for o := range owners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, memnode.PageSize)
+			for v := uint64(1); v <= rounds; v++ {
+				for i := range each {
+					k := c.key(ownBase + uint64(o*each+i))
+					if err := c.r.WritePages(context.Background(), []memnode.Key{k}, [][]byte{content(k, v)}); err != nil {
+						errs <- err
+						return
+					}
+					if err := c.r.ReadPage(context.Background(), k, buf); err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(buf, content(k, v)) {
+						errs <- fmt.Errorf("page %v: read version %d right after writing %d", k, binary.LittleEndian.Uint64(buf[8:]), v)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func (c *checker) readPages(t *testing.T) {
+	pr := c.r.(pagestore.PagesReader)
+	c.write(t, 4, runBase+1, runBase+2, runBase+7, runBase+31)
+	for _, run := range []struct{ first, n uint64 }{{runBase, 1}, {runBase, 8}, {runBase + 1, 2}, {runBase, 32}, {runBase + 3, 3}} {
+		p := bytes.Repeat([]byte{0xAA}, int(run.n)*memnode.PageSize)
+		require.NoError(t, pr.ReadPages(ctx(t), c.key(run.first), p))
+		for i := range run.n {
+			want := make([]byte, memnode.PageSize)
+			require.NoError(t, c.r.ReadPage(ctx(t), c.key(run.first+i), want))
+			assert.True(t, bytes.Equal(want, p[i*memnode.PageSize:(i+1)*memnode.PageSize]), "run of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
+		}
+	}
+}
+
+func (c *checker) readPageAsync(t *testing.T) {
+	ar := c.r.(pagestore.AsyncReader)
+	c.write(t, 5, asyncBase, asyncBase+2)
+	var calls [16]int32
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	bufs := make([][]byte, 16)
+	errs := make([]error, 16)
+	for i := range bufs {
+		bufs[i] = make([]byte, memnode.PageSize)
+		wg.Add(1)
+		ar.ReadPageAsync(c.key(asyncBase+uint64(i)), bufs[i], func(err error) {
+			mu.Lock()
+			calls[i]++
+			errs[i] = err
+			mu.Unlock()
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	time.Sleep(10 * time.Millisecond) // a second call of done would come now
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range bufs {
+		require.Equal(t, int32(1), calls[i], "done calls for page %d", asyncBase+i)
+		require.NoError(t, errs[i])
+		want := zero
+		if i == 0 || i == 2 {
+			want = content(c.key(asyncBase+uint64(i)), 5)
+		}
+		assert.True(t, bytes.Equal(want, bufs[i]), "page %d", asyncBase+i)
+	}
+}
+
+func (c *checker) trim(t *testing.T) {
+	tr := c.r.(pagestore.Trimmer)
+	var pages []uint64
+	for p := uint64(trimBase); p < trimBase+16; p++ {
+		pages = append(pages, p)
+	}
+	c.write(t, 6, pages...)
+	// The Store trims whole pages only.
+	require.NoError(t, tr.Trim(ctx(t), c.vol, (trimBase+4)*memnode.PageSize, 8*memnode.PageSize))
+	for _, p := range pages {
+		if p >= trimBase+4 && p < trimBase+12 {
+			c.expect(t, p, zero)
+		} else {
+			c.expect(t, p, content(c.key(p), 6))
+		}
+	}
+	c.write(t, 7, trimBase+5)
+	c.expect(t, trimBase+5, content(c.key(trimBase+5), 7))
+}
