@@ -22,6 +22,8 @@ FUZZ_TARGETS := \
 	./pagestore/pageproto:FuzzHeader:300000 \
 	./pagestore/pageproto:FuzzServerStream:10000 \
 	./pagestore/pageproto:FuzzVolumes:100000 \
+	./nbd/nbdproto:FuzzRequest:300000 \
+	./nbd:FuzzServerStream:20000 \
 	./dpu:FuzzPageParser:300000 \
 	./dpu:FuzzNBDParser:300000 \
 	./fs:FuzzSnapshot:100000 \

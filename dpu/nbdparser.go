@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/nbd/nbdproto"
 )
 
 // NBDParser follows the client side of an NBD connection: the handshake
@@ -28,7 +29,7 @@ type NBDParser struct {
 	skip   uint64 // payload bytes to skip
 	optBuf []byte // option data being collected (EXPORT_NAME, GO)
 	optLen uint32
-	opt    uint32
+	opt    nbdproto.Opt
 	vol    uint16
 	goSent bool
 	done   bool // DISC seen: any further byte is a lost stream
@@ -42,17 +43,8 @@ const (
 	npRequest
 )
 
-const (
-	nbdMagicOption  = 0x49484156454F5054
-	nbdMagicRequest = 0x25609513
-	nbdOptExport    = 1
-	nbdOptGo        = 7
-	nbdCmdRead      = 0
-	nbdCmdWrite     = 1
-	nbdCmdDisc      = 2
-	nbdCmdCache     = 5
-	maxOptCollect   = 4096 + 8
-)
+// maxOptCollect bounds the option data the parser keeps (an export name).
+const maxOptCollect = 4096 + 8
 
 var _ Parser = (*NBDParser)(nil)
 
@@ -114,9 +106,9 @@ func (p *NBDParser) want() int {
 		if p.goSent {
 			return 4 // after GO: a request or another option, by magic
 		}
-		return 16
+		return nbdproto.OptionHeaderLen
 	}
-	return 28
+	return nbdproto.RequestHeaderLen
 }
 
 // item handles a complete fixed-size item in p.buf.
@@ -129,16 +121,16 @@ func (p *NBDParser) item(out []Access) ([]Access, bool) {
 		if p.goSent {
 			// Decide by magic, then re-read the whole item.
 			p.goSent = false
-			if binary.BigEndian.Uint32(p.buf[:4]) == nbdMagicRequest {
+			if binary.BigEndian.Uint32(p.buf[:4]) == nbdproto.MagicRequest {
 				p.state = npRequest
 			}
 			p.have = 4
 			return out, true
 		}
-		if binary.BigEndian.Uint64(p.buf[:8]) != nbdMagicOption {
+		if binary.BigEndian.Uint64(p.buf[:8]) != nbdproto.MagicOption {
 			return out, false
 		}
-		p.opt = binary.BigEndian.Uint32(p.buf[8:])
+		p.opt = nbdproto.Opt(binary.BigEndian.Uint32(p.buf[8:]))
 		p.optLen = binary.BigEndian.Uint32(p.buf[12:])
 		p.optBuf = p.optBuf[:0]
 		if p.optLen == 0 {
@@ -149,19 +141,18 @@ func (p *NBDParser) item(out []Access) ([]Access, bool) {
 		return out, true
 	}
 	// A transmission request.
-	if binary.BigEndian.Uint32(p.buf[:4]) != nbdMagicRequest {
+	var r nbdproto.Request
+	if r.Decode(p.buf[:nbdproto.RequestHeaderLen]) != nil {
 		return out, false
 	}
-	typ := binary.BigEndian.Uint16(p.buf[6:])
-	off := binary.BigEndian.Uint64(p.buf[16:])
-	n := uint64(binary.BigEndian.Uint32(p.buf[24:]))
-	switch typ {
-	case nbdCmdRead, nbdCmdCache:
+	off, n := r.Offset, uint64(r.Length)
+	switch r.Cmd {
+	case nbdproto.CmdRead, nbdproto.CmdCache:
 		out = p.pages(out, off, n, Read, Read)
-	case nbdCmdWrite:
+	case nbdproto.CmdWrite:
 		out = p.pages(out, off, n, Write, Read)
 		p.skip = n
-	case nbdCmdDisc:
+	case nbdproto.CmdDisc:
 		p.done = true // nothing may follow
 	}
 	return out, true
@@ -172,9 +163,9 @@ func (p *NBDParser) optionDone() bool {
 	p.state = npOptionHeader
 	var name string
 	switch p.opt {
-	case nbdOptExport:
+	case nbdproto.OptExportName:
 		name = string(p.optBuf)
-	case nbdOptGo:
+	case nbdproto.OptGo:
 		if len(p.optBuf) < 4 {
 			return false
 		}
@@ -190,10 +181,10 @@ func (p *NBDParser) optionDone() bool {
 	if !ok {
 		// The server refuses an unknown export: GO may be retried, and an
 		// EXPORT_NAME for it ends the connection.
-		return p.opt == nbdOptGo
+		return p.opt == nbdproto.OptGo
 	}
 	p.vol = vol
-	if p.opt == nbdOptExport {
+	if p.opt == nbdproto.OptExportName {
 		p.state = npRequest
 	} else {
 		p.goSent = true

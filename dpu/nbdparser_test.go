@@ -6,25 +6,14 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func nbdOption(opt uint32, data []byte) []byte {
-	b := binary.BigEndian.AppendUint64(nil, nbdMagicOption)
-	b = binary.BigEndian.AppendUint32(b, opt)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
-	return append(b, data...)
-}
-
-func nbdRequest(typ uint16, off uint64, n uint32) []byte {
-	b := binary.BigEndian.AppendUint32(nil, nbdMagicRequest)
-	b = binary.BigEndian.AppendUint16(b, 0)
-	b = binary.BigEndian.AppendUint16(b, typ)
-	b = binary.BigEndian.AppendUint64(b, 99)
-	b = binary.BigEndian.AppendUint64(b, off)
-	b = binary.BigEndian.AppendUint32(b, n)
-	if typ == nbdCmdWrite {
+func nbdRequest(typ nbdproto.Cmd, off uint64, n uint32) []byte {
+	b := (&nbdproto.Request{Cmd: typ, Cookie: 99, Offset: off, Length: n}).Append(nil)
+	if typ == nbdproto.CmdWrite {
 		b = append(b, make([]byte, n)...)
 	}
 	return b
@@ -40,14 +29,14 @@ func goData(name string) []byte {
 func nbdSession() ([]byte, []Access) {
 	var s []byte
 	s = binary.BigEndian.AppendUint32(s, 3)
-	s = append(s, nbdOption(8, nil)...)
-	s = append(s, nbdOption(nbdOptGo, goData("nope"))...)
-	s = append(s, nbdOption(nbdOptGo, goData("disk0"))...)
-	s = append(s, nbdRequest(nbdCmdRead, 4096, 8192)...)
-	s = append(s, nbdRequest(nbdCmdWrite, 100, 5000)...)
+	s = append(s, nbdproto.AppendOption(nil, 8, nil)...)
+	s = append(s, nbdproto.AppendOption(nil, nbdproto.OptGo, goData("nope"))...)
+	s = append(s, nbdproto.AppendOption(nil, nbdproto.OptGo, goData("disk0"))...)
+	s = append(s, nbdRequest(nbdproto.CmdRead, 4096, 8192)...)
+	s = append(s, nbdRequest(nbdproto.CmdWrite, 100, 5000)...)
 	s = append(s, nbdRequest(4, 0, 1<<20)...) // TRIM: nothing
-	s = append(s, nbdRequest(nbdCmdWrite, 8192, 4096)...)
-	s = append(s, nbdRequest(nbdCmdCache, 40960, 10)...)
+	s = append(s, nbdRequest(nbdproto.CmdWrite, 8192, 4096)...)
+	s = append(s, nbdRequest(nbdproto.CmdCache, 40960, 10)...)
 	k := func(p uint64) memnode.Key { return memnode.MakeKey(7, p) }
 	want := []Access{{k(1), Read}, {k(2), Read}, {k(0), Read}, {k(1), Read}, {k(2), Write}, {k(10), Read}}
 	return s, want
@@ -80,9 +69,9 @@ func TestNBDParserAnySplit(t *testing.T) {
 func TestNBDParserExportName(t *testing.T) {
 	var s []byte
 	s = binary.BigEndian.AppendUint32(s, 1)
-	s = append(s, nbdOption(nbdOptExport, nil)...) // the default export
-	s = append(s, nbdRequest(nbdCmdRead, 0, 3*4096)...)
-	s = append(s, nbdRequest(nbdCmdDisc, 0, 0)...)
+	s = append(s, nbdproto.AppendOption(nil, nbdproto.OptExportName, nil)...) // the default export
+	s = append(s, nbdRequest(nbdproto.CmdRead, 0, 3*4096)...)
+	s = append(s, nbdRequest(nbdproto.CmdDisc, 0, 0)...)
 	p := &NBDParser{Resolve: resolve}
 	got, err := p.Feed(s, nil)
 	require.NoError(t, err)
@@ -94,7 +83,7 @@ func TestNBDParserExportName(t *testing.T) {
 func TestNBDParserGarbage(t *testing.T) {
 	p := &NBDParser{Resolve: resolve}
 	s := binary.BigEndian.AppendUint32(nil, 1)
-	s = append(s, nbdOption(nbdOptGo, goData("disk0"))...)
+	s = append(s, nbdproto.AppendOption(nil, nbdproto.OptGo, goData("disk0"))...)
 	s = append(s, 0xde, 0xad, 0xbe, 0xef)
 	s = append(s, make([]byte, 24)...)
 	_, err := p.Feed(s, nil)

@@ -2,8 +2,6 @@ package memnode
 
 import (
 	"bytes"
-	"context"
-	"net"
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/testnet"
@@ -53,18 +51,5 @@ func FuzzServerStream(f *testing.F) {
 
 	st := NewStore(64 * ChunkSize)
 	st.Create("v", 4*ChunkSize)
-	srv := &Server{Store: st}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		f.Fatal(err)
-	}
-	go srv.Serve(context.Background(), ln)
-	f.Cleanup(func() { srv.Close() })
-
-	f.Fuzz(func(t *testing.T, in []byte) {
-		testnet.Exchange(t, ln.Addr().String(), hello, in)
-		if err := st.Check(); err != nil {
-			t.Fatal(err)
-		}
-	})
+	testnet.FuzzServer(f, &Server{Store: st}, st.Check, hello)
 }

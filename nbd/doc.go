@@ -45,6 +45,12 @@
 // the shared memory-node reader. FLUSH (and FUA) flush the shared cache,
 // so they cover writes completed on every connection.
 //
+// Files: server.go (Server, exports, one connection's life), handshake.go
+// (negotiation), transmit.go (reading, validating and executing requests),
+// reply.go (simple and structured replies, buffers). The protocol's
+// values and the request header are package nbdproto, shared with the
+// agent's parser and the Go client.
+//
 // Durability: FLUSH/FUA return once the data is at the memory node, and
 // on its stable storage when it runs with --persist. Without --persist
 // the memory node is RAM: restarting it loses data.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,7 +99,7 @@ type client struct {
 	nc    net.Conn
 	r     *bufio.Reader
 	size  uint64
-	flags uint16
+	flags nbdproto.TFlags
 }
 
 func dial(t *testing.T, addr, export string, structured bool) *client {
@@ -111,75 +112,65 @@ func dial(t *testing.T, addr, export string, structured bool) *client {
 	var g [18]byte
 	_, err = io.ReadFull(c.r, g[:])
 	require.NoError(t, err)
-	require.Equal(t, magicInit, binary.BigEndian.Uint64(g[0:]))
-	require.Equal(t, magicOption, binary.BigEndian.Uint64(g[8:]))
-	nc.Write(binary.BigEndian.AppendUint32(nil, clientFixedNewstyle|clientNoZeroes))
+	require.Equal(t, nbdproto.MagicInit, binary.BigEndian.Uint64(g[0:]))
+	require.Equal(t, nbdproto.MagicOption, binary.BigEndian.Uint64(g[8:]))
+	nc.Write(binary.BigEndian.AppendUint32(nil, uint32(nbdproto.ClientFixedNewstyle|nbdproto.ClientNoZeroes)))
 	if structured {
-		c.option(t, optStructuredReply, nil)
+		c.option(t, nbdproto.OptStructuredReply, nil)
 		typ, _ := c.optReply(t)
-		require.Equal(t, repAck, typ)
+		require.Equal(t, nbdproto.RepAck, typ)
 	}
 	d := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
 	d = append(d, export...)
 	d = binary.BigEndian.AppendUint16(d, 0)
-	c.option(t, optGo, d)
+	c.option(t, nbdproto.OptGo, d)
 	for {
 		typ, data := c.optReply(t)
-		if typ == repAck {
+		if typ == nbdproto.RepAck {
 			break
 		}
-		require.Equal(t, repInfo, typ, "GO failed: %s", data)
-		if binary.BigEndian.Uint16(data) == infoExport {
+		require.Equal(t, nbdproto.RepInfo, typ, "GO failed: %s", data)
+		if nbdproto.Info(binary.BigEndian.Uint16(data)) == nbdproto.InfoExport {
 			c.size = binary.BigEndian.Uint64(data[2:])
-			c.flags = binary.BigEndian.Uint16(data[10:])
+			c.flags = nbdproto.TFlags(binary.BigEndian.Uint16(data[10:]))
 		}
 	}
 	nc.SetDeadline(time.Time{})
 	return c
 }
 
-func (c *client) option(t *testing.T, opt uint32, data []byte) {
-	var h [16]byte
-	binary.BigEndian.PutUint64(h[0:], magicOption)
-	binary.BigEndian.PutUint32(h[8:], opt)
-	binary.BigEndian.PutUint32(h[12:], uint32(len(data)))
-	_, err := c.nc.Write(append(h[:], data...))
+func (c *client) option(t *testing.T, opt nbdproto.Opt, data []byte) {
+	_, err := c.nc.Write(nbdproto.AppendOption(nil, opt, data))
 	require.NoError(t, err)
 }
 
-func (c *client) optReply(t *testing.T) (uint32, []byte) {
+func (c *client) optReply(t *testing.T) (nbdproto.Rep, []byte) {
 	var h [20]byte
 	_, err := io.ReadFull(c.r, h[:])
 	require.NoError(t, err)
-	require.Equal(t, magicReply, binary.BigEndian.Uint64(h[0:]))
+	require.Equal(t, nbdproto.MagicOptReply, binary.BigEndian.Uint64(h[0:]))
 	n := binary.BigEndian.Uint32(h[16:])
 	require.LessOrEqual(t, n, uint32(64<<10), "option reply length from the server")
 	data := make([]byte, n)
 	_, err = io.ReadFull(c.r, data)
 	require.NoError(t, err)
-	return binary.BigEndian.Uint32(h[12:]), data
+	return nbdproto.Rep(binary.BigEndian.Uint32(h[12:])), data
 }
 
-func (c *client) send(typ, flags uint16, cookie, off uint64, length uint32, payload []byte) {
-	var h [requestHeaderLen]byte
-	binary.BigEndian.PutUint32(h[0:], magicRequest)
-	binary.BigEndian.PutUint16(h[4:], flags)
-	binary.BigEndian.PutUint16(h[6:], typ)
-	binary.BigEndian.PutUint64(h[8:], cookie)
-	binary.BigEndian.PutUint64(h[16:], off)
-	binary.BigEndian.PutUint32(h[24:], length)
-	c.nc.Write(append(h[:], payload...))
+func (c *client) send(typ nbdproto.Cmd, flags nbdproto.CmdFlags, cookie, off uint64, length uint32, payload []byte) {
+	r := nbdproto.Request{Cmd: typ, Flags: flags, Cookie: cookie, Offset: off, Length: length}
+	c.nc.Write(append(r.Append(nil), payload...))
 }
 
 // simple reads one simple reply (plus n bytes of data when errno is 0).
-func (c *client) simple(t *testing.T, n int) (errno uint32, cookie uint64, data []byte) {
+func (c *client) simple(t *testing.T, n int) (errno nbdproto.Errno, cookie uint64, data []byte) {
 	t.Helper()
 	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var h [16]byte
 	_, err := io.ReadFull(c.r, h[:])
 	require.NoError(t, err)
-	require.Equal(t, magicSimple, binary.BigEndian.Uint32(h[0:]))
-	errno, cookie = binary.BigEndian.Uint32(h[4:]), binary.BigEndian.Uint64(h[8:])
+	require.Equal(t, nbdproto.MagicSimpleReply, binary.BigEndian.Uint32(h[0:]))
+	errno, cookie = nbdproto.Errno(binary.BigEndian.Uint32(h[4:])), binary.BigEndian.Uint64(h[8:])
 	if errno == 0 && n > 0 {
 		data = make([]byte, n)
 		_, err = io.ReadFull(c.r, data)
@@ -200,14 +191,14 @@ func TestReadWriteFlushTrimZeroes(t *testing.T) {
 	r := newRig(t, 8<<20, 32*4096)
 	c := dial(t, r.addr, "", false)
 	assert.Equal(t, uint64(8<<20), c.size, "the empty name is the default export")
-	want := tfHasFlags | tfSendFlush | tfSendFUA | tfSendTrim | tfSendWriteZeros | tfCanMultiConn | tfSendCache | tfSendFastZero
+	want := nbdproto.TFHasFlags | nbdproto.TFSendFlush | nbdproto.TFSendFUA | nbdproto.TFSendTrim | nbdproto.TFSendWriteZeros | nbdproto.TFCanMultiConn | nbdproto.TFSendCache | nbdproto.TFSendFastZero
 	assert.Equal(t, want, c.flags)
 
 	data := make([]byte, 10000)
 	for i := range data {
 		data[i] = byte(i*7 + 1)
 	}
-	c.send(cmdWrite, cmdFlagFUA, 1, 777, uint32(len(data)), data)
+	c.send(nbdproto.CmdWrite, nbdproto.CmdFlagFUA, 1, 777, uint32(len(data)), data)
 	errno, cookie, _ := c.simple(t, 0)
 	require.Zero(t, errno)
 	assert.Equal(t, uint64(1), cookie)
@@ -216,46 +207,46 @@ func TestReadWriteFlushTrimZeroes(t *testing.T) {
 	require.NoError(t, r.node.ReadAt(context.Background(), 1, 777, at))
 	assert.Equal(t, data, at)
 
-	c.send(cmdRead, 0, 2, 777, uint32(len(data)), nil)
+	c.send(nbdproto.CmdRead, 0, 2, 777, uint32(len(data)), nil)
 	errno, _, got := c.simple(t, len(data))
 	require.Zero(t, errno)
 	assert.Equal(t, data, got)
 
-	c.send(cmdWriteZeroes, cmdFlagNoHole, 3, 1000, 3000, nil)
+	c.send(nbdproto.CmdWriteZeroes, nbdproto.CmdFlagNoHole, 3, 1000, 3000, nil)
 	errno, _, _ = c.simple(t, 0)
 	require.Zero(t, errno)
-	c.send(cmdTrim, 0, 4, 4096, 2*4096, nil) // pages 1-2 entirely
+	c.send(nbdproto.CmdTrim, 0, 4, 4096, 2*4096, nil) // pages 1-2 entirely
 	errno, _, _ = c.simple(t, 0)
 	require.Zero(t, errno)
 	copy(data[1000-777:], make([]byte, 3000))
 	for i := 4096 - 777; i < 3*4096-777 && i < len(data); i++ {
 		data[i] = 0
 	}
-	c.send(cmdRead, 0, 5, 777, uint32(len(data)), nil)
+	c.send(nbdproto.CmdRead, 0, 5, 777, uint32(len(data)), nil)
 	_, _, got = c.simple(t, len(data))
 	assert.Equal(t, data, got)
 
-	c.send(cmdFlush, 0, 6, 0, 0, nil)
+	c.send(nbdproto.CmdFlush, 0, 6, 0, 0, nil)
 	errno, _, _ = c.simple(t, 0)
 	assert.Zero(t, errno)
-	c.send(cmdCache, 0, 7, 0, 1<<20, nil)
+	c.send(nbdproto.CmdCache, 0, 7, 0, 1<<20, nil)
 	errno, _, _ = c.simple(t, 0)
 	assert.Zero(t, errno)
-	c.send(cmdDisc, 0, 8, 0, 0, nil)
+	c.send(nbdproto.CmdDisc, 0, 8, 0, 0, nil)
 	assert.True(t, c.closed(t))
 }
 
 func TestStructuredReadAndErrors(t *testing.T) {
 	r := newRig(t, 1<<20, 32*4096)
 	c := dial(t, r.addr, "disk0", true)
-	assert.NotZero(t, c.flags&tfSendDF)
-	c.send(cmdRead, cmdFlagDF, 9, 100, 50, nil)
+	assert.NotZero(t, c.flags&nbdproto.TFSendDF)
+	c.send(nbdproto.CmdRead, nbdproto.CmdFlagDF, 9, 100, 50, nil)
 	var h [20]byte
 	_, err := io.ReadFull(c.r, h[:])
 	require.NoError(t, err)
-	assert.Equal(t, magicStructured, binary.BigEndian.Uint32(h[0:]))
-	assert.Equal(t, chunkFlagDone, binary.BigEndian.Uint16(h[4:]))
-	assert.Equal(t, chunkOffsetData, binary.BigEndian.Uint16(h[6:]))
+	assert.Equal(t, nbdproto.MagicStructuredReply, binary.BigEndian.Uint32(h[0:]))
+	assert.Equal(t, nbdproto.ChunkFlagDone, binary.BigEndian.Uint16(h[4:]))
+	assert.Equal(t, nbdproto.ChunkOffsetData, nbdproto.Chunk(binary.BigEndian.Uint16(h[6:])))
 	assert.Equal(t, uint64(9), binary.BigEndian.Uint64(h[8:]))
 	n := binary.BigEndian.Uint32(h[16:])
 	require.Equal(t, uint32(58), n)
@@ -264,13 +255,13 @@ func TestStructuredReadAndErrors(t *testing.T) {
 	assert.Equal(t, uint64(100), binary.BigEndian.Uint64(payload))
 
 	// A read past the end is an error chunk; the connection goes on.
-	c.send(cmdRead, 0, 10, 1<<20-10, 20, nil)
+	c.send(nbdproto.CmdRead, 0, 10, 1<<20-10, 20, nil)
 	io.ReadFull(c.r, h[:])
-	assert.Equal(t, chunkError, binary.BigEndian.Uint16(h[6:]))
+	assert.Equal(t, nbdproto.ChunkError, nbdproto.Chunk(binary.BigEndian.Uint16(h[6:])))
 	payload = make([]byte, binary.BigEndian.Uint32(h[16:]))
 	io.ReadFull(c.r, payload)
-	assert.Equal(t, errInval, binary.BigEndian.Uint32(payload))
-	c.send(cmdFlush, 0, 11, 0, 0, nil)
+	assert.Equal(t, nbdproto.EINVAL, nbdproto.Errno(binary.BigEndian.Uint32(payload)))
+	c.send(nbdproto.CmdFlush, 0, 11, 0, 0, nil)
 	errno, cookie, _ := c.simple(t, 0)
 	assert.Zero(t, errno)
 	assert.Equal(t, uint64(11), cookie)
@@ -283,36 +274,37 @@ func TestMalformedRequests(t *testing.T) {
 	good := dial(t, r.addr, "disk0", false)
 	check := func(t *testing.T) {
 		t.Helper()
-		good.send(cmdRead, 0, 42, 0, 4096, nil)
+		good.send(nbdproto.CmdRead, 0, 42, 0, 4096, nil)
 		errno, cookie, _ := good.simple(t, 4096)
 		require.Zero(t, errno)
 		require.Equal(t, uint64(42), cookie)
 	}
 	errs := []struct {
 		name         string
-		typ, flags   uint16
+		typ          nbdproto.Cmd
+		flags        nbdproto.CmdFlags
 		off          uint64
 		length       uint32
 		payload      []byte
 		export       string
-		errno        uint32
+		errno        nbdproto.Errno
 		structured   bool
 		replyPayload int
 	}{
-		{"unknown command", 99, 0, 0, 4096, nil, "disk0", errInval, false, 0},
-		{"unknown flag", cmdRead, 1 << 9, 0, 4096, nil, "disk0", errInval, false, 0},
-		{"DF without structured replies", cmdRead, cmdFlagDF, 0, 4096, nil, "disk0", errInval, false, 0},
-		{"zero-length read", cmdRead, 0, 0, 0, nil, "disk0", errInval, false, 0},
-		{"read past end", cmdRead, 0, 1 << 20, 1, nil, "disk0", errInval, false, 0},
-		{"offset overflow", cmdRead, 0, ^uint64(0) - 10, 4096, nil, "disk0", errInval, false, 0},
-		{"write past end", cmdWrite, 0, 1<<20 - 1, 2, []byte{1, 2}, "disk0", errNoSpc, false, 0},
-		{"huge read", cmdRead, 0, 0, 64 << 20, nil, "disk0", errOverflow, false, 0},
-		{"huge write", cmdWrite, 0, 0, 33 << 20, make([]byte, 33<<20), "disk0", errOverflow, false, 0},
-		{"flush with a length", cmdFlush, 0, 0, 1, nil, "disk0", errInval, false, 0},
-		{"block status without a context", cmdBlockStatus, 0, 0, 4096, nil, "disk0", errInval, false, 0},
-		{"write to read-only", cmdWrite, 0, 0, 4, []byte{1, 2, 3, 4}, "ro", errPerm, false, 0},
-		{"trim read-only", cmdTrim, 0, 0, 4096, nil, "ro", errPerm, false, 0},
-		{"fast zero that must allocate", cmdWriteZeroes, cmdFlagNoHole | cmdFlagFastZero, 0, 4096, nil, "disk0", errNotSup, false, 0},
+		{"unknown command", 99, 0, 0, 4096, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"unknown flag", nbdproto.CmdRead, 1 << 9, 0, 4096, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"DF without structured replies", nbdproto.CmdRead, nbdproto.CmdFlagDF, 0, 4096, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"zero-length read", nbdproto.CmdRead, 0, 0, 0, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"read past end", nbdproto.CmdRead, 0, 1 << 20, 1, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"offset overflow", nbdproto.CmdRead, 0, ^uint64(0) - 10, 4096, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"write past end", nbdproto.CmdWrite, 0, 1<<20 - 1, 2, []byte{1, 2}, "disk0", nbdproto.ENOSPC, false, 0},
+		{"huge read", nbdproto.CmdRead, 0, 0, 64 << 20, nil, "disk0", nbdproto.EOVERFLOW, false, 0},
+		{"huge write", nbdproto.CmdWrite, 0, 0, 33 << 20, make([]byte, 33<<20), "disk0", nbdproto.EOVERFLOW, false, 0},
+		{"flush with a length", nbdproto.CmdFlush, 0, 0, 1, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"block status without a context", nbdproto.CmdBlockStatus, 0, 0, 4096, nil, "disk0", nbdproto.EINVAL, false, 0},
+		{"write to read-only", nbdproto.CmdWrite, 0, 0, 4, []byte{1, 2, 3, 4}, "ro", nbdproto.EPERM, false, 0},
+		{"trim read-only", nbdproto.CmdTrim, 0, 0, 4096, nil, "ro", nbdproto.EPERM, false, 0},
+		{"fast zero that must allocate", nbdproto.CmdWriteZeroes, nbdproto.CmdFlagNoHole | nbdproto.CmdFlagFastZero, 0, 4096, nil, "disk0", nbdproto.ENOTSUP, false, 0},
 	}
 	for _, tc := range errs {
 		t.Run(tc.name, func(t *testing.T) {
@@ -322,7 +314,7 @@ func TestMalformedRequests(t *testing.T) {
 			assert.Equal(t, tc.errno, errno)
 			assert.Equal(t, uint64(7), cookie)
 			// The connection still works.
-			c.send(cmdFlush, 0, 8, 0, 0, nil)
+			c.send(nbdproto.CmdFlush, 0, 8, 0, 0, nil)
 			errno, _, _ = c.simple(t, 0)
 			assert.Zero(t, errno)
 			check(t)
@@ -332,12 +324,12 @@ func TestMalformedRequests(t *testing.T) {
 		name string
 		raw  []byte
 	}{
-		{"bad magic", bytes.Repeat([]byte{0xee}, requestHeaderLen)},
+		{"bad magic", bytes.Repeat([]byte{0xee}, nbdproto.RequestHeaderLen)},
 		{"truncated header", []byte{0x25, 0x60, 0x95, 0x13, 0, 0}},
 		{"write longer than 64 MiB", func() []byte {
-			var h [requestHeaderLen]byte
-			binary.BigEndian.PutUint32(h[0:], magicRequest)
-			binary.BigEndian.PutUint16(h[6:], cmdWrite)
+			var h [nbdproto.RequestHeaderLen]byte
+			binary.BigEndian.PutUint32(h[0:], nbdproto.MagicRequest)
+			binary.BigEndian.PutUint16(h[6:], uint16(nbdproto.CmdWrite))
 			binary.BigEndian.PutUint32(h[24:], 1<<30)
 			return h[:]
 		}()},
@@ -356,19 +348,19 @@ func TestMalformedRequests(t *testing.T) {
 		defer nc.Close()
 		c := &client{nc: nc, r: bufio.NewReader(nc)}
 		io.ReadFull(c.r, make([]byte, 18))
-		nc.Write(binary.BigEndian.AppendUint32(nil, clientFixedNewstyle))
+		nc.Write(binary.BigEndian.AppendUint32(nil, uint32(nbdproto.ClientFixedNewstyle)))
 		d := binary.BigEndian.AppendUint32(nil, 4)
 		d = append(d, "nope"...)
-		c.option(t, optGo, binary.BigEndian.AppendUint16(d, 0))
+		c.option(t, nbdproto.OptGo, binary.BigEndian.AppendUint16(d, 0))
 		typ, msg := c.optReply(t)
-		assert.Equal(t, repErrUnknown, typ)
+		assert.Equal(t, nbdproto.RepErrUnknown, typ)
 		assert.Contains(t, string(msg), `no export "nope"; this server exports "disk0"`, "the message names the exports")
 		c.option(t, 4242, []byte("x"))
 		typ, _ = c.optReply(t)
-		assert.Equal(t, repErrUnsup, typ, "unknown options are refused, not fatal")
-		c.option(t, optAbort, nil)
+		assert.Equal(t, nbdproto.RepErrUnsup, typ, "unknown options are refused, not fatal")
+		c.option(t, nbdproto.OptAbort, nil)
 		typ, _ = c.optReply(t)
-		assert.Equal(t, repAck, typ)
+		assert.Equal(t, nbdproto.RepAck, typ)
 	})
 	t.Run("idle client times out", func(t *testing.T) {
 		srv := &Server{Backend: r.store, Exports: r.srv.Exports, HandshakeTimeout: 200 * time.Millisecond}
@@ -392,10 +384,10 @@ func TestMultiConnFlush(t *testing.T) {
 	a := dial(t, r.addr, "disk0", false)
 	b := dial(t, r.addr, "disk0", false)
 	p := bytes.Repeat([]byte{0x5a}, 4096)
-	a.send(cmdWrite, 0, 1, 8192, 4096, p)
+	a.send(nbdproto.CmdWrite, 0, 1, 8192, 4096, p)
 	errno, _, _ := a.simple(t, 0)
 	require.Zero(t, errno)
-	b.send(cmdFlush, 0, 2, 0, 0, nil)
+	b.send(nbdproto.CmdFlush, 0, 2, 0, 0, nil)
 	errno, _, _ = b.simple(t, 0)
 	require.Zero(t, errno)
 	got := make([]byte, 4096)
@@ -411,7 +403,7 @@ func TestConcurrentRequestsOutOfOrder(t *testing.T) {
 	const n = 200
 	for i := uint64(0); i < n; i++ {
 		p := bytes.Repeat([]byte{byte(i)}, 4096)
-		c.send(cmdWrite, 0, i, i*4096, 4096, p)
+		c.send(nbdproto.CmdWrite, 0, i, i*4096, 4096, p)
 	}
 	seen := map[uint64]bool{}
 	for i := 0; i < n; i++ {
@@ -421,7 +413,7 @@ func TestConcurrentRequestsOutOfOrder(t *testing.T) {
 		seen[cookie] = true
 	}
 	for i := uint64(0); i < n; i++ {
-		c.send(cmdRead, 0, 1000+i, i*4096, 4096, nil)
+		c.send(nbdproto.CmdRead, 0, 1000+i, i*4096, 4096, nil)
 	}
 	for i := 0; i < n; i++ {
 		errno, cookie, data := c.simple(t, 4096)
@@ -440,7 +432,7 @@ func TestClientNotReadingStallsNobody(t *testing.T) {
 	a := dial(t, r.addr, "disk0", false)
 	go func() {
 		for i := uint64(0); i < 6000; i++ {
-			a.send(cmdRead, 0, i, (i%pages)*4096, 4096, nil)
+			a.send(nbdproto.CmdRead, 0, i, (i%pages)*4096, 4096, nil)
 		}
 	}()
 	// Let a's replies fill its socket and reply buffer, until the server
@@ -456,7 +448,7 @@ func TestClientNotReadingStallsNobody(t *testing.T) {
 	b := dial(t, r.addr, "disk0", false)
 	start := time.Now()
 	for i := uint64(0); i < 50; i++ {
-		b.send(cmdRead, 0, i, ((i*97+4000)%pages)*4096, 4096, nil)
+		b.send(nbdproto.CmdRead, 0, i, ((i*97+4000)%pages)*4096, 4096, nil)
 		errno, cookie, _ := b.simple(t, 4096)
 		require.Zero(t, errno)
 		require.Equal(t, i, cookie)
@@ -565,22 +557,22 @@ func TestTrimFreesChunks(t *testing.T) {
 	r := newRig(t, 8<<20, 16*4096)
 	c := dial(t, r.addr, "disk0", false)
 	for off := uint64(0); off < 8<<20; off += 1 << 20 {
-		c.send(cmdWrite, cmdFlagFUA, off, off, 1<<20, bytes.Repeat([]byte{7}, 1<<20))
+		c.send(nbdproto.CmdWrite, nbdproto.CmdFlagFUA, off, off, 1<<20, bytes.Repeat([]byte{7}, 1<<20))
 		errno, _, _ := c.simple(t, 0)
 		require.Zero(t, errno)
 	}
 	used := r.srvStoreUsed
 	before := used()
 	require.GreaterOrEqual(t, before, uint64(8<<20))
-	c.send(cmdTrim, cmdFlagFUA, 1, 1<<20, 4<<20, nil) // chunks 1-4
+	c.send(nbdproto.CmdTrim, nbdproto.CmdFlagFUA, 1, 1<<20, 4<<20, nil) // chunks 1-4
 	errno, _, _ := c.simple(t, 0)
 	require.Zero(t, errno)
 	assert.Equal(t, before-4<<20, used(), "4 whole chunks freed at the memory node")
-	c.send(cmdRead, 0, 2, 2<<20, 4096, nil)
+	c.send(nbdproto.CmdRead, 0, 2, 2<<20, 4096, nil)
 	errno, _, data := c.simple(t, 4096)
 	require.Zero(t, errno)
 	assert.Equal(t, make([]byte, 4096), data)
-	c.send(cmdRead, 0, 3, 5<<20, 4096, nil)
+	c.send(nbdproto.CmdRead, 0, 3, 5<<20, 4096, nil)
 	_, _, data = c.simple(t, 4096)
 	assert.Equal(t, bytes.Repeat([]byte{7}, 4096), data, "untrimmed data stays")
 }

@@ -11,14 +11,13 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/pd3-go/pd3/nbd/nbdproto"
 )
 
-const (
-	optReplyMagic = 0x3e889045565a9
-	// maxOptReply bounds an option reply's data; the longest this client
-	// asks for (NBD_REP_INFO, an error message) is far shorter.
-	maxOptReply = 64 << 10
-)
+// maxOptReply bounds an option reply's data; the longest this client asks
+// for (NBD_REP_INFO, an error message) is far shorter.
+const maxOptReply = 64 << 10
 
 // Client is one NBD connection.
 type Client struct {
@@ -45,31 +44,28 @@ func Dial(addr, export string) (*Client, error) {
 func (c *Client) handshake(export string) error {
 	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.nc.SetDeadline(time.Time{})
-	var greet [18]byte
+	var greet [nbdproto.GreetingLen]byte
 	if _, err := io.ReadFull(c.r, greet[:]); err != nil {
 		return err
 	}
-	if string(greet[:16]) != "NBDMAGICIHAVEOPT" {
+	if binary.BigEndian.Uint64(greet[:]) != nbdproto.MagicInit || binary.BigEndian.Uint64(greet[8:]) != nbdproto.MagicOption {
 		return fmt.Errorf("not an NBD server with fixed newstyle negotiation: greeting %q", greet[:16])
 	}
-	c.nc.Write(binary.BigEndian.AppendUint32(nil, 1)) // fixed newstyle
+	c.nc.Write(binary.BigEndian.AppendUint32(nil, uint32(nbdproto.ClientFixedNewstyle)))
 	d := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
 	d = binary.BigEndian.AppendUint16(append(d, export...), 0)
-	h := binary.BigEndian.AppendUint64(nil, 0x49484156454F5054)
-	h = binary.BigEndian.AppendUint32(h, 7) // GO
-	h = binary.BigEndian.AppendUint32(h, uint32(len(d)))
-	if _, err := c.nc.Write(append(h, d...)); err != nil {
+	if _, err := c.nc.Write(nbdproto.AppendOption(nil, nbdproto.OptGo, d)); err != nil {
 		return err
 	}
 	for {
-		var rh [20]byte
+		var rh [nbdproto.OptReplyHeaderLen]byte
 		if _, err := io.ReadFull(c.r, rh[:]); err != nil {
 			return err
 		}
-		if m := binary.BigEndian.Uint64(rh[:]); m != optReplyMagic {
-			return fmt.Errorf("option reply magic %#x, want %#x", m, uint64(optReplyMagic))
+		if m := binary.BigEndian.Uint64(rh[:]); m != nbdproto.MagicOptReply {
+			return fmt.Errorf("option reply magic %#x, want %#x", m, nbdproto.MagicOptReply)
 		}
-		typ := binary.BigEndian.Uint32(rh[12:])
+		typ := nbdproto.Rep(binary.BigEndian.Uint32(rh[12:]))
 		n := binary.BigEndian.Uint32(rh[16:])
 		if n > maxOptReply {
 			// The length comes from the peer: trust it only as far as
@@ -81,48 +77,46 @@ func (c *Client) handshake(export string) error {
 			return err
 		}
 		switch {
-		case typ == 1: // ACK: transmission starts
+		case typ == nbdproto.RepAck: // transmission starts
 			return nil
-		case typ == 3 && len(data) >= 12 && binary.BigEndian.Uint16(data) == 0:
+		case typ == nbdproto.RepInfo && len(data) >= 12 && nbdproto.Info(binary.BigEndian.Uint16(data)) == nbdproto.InfoExport:
 			c.Size = binary.BigEndian.Uint64(data[2:])
-		case typ&(1<<31) != 0:
-			return fmt.Errorf("server refused GO: %s", data)
+		case typ.IsError():
+			return fmt.Errorf("server refused GO (%v): %s", typ, data)
 		}
 	}
 }
 
 // Close disconnects politely.
 func (c *Client) Close() error {
-	c.request(2, 0, 0, nil)
+	c.request(nbdproto.CmdDisc, 0, 0, nil)
 	return c.nc.Close()
 }
 
-func (c *Client) request(typ uint16, off uint64, n uint32, payload []byte) error {
+func (c *Client) request(typ nbdproto.Cmd, off uint64, n uint32, payload []byte) error {
 	return c.requestFlags(0, typ, off, n, payload)
 }
 
-func (c *Client) requestFlags(flags, typ uint16, off uint64, n uint32, payload []byte) error {
+func (c *Client) requestFlags(flags nbdproto.CmdFlags, typ nbdproto.Cmd, off uint64, n uint32, payload []byte) error {
 	c.cookie++
-	h := binary.BigEndian.AppendUint32(nil, 0x25609513)
-	h = binary.BigEndian.AppendUint16(h, flags)
-	h = binary.BigEndian.AppendUint16(h, typ)
-	h = binary.BigEndian.AppendUint64(h, c.cookie)
-	h = binary.BigEndian.AppendUint64(h, off)
-	h = binary.BigEndian.AppendUint32(h, n)
-	_, err := c.nc.Write(append(h, payload...))
+	r := nbdproto.Request{Flags: flags, Cmd: typ, Cookie: c.cookie, Offset: off, Length: n}
+	_, err := c.nc.Write(append(r.Append(nil), payload...))
 	return err
 }
 
 func (c *Client) reply(data []byte) error {
-	var h [16]byte
+	var h [nbdproto.SimpleReplyLen]byte
 	if _, err := io.ReadFull(c.r, h[:]); err != nil {
 		return err
+	}
+	if m := binary.BigEndian.Uint32(h[:]); m != nbdproto.MagicSimpleReply {
+		return fmt.Errorf("reply magic %#x, want a simple reply (%#x)", m, nbdproto.MagicSimpleReply)
 	}
 	if binary.BigEndian.Uint64(h[8:]) != c.cookie {
 		return fmt.Errorf("reply for cookie %d, expected %d", binary.BigEndian.Uint64(h[8:]), c.cookie)
 	}
-	if e := binary.BigEndian.Uint32(h[4:]); e != 0 {
-		return fmt.Errorf("NBD error %d", e)
+	if e := nbdproto.Errno(binary.BigEndian.Uint32(h[4:])); e != 0 {
+		return fmt.Errorf("NBD error %v", e)
 	}
 	if data != nil {
 		_, err := io.ReadFull(c.r, data)
@@ -133,7 +127,7 @@ func (c *Client) reply(data []byte) error {
 
 // Read reads len(p) bytes at off.
 func (c *Client) Read(off uint64, p []byte) error {
-	if err := c.request(0, off, uint32(len(p)), nil); err != nil {
+	if err := c.request(nbdproto.CmdRead, off, uint32(len(p)), nil); err != nil {
 		return err
 	}
 	return c.reply(p)
@@ -141,7 +135,7 @@ func (c *Client) Read(off uint64, p []byte) error {
 
 // Write writes p at off.
 func (c *Client) Write(off uint64, p []byte) error {
-	if err := c.request(1, off, uint32(len(p)), p); err != nil {
+	if err := c.request(nbdproto.CmdWrite, off, uint32(len(p)), p); err != nil {
 		return err
 	}
 	return c.reply(nil)
@@ -150,8 +144,7 @@ func (c *Client) Write(off uint64, p []byte) error {
 // WriteFUA writes p at off with Force Unit Access: the reply comes once
 // the write is durable.
 func (c *Client) WriteFUA(off uint64, p []byte) error {
-	const cmdFlagFUA = 1 << 0
-	if err := c.requestFlags(cmdFlagFUA, 1, off, uint32(len(p)), p); err != nil {
+	if err := c.requestFlags(nbdproto.CmdFlagFUA, nbdproto.CmdWrite, off, uint32(len(p)), p); err != nil {
 		return err
 	}
 	return c.reply(nil)
@@ -159,7 +152,7 @@ func (c *Client) WriteFUA(off uint64, p []byte) error {
 
 // Flush asks the server to make acknowledged writes durable.
 func (c *Client) Flush() error {
-	if err := c.request(3, 0, 0, nil); err != nil {
+	if err := c.request(nbdproto.CmdFlush, 0, 0, nil); err != nil {
 		return err
 	}
 	return c.reply(nil)

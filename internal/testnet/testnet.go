@@ -3,6 +3,7 @@
 package testnet
 
 import (
+	"context"
 	"io"
 	"net"
 	"testing"
@@ -138,4 +139,29 @@ func Pair(t testing.TB, network, addr string) (a, b net.Conn) {
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
+}
+
+// Server is what FuzzServer drives: any of pd3's servers.
+type Server interface {
+	Serve(ctx context.Context, ln net.Listener) error
+	Close() error
+}
+
+// FuzzServer serves srv on a loopback port for the whole fuzz run and
+// feeds it each input, after prefix (a greeting the fuzzer need not
+// find). Each input must get answers or a hang-up (Exchange), and check,
+// called once the server has hung up, must find its state whole.
+func FuzzServer(f *testing.F, srv Server, check func() error, prefix ...[]byte) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	go srv.Serve(context.Background(), ln)
+	f.Cleanup(func() { srv.Close() })
+	f.Fuzz(func(t *testing.T, in []byte) {
+		Exchange(t, ln.Addr().String(), append(prefix[:len(prefix):len(prefix)], in)...)
+		if err := check(); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -2,12 +2,9 @@ package pageproto
 
 import (
 	"bytes"
-	"context"
-	"net"
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/testnet"
-
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -44,21 +41,9 @@ func FuzzServerStream(f *testing.F) {
 		f.Fatal(err)
 	}
 	st.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 64 * PageSize})
-	srv := &Server{Backend: st, Workers: 2}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		f.Fatal(err)
-	}
-	go srv.Serve(context.Background(), ln)
-	f.Cleanup(func() { srv.Close() })
-	f.Fuzz(func(t *testing.T, in []byte) {
-		testnet.Exchange(t, ln.Addr().String(), in)
-		// The server hung up, so it has finished with this input's
-		// requests; whatever they did must leave the store whole.
-		if err := st.Check(); err != nil {
-			t.Fatal(err)
-		}
-	})
+	// Once the server hung up it has finished with the input's requests;
+	// whatever they did must leave the store whole.
+	testnet.FuzzServer(f, &Server{Backend: st, Workers: 2}, st.Check)
 }
 
 // FuzzVolumes: any VOLUMES data decodes or fails cleanly; what decodes

@@ -1,0 +1,117 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"sync"
+
+	"github.com/pd3-go/pd3/nbd/nbdproto"
+)
+
+// Replies: simple and structured, batched through the connection's
+// BatchWriter, and the pooled buffers they carry.
+
+// answer sends r's reply and recycles r and its buffer. With later the
+// reply waits for the reader's next flush (see need).
+func (c *conn) answer(r *request, later bool) {
+	buf, err := c.bw.Begin()
+	if err == nil {
+		c.end(c.appendReply(r, buf), later)
+	}
+	c.recycle(r)
+}
+
+// tryAnswer is answer if the reply buffer has room; false (r untouched)
+// if not.
+func (c *conn) tryAnswer(r *request, later bool) bool {
+	buf, ok, err := c.bw.TryBegin()
+	if !ok && err == nil {
+		return false
+	}
+	if ok {
+		c.end(c.appendReply(r, buf), later)
+	}
+	c.recycle(r)
+	return true
+}
+
+func (c *conn) end(buf []byte, later bool) {
+	if later {
+		c.bw.EndLater(buf)
+	} else {
+		c.bw.EndInFlight(buf, int(c.inflight.Load()))
+	}
+}
+
+func (c *conn) recycle(r *request) {
+	c.inflight.Add(-1)
+	if cap(r.buf) > len(r.page) {
+		c.s.bufs.put(r.buf)
+	}
+	r.typ, r.flags, r.cookie, r.off, r.length, r.errno = 0, 0, 0, 0, 0, 0
+	r.buf, r.c = nil, nil
+	c.s.reqs.Put(r)
+}
+
+// appendReply appends r's reply to buf.
+func (c *conn) appendReply(r *request, buf []byte) []byte {
+	structuredReply := c.structured && (r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdBlockStatus)
+	switch {
+	case !structuredReply:
+		buf = binary.BigEndian.AppendUint32(buf, nbdproto.MagicSimpleReply)
+		buf = binary.BigEndian.AppendUint32(buf, uint32(r.errno))
+		buf = binary.BigEndian.AppendUint64(buf, r.cookie)
+		if r.typ == nbdproto.CmdRead && r.errno == 0 {
+			buf = append(buf, r.buf...)
+		}
+	case r.errno != 0:
+		msg := "request failed"
+		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkError, r.cookie, uint32(6+len(msg)))
+		buf = binary.BigEndian.AppendUint32(buf, uint32(r.errno))
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(msg)))
+		buf = append(buf, msg...)
+	case r.typ == nbdproto.CmdRead:
+		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkOffsetData, r.cookie, uint32(8+len(r.buf)))
+		buf = binary.BigEndian.AppendUint64(buf, r.off)
+		buf = append(buf, r.buf...)
+	default: // BLOCK_STATUS: everything is allocated data (status 0)
+		n := min(uint64(r.length), c.exp.Size-r.off)
+		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkBlockStatus, r.cookie, 12)
+		buf = binary.BigEndian.AppendUint32(buf, nbdproto.MetaBaseAllocationID)
+		buf = binary.BigEndian.AppendUint32(buf, uint32(n))
+		buf = binary.BigEndian.AppendUint32(buf, 0)
+	}
+	return buf
+}
+
+func chunkHeader(b []byte, flags uint16, typ nbdproto.Chunk, cookie uint64, n uint32) []byte {
+	b = binary.BigEndian.AppendUint32(b, nbdproto.MagicStructuredReply)
+	b = binary.BigEndian.AppendUint16(b, flags)
+	b = binary.BigEndian.AppendUint16(b, uint16(typ))
+	b = binary.BigEndian.AppendUint64(b, cookie)
+	return binary.BigEndian.AppendUint32(b, n)
+}
+
+// bufPool holds request data buffers by power-of-two size class, so
+// steady traffic allocates nothing.
+type bufPool [27]sync.Pool // classes 1 B … 64 MiB
+
+func sizeClass(n int) int { return bits.Len(uint(n - 1)) }
+
+func (p *bufPool) get(n int) []byte {
+	cl := sizeClass(n)
+	if n == 0 || cl >= len(p) {
+		return make([]byte, n)
+	}
+	if b, ok := p[cl].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, 1<<cl)
+}
+
+func (p *bufPool) put(b []byte) {
+	cl := sizeClass(cap(b))
+	if cap(b) > 0 && cl < len(p) && cap(b) == 1<<cl {
+		p[cl].Put(&b)
+	}
+}

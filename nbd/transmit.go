@@ -1,0 +1,328 @@
+package nbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"sync"
+
+	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/sockio"
+	"github.com/pd3-go/pd3/internal/stages"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/nbd/nbdproto"
+	"github.com/pd3-go/pd3/pagestore"
+)
+
+// The transmission phase: reading, validating and executing requests.
+
+// request is one transmission-phase request in flight. Requests are
+// pooled; answer recycles them.
+type request struct {
+	typ    nbdproto.Cmd
+	flags  nbdproto.CmdFlags
+	cookie uint64
+	off    uint64
+	length uint32
+	buf    []byte         // WRITE payload or READ destination
+	errno  nbdproto.Errno // set by validation: answer without executing
+
+	c    *conn
+	done func(error) // r.pageRead, bound once per pooled request
+	// page holds READ and WRITE data of up to a page, so the common
+	// request needs no buffer from bufs.
+	page [memnode.PageSize]byte
+}
+
+// data returns a buffer of n bytes for r.
+func (c *conn) data(r *request, n int) []byte {
+	if n <= len(r.page) {
+		return r.page[:n]
+	}
+	return c.s.bufs.get(n)
+}
+
+func (s *Server) newRequest(c *conn) *request {
+	r, _ := s.reqs.Get().(*request)
+	if r == nil {
+		r = &request{}
+		r.done = r.pageRead
+	}
+	r.c = c
+	return r
+}
+
+// transmit runs the transmission phase: this goroutine reads and validates
+// requests; Workers goroutines execute them; replies go through one
+// BatchWriter in completion order.
+func (c *conn) transmit() error {
+	s := c.s
+	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.nc) })
+	c.bw = bw
+	c.pr, _ = s.Backend.(PageReader)
+	work := make(chan *request, s.Workers*2)
+	var wg sync.WaitGroup
+	for i := 0; i < s.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range work {
+				c.execute(r)
+			}
+		}()
+	}
+	err := c.readRequests(work)
+	close(work)
+	wg.Wait() // every request gets its reply before the connection closes
+	c.pending.Wait()
+	bw.Close()
+	return err
+}
+
+func (c *conn) readRequests(work chan<- *request) error {
+	s := c.s
+	var h [nbdproto.RequestHeaderLen]byte
+	for {
+		c.need(nbdproto.RequestHeaderLen)
+		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				s.ProtocolViolations.Add(1)
+				return fmt.Errorf("%w: connection closed inside a request header", errProtocol)
+			}
+			return err
+		}
+		s.Stages.Stamp(stages.HostRequestRead)
+		var hdr nbdproto.Request
+		if err := hdr.Decode(h[:]); err != nil {
+			s.ProtocolViolations.Add(1)
+			return fmt.Errorf("%w: %w", errProtocol, err)
+		}
+		r := s.newRequest(c)
+		r.typ, r.flags, r.cookie, r.off, r.length = hdr.Cmd, hdr.Flags, hdr.Cookie, hdr.Offset, hdr.Length
+		s.Requests.Add(1)
+		if r.typ == nbdproto.CmdDisc {
+			s.reqs.Put(r)
+			return nil // outstanding requests finish in transmit
+		}
+		c.inflight.Add(1)
+		if r.typ == nbdproto.CmdWrite {
+			if r.length > s.MaxRequest {
+				// Refuse it, but keep the stream in step if we can.
+				r.errno = nbdproto.EOVERFLOW
+				if n := r.length; n > maxDiscard {
+					c.answer(r, false) // recycles r
+					s.ProtocolViolations.Add(1)
+					return fmt.Errorf("%w: WRITE of %d bytes", errProtocol, n)
+				}
+				c.need(int(r.length))
+				if _, err := c.r.Discard(int(r.length)); err != nil {
+					return err
+				}
+			} else {
+				r.buf = c.data(r, int(r.length))
+				c.need(len(r.buf))
+				if _, err := io.ReadFull(c.r, r.buf); err != nil {
+					c.recycle(r)
+					return err
+				}
+			}
+		}
+		if r.errno == 0 {
+			r.errno = c.validate(r)
+		}
+		if r.errno != 0 {
+			c.answer(r, true)
+			continue
+		}
+		if r.typ == nbdproto.CmdRead {
+			r.buf = c.data(r, int(r.length))
+			if c.readPage(r) {
+				continue
+			}
+		}
+		work <- r
+	}
+}
+
+// readPage runs a one-page READ on the reader's path if it can: a hit is
+// answered now, a miss when the page arrives (pageRead). It reports false
+// when a worker must take the request.
+func (c *conn) readPage(r *request) bool {
+	if c.pr == nil || r.length != memnode.PageSize || r.off%memnode.PageSize != 0 {
+		return false
+	}
+	if c.nasync.Add(1) > maxConnAsync {
+		c.nasync.Add(-1)
+		return false
+	}
+	c.pending.Add(1)
+	c.s.Stages.Stamp(stages.HostDispatched)
+	finished, err := c.pr.GetAsync(memnode.MakeKey(c.exp.Volume, r.off/memnode.PageSize), r.buf, r.done)
+	if errors.Is(err, pagestore.ErrWouldBlock) {
+		c.nasync.Add(-1)
+		c.pending.Done()
+		return false
+	}
+	if finished {
+		c.pageDone(r, err, true)
+	}
+	return true
+}
+
+// pageRead completes a READ started by readPage when the page arrives.
+func (r *request) pageRead(err error) { r.c.pageDone(r, err, false) }
+
+// pageDone answers a READ started by readPage: on the reader (later: the
+// reply waits for the reader's flush) or on the page store's remote reader
+// goroutine, which must not wait: if the reply buffer is full (the client
+// is not reading), a goroutine answers.
+func (c *conn) pageDone(r *request, err error, later bool) {
+	if !later {
+		c.s.Stages.Stamp(stages.HostRemoteDone)
+	}
+	if err != nil {
+		c.failed(r, err)
+	}
+	defer c.pending.Done()
+	defer c.nasync.Add(-1)
+	if !later {
+		c.s.Stages.Stamp(stages.HostReplyWritten)
+	}
+	if !c.tryAnswer(r, later) {
+		c.pending.Add(1)
+		go func() {
+			defer c.pending.Done()
+			c.answer(r, false)
+		}()
+	}
+}
+
+// need writes the replies held back so far if the next n bytes of input
+// are not buffered yet: the read may wait, and no reply may wait behind
+// it. Replies made on the reader are held back while requests are
+// buffered, so a burst is answered with one write.
+func (c *conn) need(n int) {
+	if c.r.Buffered() < n {
+		if c.s.Stages != nil && c.bw.Queued() > 0 {
+			c.s.Stages.Stamp(stages.HostReplyWritten)
+		}
+		c.bw.Flush()
+	}
+}
+
+// validate checks a request before any backend sees it (nbdkit's rule).
+func (c *conn) validate(r *request) nbdproto.Errno {
+	allowed := nbdproto.CmdFlagFUA
+	switch r.typ {
+	case nbdproto.CmdRead:
+		if c.structured {
+			allowed |= nbdproto.CmdFlagDF
+		}
+	case nbdproto.CmdWriteZeroes:
+		allowed |= nbdproto.CmdFlagNoHole | nbdproto.CmdFlagFastZero
+	case nbdproto.CmdBlockStatus:
+		allowed |= nbdproto.CmdFlagReqOne
+	case nbdproto.CmdWrite, nbdproto.CmdFlush, nbdproto.CmdTrim, nbdproto.CmdCache:
+	default:
+		return nbdproto.EINVAL
+	}
+	if r.flags&^allowed != 0 {
+		return nbdproto.EINVAL
+	}
+	if r.typ == nbdproto.CmdFlush {
+		if r.off != 0 || r.length != 0 {
+			return nbdproto.EINVAL
+		}
+		return 0
+	}
+	if r.length == 0 {
+		return nbdproto.EINVAL
+	}
+	if r.typ == nbdproto.CmdRead && r.length > c.s.MaxRequest {
+		return nbdproto.EOVERFLOW
+	}
+	writes := r.typ == nbdproto.CmdWrite || r.typ == nbdproto.CmdTrim || r.typ == nbdproto.CmdWriteZeroes
+	if writes && c.exp.ReadOnly {
+		return nbdproto.EPERM
+	}
+	if end, carry := bits.Add64(r.off, uint64(r.length), 0); carry != 0 || end > c.exp.Size {
+		if r.typ == nbdproto.CmdWrite || r.typ == nbdproto.CmdWriteZeroes {
+			return nbdproto.ENOSPC // the spec's choice for writes past the end
+		}
+		return nbdproto.EINVAL
+	}
+	if r.typ == nbdproto.CmdBlockStatus && !c.metaOK {
+		return nbdproto.EINVAL
+	}
+	if r.typ == nbdproto.CmdWriteZeroes && r.flags&nbdproto.CmdFlagFastZero != 0 && r.flags&nbdproto.CmdFlagNoHole != 0 {
+		return nbdproto.ENOTSUP // zeroes that must be allocated are written, not fast
+	}
+	return 0
+}
+
+func (c *conn) execute(r *request) {
+	ctx := c.s.ctx
+	vol := c.exp.Volume
+	var err error
+	switch r.typ {
+	case nbdproto.CmdRead:
+		err = c.s.Backend.ReadRange(ctx, vol, r.off, r.buf)
+	case nbdproto.CmdWrite:
+		err = c.s.Backend.WriteRange(ctx, vol, r.off, r.buf)
+	case nbdproto.CmdFlush:
+		err = c.s.Backend.Flush(ctx)
+	case nbdproto.CmdTrim:
+		err = c.s.Backend.ZeroRange(ctx, vol, r.off, uint64(r.length), false)
+	case nbdproto.CmdWriteZeroes:
+		err = c.s.Backend.ZeroRange(ctx, vol, r.off, uint64(r.length), r.flags&nbdproto.CmdFlagNoHole != 0)
+	case nbdproto.CmdCache:
+		err = c.cache(ctx, r)
+	case nbdproto.CmdBlockStatus:
+	}
+	if err == nil && r.flags&nbdproto.CmdFlagFUA != 0 && r.typ != nbdproto.CmdRead && r.typ != nbdproto.CmdCache && r.typ != nbdproto.CmdBlockStatus {
+		err = c.s.Backend.Flush(ctx)
+	}
+	if err != nil {
+		c.failed(r, err)
+	}
+	c.answer(r, false)
+}
+
+func (c *conn) failed(r *request, err error) {
+	r.errno = errnoOf(err)
+	c.s.Errors.Add(1)
+	c.s.Log.Warn("nbd: request failed", "cmd", r.typ.String(), "offset", r.off, "length", r.length, "err", err)
+}
+
+// cache reads the range into the host cache (and, with an agent, its
+// parser has already turned the request into prefetches).
+func (c *conn) cache(ctx context.Context, r *request) error {
+	buf := c.s.bufs.get(1 << 20)
+	defer c.s.bufs.put(buf)
+	for off, end := r.off, r.off+uint64(r.length); off < end; {
+		n := min(uint64(len(buf)), end-off)
+		if err := c.s.Backend.ReadRange(ctx, c.exp.Volume, off, buf[:n]); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// errnoOf is the one place that maps errors to NBD error values.
+func errnoOf(err error) nbdproto.Errno {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange),
+		errors.Is(err, pagestore.ErrNoVolume), errors.Is(err, memnode.ErrNoVolume):
+		return nbdproto.EINVAL
+	case errors.Is(err, memnode.ErrNoMemory):
+		return nbdproto.ENOSPC
+	case errors.Is(err, context.Canceled):
+		return nbdproto.ESHUTDOWN
+	}
+	return nbdproto.EIO
+}
