@@ -362,4 +362,5 @@ func TestPersistManyVolumes(t *testing.T) {
 	assert.Equal(t, make([]byte, PageSize), got, "a stale page file showed through")
 	require.NoError(t, s.ReadAt(last.ID, 0, got))
 	assert.Equal(t, pattern(byte(299%256), PageSize), got)
+	require.NoError(t, s.Close())
 }

@@ -214,7 +214,9 @@ type Host struct {
 }
 
 // StartHost connects to the memory node, opens the volumes and serves.
-func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
+// When a step fails it undoes every step before it: no goroutine,
+// listener, mapping or connection outlives the error.
+func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
 	if len(cfg.Volumes) == 0 {
 		return nil, errors.New("host: no volumes")
@@ -242,6 +244,12 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	h := &Host{Client: c, done: make(chan error, 1)}
+	h.onClose(c.Close)
+	defer func() {
+		if err != nil {
+			h.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	// A write-back that cannot reach the node is retried for one operation
 	// timeout before clients see EIO: a node restart inside it is invisible.
 	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
@@ -252,22 +260,18 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		case "", "none":
 		case "leap":
 			if err := h.startEngine(cfg, &opt); err != nil {
-				c.Close()
 				return nil, err
 			}
 			h.Leap = dpu.NewLeap(h.Zone.Hits.Load)
 			remote = dpu.LeapRemote{Engine: h.Engine, L: h.Leap}
 		default:
-			c.Close()
 			return nil, fmt.Errorf("host: unknown --prefetch %q (leap or none)", cfg.Prefetch)
 		}
 	case "embedded":
 		if cfg.Prefetch != "" && cfg.Prefetch != "none" {
-			c.Close()
 			return nil, fmt.Errorf("host: --prefetch %s is a host-side prefetcher; use it with --dpu none", cfg.Prefetch)
 		}
 		if err := h.startEngine(cfg, &opt); err != nil {
-			c.Close()
 			return nil, err
 		}
 		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() dpu.Parser { return new(dpu.PageParser) })
@@ -276,21 +280,18 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	default:
 		name, ok := strings.CutPrefix(cfg.DPU, "shm:")
 		if !ok || name == "" {
-			c.Close()
 			return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded, none or shm:NAME)", cfg.DPU)
 		}
 		// A separate agent process: the host keeps its direct memnode
 		// connection for whenever the agent is absent or dead.
 		h.Link = dpu.OpenLink(name, pagestore.MemnodeRemote{C: c})
-		h.closers = append(h.closers, func() error { h.Link.Close(); return nil })
+		h.onClose(func() error { h.Link.Close(); return nil })
 		opt.Prefetched = h.Link
 		opt.OnEvict = h.Link.Evicted
 		remote = h.Link
 	}
 	st, err := pagestore.New(remote, opt)
 	if err != nil {
-		h.stopAgent()
-		c.Close()
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	if h.Agent != nil {
@@ -299,17 +300,19 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 	if h.Link != nil {
 		h.Link.SetResident(st.EachResident)
 	}
+	// The leases (claimed below) are released after the write-back and
+	// after the background write-back stopped (closers run last first), so
+	// the next holder reads every page; on a failed claim, those claimed.
+	h.onClose(h.releaseVolumes)
 	if cfg.Writeback > 0 {
 		wctx, cancel := context.WithCancel(ctx)
 		st.StartWriteback(wctx, cfg.Writeback)
-		h.closers = append(h.closers, func() error { cancel(); return nil })
+		h.onClose(func() error { cancel(); return nil })
 	}
 	h.Store = st
-	h.closers = append(h.closers, h.releaseVolumes, c.Close)
 	for _, vs := range cfg.Volumes {
 		v, err := c.OpenOrCreate(ctx, vs.Name, vs.Size)
 		if err != nil {
-			c.Close()
 			return nil, fmt.Errorf("host: volume %q: %w", vs.Name, err)
 		}
 		if v.Size != (vs.Size+pagestore.PageSize-1)&^(pagestore.PageSize-1) {
@@ -318,20 +321,16 @@ func StartHost(ctx context.Context, cfg HostConfig) (*Host, error) {
 		h.Volumes = append(h.Volumes, v)
 	}
 	if err := h.leaseVolumes(ctx, cfg); err != nil {
-		h.releaseVolumes()
-		c.Close()
 		return nil, err
 	}
 	for _, v := range h.Volumes {
 		st.AddVolume(v)
 	}
 	if err := h.serve(ctx, cfg); err != nil {
-		c.Close()
 		return nil, err
 	}
 	if cfg.Mount != "" {
 		if err := h.mount(ctx, cfg); err != nil {
-			h.Close(context.WithoutCancel(ctx))
 			return nil, err
 		}
 	}
@@ -502,7 +501,11 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 		st.AddVolume(v)
 		h.Volumes = append(h.Volumes, v)
 	}
-	return h, h.serve(ctx, cfg)
+	if err := h.serve(ctx, cfg); err != nil {
+		h.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return h, nil
 }
 
 func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
@@ -562,7 +565,6 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		go func() { h.nbdDone <- h.NBD.Serve(ctx, ln) }()
 	}
 	if cfg.PageListen == "" {
-		h.done <- nil
 		return nil
 	}
 	ln, err := Listen(cfg.PageListen)
@@ -582,7 +584,14 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 	return nil
 }
 
-// Close stops the frontends, writes dirty pages back and disconnects.
+// onClose registers f to run at Close, after the write-back; what is
+// registered later runs earlier, so each step is undone before the steps
+// it depends on.
+func (h *Host) onClose(f func() error) { h.closers = append(h.closers, f) }
+
+// Close stops the frontends, writes dirty pages back and disconnects. It
+// also undoes a StartHost that failed part way: whatever was not started
+// is skipped.
 func (h *Host) Close(ctx context.Context) error {
 	var err error
 	h.closeOnce.Do(func() {
@@ -596,21 +605,23 @@ func (h *Host) Close(ctx context.Context) error {
 		if h.Mounted != nil {
 			umountErr = h.Mounted.Unmount(ctx)
 		}
+		var serveErr, flushErr error
 		if h.Page != nil {
 			h.Page.Close()
+			serveErr = <-h.done
 		}
 		if h.NBD != nil {
 			h.NBD.Close()
 			<-h.nbdDone
 		}
-		serveErr := <-h.done
-		flushErr := h.Store.Flush(ctx)
-		if flushErr != nil {
-			flushErr = fmt.Errorf("host: writing back dirty pages: %w", flushErr)
+		if h.Store != nil {
+			if flushErr = h.Store.Flush(ctx); flushErr != nil {
+				flushErr = fmt.Errorf("host: writing back dirty pages: %w", flushErr)
+			}
 		}
 		h.stopAgent()
 		errs := []error{umountErr, serveErr, flushErr}
-		for _, c := range h.closers {
+		for _, c := range slices.Backward(h.closers) {
 			errs = append(errs, c())
 		}
 		err = errors.Join(errs...)
@@ -650,7 +661,7 @@ func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options) error {
 	}
 	h.Engine = dpu.NewEngine(h.Client, hv, z, 1024)
 	h.Zone, h.HostView = z, hv
-	h.closers = append(h.closers, region.Close)
+	h.onClose(region.Close)
 	opt.Prefetched = dpu.Prefetched{Z: z}
 	return nil
 }

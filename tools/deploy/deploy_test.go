@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 )
 
@@ -230,4 +233,63 @@ func TestVolumeLeaseLostFences(t *testing.T) {
 	var word [8]byte
 	require.NoError(t, node.Server.Store.ReadAt(lv.ID, uint64(v.ID)*8, word[:]))
 	assert.Equal(t, thief, binary.LittleEndian.Uint64(word[:]), "and left the new owner's lease alone")
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// A StartHost that fails part way leaves nothing behind: no goroutine (the
+// agent, engine, write-back, lease renewal, NBD server), no listener, no
+// Loading Zone mapping, no memory-node connection.
+func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	holder, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"held", 1 << 20}}, CacheBytes: 16 * 4096})
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+
+	for _, tc := range []struct {
+		name, want string
+		cfg        HostConfig
+	}{
+		{"page port in use, after the NBD server started", "address already in use",
+			HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond, PageListen: busy.Addr().String()}},
+		{"volume served by another host", "served by another host",
+			HostConfig{Volumes: []VolumeSpec{{"disk1", 1 << 20}, {"held", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond}},
+		{"packet capture on every address", "needs the server on one IPv4 address",
+			HostConfig{Volumes: []VolumeSpec{{"disk2", 1 << 20}}, DPU: "embedded", Mirror: "packet", PageListen: "0.0.0.0:0"}},
+		{"leap prefetcher, page port in use", "address already in use",
+			HostConfig{Volumes: []VolumeSpec{{"disk3", 1 << 20}}, Prefetch: "leap", PageListen: busy.Addr().String()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A free port for NBD, to check it is free again afterwards.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			nbdAddr := ln.Addr().String()
+			ln.Close()
+			before := goleak.IgnoreCurrent()
+			fds := openFDs(t)
+
+			cfg := tc.cfg
+			cfg.Memnode, cfg.CacheBytes, cfg.NBDListen, cfg.VolumeLease = node.Addr, 16*4096, nbdAddr, time.Second
+			_, err = StartHost(ctx, cfg)
+			require.ErrorContains(t, err, tc.want)
+
+			goleak.VerifyNone(t, before)
+			require.Eventually(t, func() bool { return openFDs(t) <= fds }, 5*time.Second, 10*time.Millisecond, "file descriptors: %d before", fds)
+			ln, err = net.Listen("tcp", nbdAddr)
+			require.NoError(t, err, "the NBD port is free again")
+			ln.Close()
+		})
+	}
 }
