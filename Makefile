@@ -26,6 +26,7 @@ FUZZ_TARGETS := \
 	./nbd:FuzzServerStream:20000 \
 	./dpu:FuzzPageParser:300000 \
 	./dpu:FuzzNBDParser:300000 \
+	./dpu:FuzzRingMsg:300000 \
 	./fs:FuzzSnapshot:100000 \
 	./dpu/mirror/packet:FuzzSegment:300000
 

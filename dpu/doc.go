@@ -18,9 +18,14 @@
 //     write-back of its page.
 //   - Leap is the host-side baseline prefetcher (majority delta over the
 //     host's own misses).
-//   - In split mode (RunSplitAgent, Link) the agent is its own process
-//     behind shared-memory rings and a shared Loading Zone; the host fails
-//     over to its own connection whenever the agent's heartbeat stops.
+//   - In split mode the agent is its own process behind shared-memory
+//     rings and a shared Loading Zone; the host fails over to its own
+//     connection whenever the agent's heartbeat stops. ringmsg.go is the
+//     region's layout and the ring messages (typed header, byte layout,
+//     fuzzed); link.go the host's side (Link: attach, failover, resync,
+//     calls, hints); splitagent.go the agent's (RunSplitAgent: the
+//     dispatch loop and the workers that carry out host requests). A
+//     reply carries the memory node's status for the request.
 //
 // The agent is an accelerator: the host never needs it to be correct.
 package dpu

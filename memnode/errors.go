@@ -89,15 +89,22 @@ func (s Status) String() string {
 	return s.Err().Error()
 }
 
-// statusOf is the one place that maps errors to wire status codes.
-func statusOf(err error) Status {
+// StatusOf is the one place that maps errors to wire status codes; ok is
+// false for an error no status names (a broken connection, a timeout, a
+// cancelled context), which a server answers as StatusBadRequest.
+func StatusOf(err error) (s Status, ok bool) {
 	if err == nil {
-		return StatusOK
+		return StatusOK, true
 	}
 	for s, e := range statusErrs {
 		if e != nil && errors.Is(err, e) {
-			return Status(s)
+			return Status(s), true
 		}
 	}
-	return StatusBadRequest
+	return StatusBadRequest, false
+}
+
+func statusOf(err error) Status {
+	s, _ := StatusOf(err)
+	return s
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/dpu/mirror"
-	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/shmring"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -19,350 +18,9 @@ import (
 	"github.com/pd3-go/pd3/pagestore"
 )
 
-// Split mode: the agent is its own process (pd3 dpu) and shares one named
-// region with the host:
-//
-//	0      header (4096 bytes): magic, epoch, heartbeat, ring size, LZ records
-//	4096   ring A, host → agent: mirrored bytes, eviction notices, the host's
-//	       page reads and write-backs
-//	...    ring B, agent → host: replies to reads and write-backs
-//	...    the Loading Zone
-//
-// The agent formats the region with a new epoch each time it starts and
-// bumps the heartbeat every few milliseconds. The host attaches to a region
-// whose heartbeat moves, and when it stops moving it declares the agent
-// dead: calls waiting on it are redone on the host's own memnode
-// connection, the Loading Zone is no longer consulted, and the host keeps
-// looking for a new epoch to re-attach to. The agent is an accelerator,
-// never a dependency.
-
-const (
-	splitMagic   = 0x5044335350_4c4954 // "PD3SPLIT"-ish
-	offSMagic    = 0
-	offSEpoch    = 8
-	offSBeat     = 16
-	offSRingSize = 24
-	offSRecords  = 32
-	splitHeader  = 4096
-
-	msgMirror = 'M'
-	msgClose  = 'C'
-	msgEvict  = 'E'
-	msgRead   = 'R'
-	msgWrite  = 'W'
-	msgTrim   = 'T'
-	// msgInvalidate: the host wrote a page back on its own connection
-	// while this agent lived; forget it as a write-back would.
-	msgInvalidate = 'I'
-	// msgResident: pages the host cache holds, sent when an agent
-	// attaches so a restarted agent's Host View starts full, not empty.
-	msgResident = 'H'
-	// msgKernel: a range of pages the kernel page cache added (m[1] = 1)
-	// or dropped (m[1] = 2), from the host's page-cache tracker.
-	msgKernel = 'K'
-	// msgReadAhead: a read of a range seen by the host (FUSE READ or the
-	// kernel's read events; m[1] = source), for the sequential predictor.
-	msgReadAhead = 'A'
-	// msgWritten: a range of pages a write no parser saw (FUSE WRITE) put
-	// in the host cache.
-	msgWritten = 'U'
-
-	// Mirror protocols (byte 1 of a mirror message).
-	ProtoPage = 'P'
-	ProtoNBD  = 'N'
-
-	replyOK  = 0
-	replyErr = 1
-
-	heartbeatEvery = 5 * time.Millisecond
-)
-
-func align4k(n int) int { return (n + 4095) &^ 4095 }
-
-type splitLayout struct{ ringSize, records, ringA, ringB, lz, total int }
-
-func layout(ringSize, records int) splitLayout {
-	l := splitLayout{ringSize: ringSize, records: records, ringA: splitHeader}
-	l.ringB = l.ringA + align4k(shmring.Bytes(ringSize))
-	l.lz = l.ringB + align4k(shmring.Bytes(ringSize))
-	l.total = l.lz + align4k(loadingzone.Size(records))
-	return l
-}
-
-// SplitAgentConfig configures RunSplitAgent.
-type SplitAgentConfig struct {
-	Name        string          // region name: /dev/shm/pd3-NAME
-	Client      *memnode.Client // the agent's memnode connection
-	LZRecords   int             // Loading Zone pages (default 4096)
-	HostPages   int             // host cache pages, to size Host View (default 16384)
-	RingBytes   int             // per ring (default 8 MiB)
-	Workers     int             // goroutines executing host reads/writes (default 64)
-	MaxInFlight int             // prefetches in flight (default 1024)
-}
-
-// SplitAgent is a running agent process's state (exposed for metrics).
-type SplitAgent struct {
-	Agent  *Agent
-	Engine *Engine
-	Zone   *loadingzone.Zone
-	HV     *hostview.Set
-	Kernel *hostview.Set // the host's kernel page cache (FUSE files)
-	Epoch  uint64
-	c      *memnode.Client
-}
-
-// Mirror returns a mirror for client connections speaking proto
-// (ProtoPage or ProtoNBD) that the agent watches itself — the packet
-// mirror — rather than through the host's ring.
-func (s *SplitAgent) Mirror(ctx context.Context, proto byte) mirror.Mirror {
-	if proto == ProtoNBD {
-		return s.Agent.Mirror(func() Parser { return &NBDParser{Resolve: resolver(ctx, s.c)} })
-	}
-	return s.Agent
-}
-
-// RunSplitAgent creates the region and serves the host through it until
-// ctx ends. ready, if non-nil, receives the agent's state once it serves.
-func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitAgent)) error {
-	if cfg.LZRecords <= 0 {
-		cfg.LZRecords = 4096
-	}
-	if cfg.HostPages <= 0 {
-		cfg.HostPages = 16384
-	}
-	if cfg.RingBytes <= 0 {
-		cfg.RingBytes = 8 << 20
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 64
-	}
-	lay := layout(cfg.RingBytes, cfg.LZRecords)
-	region, err := shm.Create(cfg.Name, lay.total)
-	if err != nil {
-		return err
-	}
-	defer region.Close()
-	defer region.Remove()
-	b := region.Bytes()
-	epoch := uint64(time.Now().UnixNano())
-	ra, err := shmring.Attach(b[lay.ringA:], cfg.RingBytes)
-	if err != nil {
-		return err
-	}
-	rb, err := shmring.Attach(b[lay.ringB:], cfg.RingBytes)
-	if err != nil {
-		return err
-	}
-	z, err := loadingzone.Format(b[lay.lz:], cfg.LZRecords, epoch)
-	if err != nil {
-		return err
-	}
-	hv := hostview.New(cfg.HostPages+cfg.LZRecords+1024, 2)
-	z.OnDrop = func(k uint64) { hv.Delete(k) }
-	e := NewEngine(cfg.Client, hv, z, cfg.MaxInFlight)
-	defer e.Close()
-	a := NewAgent(hv, z, e, func() Parser { return new(PageParser) })
-	defer a.Close()
-	kv := hostview.New(cfg.HostPages+cfg.LZRecords+1024, 2)
-	a.SetKernelView(kv)
-
-	shm.U64(b, offSRingSize).Store(uint64(cfg.RingBytes))
-	shm.U64(b, offSRecords).Store(uint64(cfg.LZRecords))
-	shm.U64(b, offSEpoch).Store(epoch)
-	shm.U64(b, offSMagic).Store(splitMagic) // last: the region is complete
-	beat := shm.U64(b, offSBeat)
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(heartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				beat.Add(1)
-			}
-		}
-	}()
-
-	replies := &replier{r: rb}
-	jobs := make(chan job, cfg.Workers*4)
-	for i := 0; i < cfg.Workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range jobs {
-				j.run(ctx, e, replies)
-			}
-		}()
-	}
-	if ready != nil {
-		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Kernel: kv, Epoch: epoch, c: cfg.Client})
-	}
-	streams := map[uint32]mirror.Stream{}
-	bufs := sync.Pool{New: func() any { return make([]byte, memnode.PageSize) }}
-	for ctx.Err() == nil {
-		m := ra.Next()
-		if m == nil {
-			ra.Wait(10 * time.Millisecond)
-			continue
-		}
-		if len(m) < 8 {
-			ra.Release()
-			continue
-		}
-		switch m[0] {
-		case msgMirror:
-			conn := binary.LittleEndian.Uint32(m[4:])
-			st, ok := streams[conn]
-			if !ok {
-				if m[1] == ProtoNBD {
-					st = a.newStream(func() Parser { return &NBDParser{Resolve: resolver(ctx, cfg.Client)} })
-				} else {
-					st = a.NewStream()
-				}
-				streams[conn] = st
-			}
-			st.Observe(m[8:])
-		case msgClose:
-			conn := binary.LittleEndian.Uint32(m[4:])
-			if st, ok := streams[conn]; ok {
-				st.Close()
-				delete(streams, conn)
-			}
-		case msgEvict:
-			for p := m[8:]; len(p) >= 8; p = p[8:] {
-				a.Evicted(memnode.Key(binary.LittleEndian.Uint64(p)))
-			}
-		case msgKernel, msgReadAhead, msgWritten:
-			if len(m) < 20 {
-				break
-			}
-			first := memnode.Key(binary.LittleEndian.Uint64(m[8:]))
-			n := min(int(binary.LittleEndian.Uint32(m[16:])), 1<<12)
-			switch {
-			case m[0] == msgWritten:
-				a.Written(first, n)
-			case m[0] == msgReadAhead:
-				var end uint64
-				if len(m) >= 28 {
-					end = binary.LittleEndian.Uint64(m[20:])
-				}
-				a.ReadAhead(int(m[1]), first, n, end)
-			case m[1] == 1:
-				for i := 0; i < n; i++ {
-					kv.Add(uint64(memnode.MakeKey(first.Volume(), first.Page()+uint64(i))))
-				}
-			default:
-				for i := 0; i < n; i++ {
-					kv.Delete(uint64(memnode.MakeKey(first.Volume(), first.Page()+uint64(i))))
-				}
-			}
-		case msgResident:
-			keys := make([]Access, 0, len(m[8:])/8)
-			for p := m[8:]; len(p) >= 8; p = p[8:] {
-				keys = append(keys, Access{memnode.Key(binary.LittleEndian.Uint64(p)), Write})
-			}
-			a.enqueue(keys)
-		case msgTrim:
-			if len(m) < 32 {
-				break
-			}
-			jobs <- job{op: msgTrim, tag: binary.LittleEndian.Uint32(m[4:]), vol: binary.LittleEndian.Uint16(m[2:]),
-				off: binary.LittleEndian.Uint64(m[16:]), n: binary.LittleEndian.Uint64(m[24:]), free: &bufs}
-		case msgInvalidate:
-			if len(m) < 16 {
-				break
-			}
-			jobs <- job{op: msgInvalidate, tag: binary.LittleEndian.Uint32(m[4:]), key: memnode.Key(binary.LittleEndian.Uint64(m[8:])), free: &bufs}
-		case msgRead, msgWrite:
-			if len(m) < 16 {
-				break
-			}
-			j := job{op: m[0], tag: binary.LittleEndian.Uint32(m[4:]), key: memnode.Key(binary.LittleEndian.Uint64(m[8:]))}
-			if j.op == msgWrite {
-				if len(m) < 16+memnode.PageSize {
-					break
-				}
-				j.page = bufs.Get().([]byte)
-				copy(j.page, m[16:16+memnode.PageSize])
-			}
-			j.free = &bufs
-			jobs <- j
-		}
-		ra.Release()
-	}
-	close(jobs)
-	wg.Wait()
-	return nil
-}
-
-type job struct {
-	op     byte
-	tag    uint32
-	key    memnode.Key
-	vol    uint16
-	off, n uint64
-	page   []byte
-	free   *sync.Pool
-}
-
-func (j job) run(ctx context.Context, e *Engine, r *replier) {
-	var hdr [8]byte
-	binary.LittleEndian.PutUint32(hdr[4:], j.tag)
-	hdr[0] = j.op
-	if j.op == msgInvalidate {
-		e.Invalidate(j.key)
-		r.send(ctx, hdr[:], nil)
-		return
-	}
-	if j.op == msgTrim {
-		if err := e.Trim(ctx, j.vol, j.off, j.n); err != nil {
-			hdr[1] = replyErr
-		}
-		r.send(ctx, hdr[:], nil)
-		return
-	}
-	if j.op == msgWrite {
-		err := e.WritePages(ctx, []memnode.Key{j.key}, [][]byte{j.page})
-		j.free.Put(j.page)
-		if err != nil {
-			hdr[1] = replyErr
-		}
-		r.send(ctx, hdr[:], nil)
-		return
-	}
-	page := j.free.Get().([]byte)
-	defer j.free.Put(page)
-	if err := e.ReadPage(ctx, j.key, page); err != nil {
-		hdr[1] = replyErr
-		r.send(ctx, hdr[:], nil)
-		return
-	}
-	r.send(ctx, hdr[:], page)
-}
-
-// replier serialises the agent's replies into ring B.
-type replier struct {
-	mu sync.Mutex
-	r  *shmring.Ring
-}
-
-func (r *replier) send(ctx context.Context, parts ...[]byte) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for !r.r.Send(parts...) {
-		if ctx.Err() != nil {
-			return
-		}
-		runtime.Gosched() // the host drains replies; this is brief
-	}
-}
+// The host's side of split mode: attaching to an agent's region, failing
+// over when it dies, and the host's calls, hints and mirrored bytes (message
+// format: ringmsg.go).
 
 // ErrAgentGone is returned inside the Link when the agent stopped; callers
 // never see it, the Link redoes the work on the direct path.
@@ -570,8 +228,7 @@ func (l *Link) readReplies(a *attachment) {
 			a.b.Wait(20 * time.Millisecond)
 			continue
 		}
-		if len(m) >= 8 {
-			tag := binary.LittleEndian.Uint32(m[4:])
+		if tag, st, page, err := decodeReply(m); err == nil || tag != 0 {
 			l.pmu.Lock()
 			c, ok := l.calls[tag]
 			if ok {
@@ -579,10 +236,13 @@ func (l *Link) readReplies(a *attachment) {
 			}
 			l.pmu.Unlock()
 			if ok {
-				if m[1] != replyOK {
-					c.err = fmt.Errorf("dpu: agent reported failure")
-				} else if c.dst != nil && len(m) >= 8+memnode.PageSize {
-					copy(c.dst, m[8:8+memnode.PageSize])
+				switch {
+				case err != nil:
+					c.err = fmt.Errorf("%w: %w", errAgentFailed, err)
+				case st != memnode.StatusOK:
+					c.err = replyErr(st)
+				case c.dst != nil:
+					copy(c.dst, page)
 				}
 				c.done <- struct{}{}
 			}
@@ -610,7 +270,7 @@ func (l *Link) send(a *attachment, wait bool, parts ...[]byte) bool {
 	}
 }
 
-func (l *Link) call(ctx context.Context, a *attachment, op byte, k memnode.Key, dst, page []byte) error {
+func (l *Link) call(ctx context.Context, a *attachment, op msgType, k memnode.Key, dst, page []byte) error {
 	c := l.start(a, op, k, dst, page)
 	if c == nil {
 		return ErrAgentGone
@@ -619,15 +279,13 @@ func (l *Link) call(ctx context.Context, a *attachment, op byte, k memnode.Key, 
 }
 
 // start registers a call and sends its request; nil if the agent is gone.
-func (l *Link) start(a *attachment, op byte, k memnode.Key, dst, page []byte) *linkCall {
-	var hdr [16]byte
-	hdr[0] = op
-	binary.LittleEndian.PutUint64(hdr[8:], uint64(k))
+func (l *Link) start(a *attachment, op msgType, k memnode.Key, dst, page []byte) *linkCall {
+	hdr := encodeKey(msgHeader{typ: op}, k)
 	return l.startMsg(a, hdr[:], dst, page)
 }
 
-// startMsg sends hdr (its bytes 4..8 get the tag) and payload as a call
-// whose reply payload will be copied into dst.
+// startMsg sends hdr (its tag field is filled in here) and payload as a
+// call whose reply's page will be copied into dst.
 func (l *Link) startMsg(a *attachment, hdr, dst, page []byte) *linkCall {
 	c := l.pool.Get().(*linkCall)
 	c.dst, c.err = dst, nil
@@ -636,7 +294,7 @@ func (l *Link) startMsg(a *attachment, hdr, dst, page []byte) *linkCall {
 	c.tag = l.tag
 	l.calls[c.tag] = c
 	l.pmu.Unlock()
-	binary.LittleEndian.PutUint32(hdr[4:], c.tag)
+	binary.LittleEndian.PutUint32(hdr[4:], c.tag) // msgHeader.tag
 	if !l.send(a, true, hdr, page) {
 		l.pmu.Lock()
 		_, pending := l.calls[c.tag]
@@ -781,11 +439,7 @@ func (l *Link) writeDirect(ctx context.Context, keys []memnode.Key, pages [][]by
 func (l *Link) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	direct, ok := l.direct.(pagestore.Trimmer)
 	if a := l.cur.Load(); a != nil && !a.dead.Load() {
-		var m [32]byte
-		m[0] = msgTrim
-		binary.LittleEndian.PutUint16(m[2:], vol)
-		binary.LittleEndian.PutUint64(m[16:], off)
-		binary.LittleEndian.PutUint64(m[24:], n)
+		m := encodeTrim(0, vol, off, n)
 		err := ErrAgentGone
 		if c := l.startMsg(a, m[:], nil, nil); c != nil {
 			err = l.wait(ctx, c)
@@ -829,8 +483,7 @@ func (l *Link) SetResident(each func(yield func(memnode.Key))) { l.resident.Stor
 // host no longer holds: one skipped prefetch, never a wrong answer.
 func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
 	const perMsg = 512
-	var hdr [8]byte
-	hdr[0] = msgResident
+	hdr := encodeHeader(msgHeader{typ: msgResident})
 	buf := make([]byte, 0, perMsg*8)
 	flush := func() bool {
 		if len(buf) == 0 {
@@ -862,9 +515,9 @@ func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
 // pages from first: the host's tracker feeding the agent's kernel Host
 // View. Dropped when no agent is attached or its ring is full (a hint).
 func (l *Link) KernelRange(added bool, first memnode.Key, n int) {
-	kind := byte(2)
+	kind := byte(kernelDropped)
 	if added {
-		kind = 1
+		kind = kernelAdded
 	}
 	l.rangeMsg(msgKernel, kind, first, n, 0)
 }
@@ -881,16 +534,12 @@ func (l *Link) Written(first memnode.Key, n int) {
 	l.rangeMsg(msgWritten, 0, first, n, 0)
 }
 
-func (l *Link) rangeMsg(op, arg byte, first memnode.Key, n int, end uint64) {
+func (l *Link) rangeMsg(op msgType, arg byte, first memnode.Key, n int, end uint64) {
 	a := l.cur.Load()
 	if a == nil {
 		return
 	}
-	var m [28]byte
-	m[0], m[1] = op, arg
-	binary.LittleEndian.PutUint64(m[8:], uint64(first))
-	binary.LittleEndian.PutUint32(m[16:], uint32(n))
-	binary.LittleEndian.PutUint64(m[20:], end)
+	m := encodeRange(op, arg, first, uint32(min(n, maxRangePages)), end)
 	if !l.send(a, false, m[:]) {
 		l.MirrorDrops.Add(1)
 	}
@@ -903,9 +552,7 @@ func (l *Link) Evicted(k memnode.Key) {
 	if a == nil {
 		return
 	}
-	var m [16]byte
-	m[0] = msgEvict
-	binary.LittleEndian.PutUint64(m[8:], uint64(k))
+	m := encodeKey(msgHeader{typ: msgEvict}, k)
 	// Nobody waits on a notice: it rides with the next message that wakes
 	// the agent (or its 10 ms Wait timeout), which saves the host a futex
 	// wake per eviction, 61% of its doorbell syscalls under random GETs.
@@ -947,10 +594,7 @@ func (s *linkStream) Observe(b []byte) {
 	if a == nil || s.broken {
 		return
 	}
-	var h [8]byte
-	h[0] = msgMirror
-	h[1] = s.proto
-	binary.LittleEndian.PutUint32(h[4:], s.conn)
+	h := encodeHeader(msgHeader{typ: msgMirror, arg: s.proto, tag: s.conn})
 	for len(b) > 0 {
 		n := min(len(b), a.a.MaxMessage()-8)
 		if !s.l.send(a, false, h[:], b[:n]) {
@@ -967,36 +611,7 @@ func (s *linkStream) Observe(b []byte) {
 
 func (s *linkStream) Close() {
 	if a := s.l.cur.Load(); a != nil {
-		var h [8]byte
-		h[0] = msgClose
-		binary.LittleEndian.PutUint32(h[4:], s.conn)
+		h := encodeHeader(msgHeader{typ: msgClose, tag: s.conn})
 		s.l.send(a, false, h[:])
-	}
-}
-
-// resolver maps export names to volume ids by asking the memory node once
-// per name ("" is the node's first volume).
-func resolver(ctx context.Context, c *memnode.Client) func(string) (uint16, bool) {
-	cache := map[string]uint16{}
-	return func(name string) (uint16, bool) {
-		if id, ok := cache[name]; ok {
-			return id, true
-		}
-		var id uint16
-		if name == "" {
-			vs, err := c.List(ctx)
-			if err != nil || len(vs) == 0 {
-				return 0, false
-			}
-			id = vs[0].ID
-		} else {
-			v, err := c.Open(ctx, name)
-			if err != nil {
-				return 0, false
-			}
-			id = v.ID
-		}
-		cache[name] = id
-		return id, true
 	}
 }
