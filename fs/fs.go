@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -42,10 +42,10 @@ type Config struct {
 	// OnRead, if set, sees every READ's first page key and page count,
 	// and the file's end in pages, before the read is served: the agent's
 	// request mirror for FUSE.
-	OnRead func(first memnode.Key, pages int, end uint64)
+	OnRead func(first pageid.Key, pages int, end uint64)
 	// OnWrite, if set, sees the pages of every WRITE once they are in the
 	// host cache (the agent's Host View adds them).
-	OnWrite func(first memnode.Key, pages int)
+	OnWrite func(first pageid.Key, pages int)
 	Log     *slog.Logger
 }
 
@@ -145,7 +145,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		}
 		v, ok := byName[n.Vol]
 		if !ok {
-			return nil, fmt.Errorf("fs: file %d: %w: its data volume %q is missing", n.Ino, memnode.ErrCorrupt, n.Vol)
+			return nil, fmt.Errorf("fs: file %d: %w: its data volume %q is missing", n.Ino, pageid.ErrCorrupt, n.Vol)
 		}
 		delete(byName, n.Vol)
 		n.vol = v.ID
@@ -153,7 +153,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		cfg.Store.AddVolume(v)
 	}
 	if f.inodes[rootIno] == nil {
-		return nil, fmt.Errorf("fs: %w: no root directory", memnode.ErrCorrupt)
+		return nil, fmt.Errorf("fs: %w: no root directory", pageid.ErrCorrupt)
 	}
 	prefix := "fs." + cfg.Name + "."
 	for name := range byName {
@@ -268,13 +268,13 @@ func (f *FS) syncLoop() {
 
 // KeyOf maps a page of an inode, as the kernel numbers them, to its page
 // key, for the page-cache tracker.
-func (f *FS) KeyOf(ino, index uint64) (memnode.Key, bool) {
+func (f *FS) KeyOf(ino, index uint64) (pageid.Key, bool) {
 	if ino > volumeInoBase {
 		v, ok := f.vols[uint16(ino-volumeInoBase)]
-		if !ok || index >= v.Size/memnode.PageSize {
+		if !ok || index >= v.Size/pageid.Size {
 			return 0, false
 		}
-		return memnode.MakeKey(v.ID, index), true
+		return pageid.MakeKey(v.ID, index), true
 	}
 	f.mu.RLock()
 	n := f.inodes[ino]
@@ -283,22 +283,22 @@ func (f *FS) KeyOf(ino, index uint64) (memnode.Key, bool) {
 		vol = n.vol
 	}
 	f.mu.RUnlock()
-	if vol == 0 || index >= MaxFileSize/memnode.PageSize {
+	if vol == 0 || index >= MaxFileSize/pageid.Size {
 		return 0, false
 	}
-	return memnode.MakeKey(vol, index), true
+	return pageid.MakeKey(vol, index), true
 }
 
 // EndOf returns the end, in pages, of the file whose page k is (0 if k
 // belongs to no file): predictions stop there.
-func (f *FS) EndOf(k memnode.Key) uint64 {
+func (f *FS) EndOf(k pageid.Key) uint64 {
 	if v, ok := f.vols[k.Volume()]; ok {
-		return v.Size / memnode.PageSize
+		return v.Size / pageid.Size
 	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if n := f.byVol[k.Volume()]; n != nil {
-		return (n.Size + memnode.PageSize - 1) / memnode.PageSize
+		return (n.Size + pageid.Size - 1) / pageid.Size
 	}
 	return 0
 }
@@ -359,7 +359,7 @@ func (f *FS) errno(op string, err error) syscall.Errno {
 		return e
 	case errors.Is(err, memnode.ErrNoMemory):
 		return syscall.ENOSPC
-	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange):
+	case errors.Is(err, pageid.ErrOutOfRange):
 		return syscall.EFBIG
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
@@ -386,7 +386,7 @@ func (f *FS) fillAttr(n *inode, a *fuse.Attr) {
 		stored, _ := f.storedOf(n.vol)
 		a.Blocks = stored / 512
 	}
-	a.Blksize = memnode.PageSize
+	a.Blksize = pageid.Size
 	a.Uid, a.Gid = n.UID, n.GID
 	a.Atime, a.Atimensec = uint64(n.Atime/1e9), uint32(n.Atime%1e9)
 	a.Mtime, a.Mtimensec = uint64(n.Mtime/1e9), uint32(n.Mtime%1e9)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // ErrMounted means another host holds the filesystem's lease: two hosts
@@ -12,7 +13,7 @@ import (
 var ErrMounted = errors.New("filesystem is mounted by another host")
 
 // The mount lease is a memnode.Lease on one word of the metadata volume.
-const leaseOff = memnode.PageSize
+const leaseOff = pageid.Size
 
 // mountErr names a lease conflict as the filesystem's.
 func mountErr(err error) error {

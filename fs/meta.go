@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Inode numbers. Regular files, directories and symlinks get numbers from
@@ -99,7 +100,7 @@ type metaStore struct {
 
 // load returns the newest snapshot, or nil for a fresh volume.
 func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
-	hdr := make([]byte, memnode.PageSize)
+	hdr := make([]byte, pageid.Size)
 	if err := m.c.ReadAt(ctx, m.vol, 0, hdr); err != nil {
 		return nil, fmt.Errorf("fs: reading the metadata header: %w", err)
 	}
@@ -107,14 +108,14 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 		return nil, nil
 	}
 	if string(hdr[:8]) != metaMagic {
-		return nil, fmt.Errorf("fs: metadata header: %w: bad magic %q", memnode.ErrCorrupt, hdr[:8])
+		return nil, fmt.Errorf("fs: metadata header: %w: bad magic %q", pageid.ErrCorrupt, hdr[:8])
 	}
 	gen := binary.LittleEndian.Uint64(hdr[8:])
 	slot := int(binary.LittleEndian.Uint32(hdr[16:]))
 	n := binary.LittleEndian.Uint64(hdr[24:])
 	sum := binary.LittleEndian.Uint32(hdr[32:])
 	if slot > 1 || n > metaSlotSize {
-		return nil, fmt.Errorf("fs: metadata header: %w: slot %d, %d bytes", memnode.ErrCorrupt, slot, n)
+		return nil, fmt.Errorf("fs: metadata header: %w: slot %d, %d bytes", pageid.ErrCorrupt, slot, n)
 	}
 	buf := make([]byte, n)
 	for off := uint64(0); off < n; off += memnode.MaxIO {
@@ -124,7 +125,7 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 		}
 	}
 	if crc32.Checksum(buf, castagnoli) != sum {
-		return nil, fmt.Errorf("fs: metadata generation %d: %w: checksum mismatch", gen, memnode.ErrCorrupt)
+		return nil, fmt.Errorf("fs: metadata generation %d: %w: checksum mismatch", gen, pageid.ErrCorrupt)
 	}
 	s, err := decodeSnapshot(buf)
 	if err != nil {
@@ -143,29 +144,29 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 	// snapshot could make it allocate gigabytes (FuzzSnapshot found one);
 	// JSON allocates in proportion to its input.
 	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("%w: %v", memnode.ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: %v", pageid.ErrCorrupt, err)
 	}
 	if s.Version != snapshotVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d", memnode.ErrCorrupt, s.Version, snapshotVersion)
+		return nil, fmt.Errorf("%w: version %d, want %d", pageid.ErrCorrupt, s.Version, snapshotVersion)
 	}
 	byIno := make(map[uint64]*inode, len(s.Inodes))
 	for _, n := range s.Inodes {
 		if n == nil || n.Ino == 0 || n.Ino >= volumeInoBase || byIno[n.Ino] != nil || (n.Ino >= s.NextIno && n.Ino != rootIno) {
-			return nil, fmt.Errorf("%w: bad or repeated inode", memnode.ErrCorrupt)
+			return nil, fmt.Errorf("%w: bad or repeated inode", pageid.ErrCorrupt)
 		}
 		if n.isReg() && n.Vol == "" {
-			return nil, fmt.Errorf("%w: file %d without a data volume", memnode.ErrCorrupt, n.Ino)
+			return nil, fmt.Errorf("%w: file %d without a data volume", pageid.ErrCorrupt, n.Ino)
 		}
 		byIno[n.Ino] = n
 	}
 	if r := byIno[rootIno]; r == nil || !r.isDir() {
-		return nil, fmt.Errorf("%w: no root directory", memnode.ErrCorrupt)
+		return nil, fmt.Errorf("%w: no root directory", pageid.ErrCorrupt)
 	}
 	for _, n := range s.Inodes {
 		for name, ino := range n.Entries {
 			c := byIno[ino]
 			if !n.isDir() || c == nil || checkName(name) != 0 || ino == rootIno || (c.isDir() && c.Parent != n.Ino) {
-				return nil, fmt.Errorf("%w: directory %d entry %q", memnode.ErrCorrupt, n.Ino, name)
+				return nil, fmt.Errorf("%w: directory %d entry %q", pageid.ErrCorrupt, n.Ino, name)
 			}
 		}
 		if !n.isDir() {
@@ -174,7 +175,7 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 		p, steps := n, 0
 		for p.Ino != rootIno {
 			if p = byIno[p.Parent]; p == nil || !p.isDir() || steps > len(s.Inodes) {
-				return nil, fmt.Errorf("%w: directory %d does not reach the root", memnode.ErrCorrupt, n.Ino)
+				return nil, fmt.Errorf("%w: directory %d does not reach the root", pageid.ErrCorrupt, n.Ino)
 			}
 			steps++
 		}
@@ -202,7 +203,7 @@ func (m *metaStore) save(ctx context.Context, b []byte) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("fs: writing metadata: %w", err)
 	}
-	hdr := make([]byte, memnode.PageSize)
+	hdr := make([]byte, pageid.Size)
 	copy(hdr, metaMagic)
 	binary.LittleEndian.PutUint64(hdr[8:], m.gen+1)
 	binary.LittleEndian.PutUint32(hdr[16:], uint32(slot))

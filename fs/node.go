@@ -7,9 +7,8 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pd3-go/pd3/pageid"
 	"golang.org/x/sys/unix"
-
-	"github.com/pd3-go/pd3/memnode"
 )
 
 // node is the kernel-facing side of an inode of the model; all state is in
@@ -183,7 +182,7 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	old, vol := c.Size, c.vol
 	f.mu.RUnlock()
 	if size < old {
-		end := (old + memnode.PageSize - 1) &^ (memnode.PageSize - 1)
+		end := (old + pageid.Size - 1) &^ (pageid.Size - 1)
 		if err := f.cfg.Store.ZeroRange(ctx, vol, size, end-size, false); err != nil {
 			return f.errno("truncate", err)
 		}
@@ -628,9 +627,9 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 	}
 	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
 	if n.f.cfg.OnRead != nil {
-		first := uint64(off) / memnode.PageSize
-		last := (uint64(off) + uint64(len(dest)) - 1) / memnode.PageSize
-		n.f.cfg.OnRead(memnode.MakeKey(vol, first), int(last-first+1), (size+memnode.PageSize-1)/memnode.PageSize)
+		first := uint64(off) / pageid.Size
+		last := (uint64(off) + uint64(len(dest)) - 1) / pageid.Size
+		n.f.cfg.OnRead(pageid.MakeKey(vol, first), int(last-first+1), (size+pageid.Size-1)/pageid.Size)
 	}
 	c.io.RLock()
 	err := n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
@@ -667,8 +666,8 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	}
 	c.io.RUnlock()
 	if err == nil && len(data) > 0 && n.f.cfg.OnWrite != nil {
-		first := uint64(off) / memnode.PageSize
-		n.f.cfg.OnWrite(memnode.MakeKey(vol, first), int((end-1)/memnode.PageSize-first+1))
+		first := uint64(off) / pageid.Size
+		n.f.cfg.OnWrite(pageid.MakeKey(vol, first), int((end-1)/pageid.Size-first+1))
 	}
 	if err != nil {
 		return 0, n.f.errno("write", err)
@@ -751,9 +750,9 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	f.mu.RLock()
 	files := uint64(len(f.inodes))
 	f.mu.RUnlock()
-	out.Bsize, out.Frsize, out.NameLen = memnode.PageSize, memnode.PageSize, maxName
-	out.Blocks = capacity / memnode.PageSize
-	out.Bfree = (capacity - min(used, capacity)) / memnode.PageSize
+	out.Bsize, out.Frsize, out.NameLen = pageid.Size, pageid.Size, maxName
+	out.Blocks = capacity / pageid.Size
+	out.Bfree = (capacity - min(used, capacity)) / pageid.Size
 	out.Bavail = out.Bfree
 	out.Files = 1 << 16 // one memory-node volume per file
 	out.Ffree = out.Files - min(files, out.Files)

@@ -14,14 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/tools/deploy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // tree reads every file and symlink under dir into a map (path → bytes,
@@ -314,7 +314,7 @@ func TestOnWriteSeesWrittenPages(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[uint64]bool{}
 	e := mountWith(t, startNode(t, 0), "", 0, func(c *fs.Config) {
-		c.OnWrite = func(first memnode.Key, pages int) {
+		c.OnWrite = func(first pageid.Key, pages int) {
 			mu.Lock()
 			defer mu.Unlock()
 			for i := range pages {

@@ -7,9 +7,9 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
-
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
+	"golang.org/x/sys/unix"
 )
 
 // The volumes directory shows each NBD volume as a file of its size. Its
@@ -34,7 +34,7 @@ func (n *node) volumesDir(ctx context.Context, out *fuse.EntryOut) *gofs.Inode {
 }
 
 func volumesAttr() fuse.Attr {
-	return fuse.Attr{Ino: volumesIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Blksize: memnode.PageSize}
+	return fuse.Attr{Ino: volumesIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Blksize: pageid.Size}
 }
 
 func (d *volumesDir) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -89,7 +89,7 @@ func (f *FS) volumeAttr(v memnode.VolumeInfo) fuse.Attr {
 	stored, _ := f.storedOf(v.ID)
 	return fuse.Attr{
 		Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG | 0o600, Nlink: 1,
-		Size: v.Size, Blocks: stored / 512, Blksize: memnode.PageSize,
+		Size: v.Size, Blocks: stored / 512, Blksize: pageid.Size,
 	}
 }
 

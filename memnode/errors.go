@@ -3,6 +3,8 @@ package memnode
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Per-request errors. The server returns them as a Status in the response and
@@ -10,10 +12,10 @@ import (
 // with errors.Is whichever side of the wire they are on.
 var (
 	// ErrOutOfRange is returned when a request touches bytes past the end of
-	// its volume.
-	ErrOutOfRange = errors.New("memnode: out of range")
+	// its volume (pageid's sentinel: every layer reports it alike).
+	ErrOutOfRange = pageid.ErrOutOfRange
 	// ErrNoVolume is returned when a volume id or name does not exist.
-	ErrNoVolume = errors.New("memnode: no such volume")
+	ErrNoVolume = pageid.ErrNoVolume
 	// ErrUnauthorised is returned when HELLO carries a wrong token or a
 	// request arrives before HELLO (the connection is closed afterwards),
 	// and per request when a connection touches a volume outside its

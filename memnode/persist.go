@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/pd3-go/pd3/pageid"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,7 +69,7 @@ const (
 var crcTable = crc32.MakeTable(crc32.Castagnoli) // read-only after init
 
 // ErrCorrupt is returned when persistent state cannot be read back.
-var ErrCorrupt = errors.New("memnode: persistent state is corrupt")
+var ErrCorrupt = pageid.ErrCorrupt
 
 // plog is the write-ahead log with group commit.
 type plog struct {

@@ -58,13 +58,15 @@ package memnode
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 const (
 	// Version is the protocol version exchanged in HELLO (2: memory windows).
 	Version = 2
 	// PageSize is the unit of PREFETCH-by-key.
-	PageSize = 4096
+	PageSize = pageid.Size
 	// ChunkSize is the allocation unit of volume memory: chunks are allocated
 	// on first write and freed when a TRIM covers them entirely.
 	ChunkSize = 1 << 20
@@ -274,22 +276,12 @@ func decodeVolumeInfo(b []byte) (VolumeInfo, []byte, error) {
 	return v, b[volumeInfoFixed+n:], nil
 }
 
-// Key is a page key: volume id in the top 16 bits, page number in the low 48.
-// It is the 8-byte page id of the PD3 page server.
-type Key uint64
+// Key is a page key (pageid.Key): volume id in the top 16 bits, page
+// number in the low 48.
+type Key = pageid.Key
 
 // PageBits is the width of the page-number part of a Key.
-const PageBits = 48
+const PageBits = pageid.PageBits
 
 // MakeKey builds the key of page pageNo of volume vol.
-func MakeKey(vol uint16, pageNo uint64) Key {
-	return Key(uint64(vol)<<PageBits | pageNo&(1<<PageBits-1))
-}
-
-// Volume returns the volume id of k.
-func (k Key) Volume() uint16 { return uint16(k >> PageBits) }
-
-// Page returns the page number of k.
-func (k Key) Page() uint64 { return uint64(k) & (1<<PageBits - 1) }
-
-func (k Key) String() string { return fmt.Sprintf("%d:%d", k.Volume(), k.Page()) }
+func MakeKey(vol uint16, pageNo uint64) Key { return pageid.MakeKey(vol, pageNo) }

@@ -9,6 +9,7 @@ import (
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -51,7 +52,7 @@ func FuzzServerStream(f *testing.F) {
 	f.Add(cat(flags, nbdproto.AppendOption(nil, nbdproto.OptExportName, []byte("ro")), fuzzRequest(nbdproto.CmdWrite, 0, 0, 4), []byte{1, 2, 3, 4}))
 	f.Add(cat(flags, nbdproto.AppendOption(nil, nbdproto.OptAbort, nil)))
 
-	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 16 * memnode.PageSize})
+	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 16 * pageid.Size})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // The negotiation phase: greeting, options, and the export the
@@ -184,7 +184,7 @@ func (c *conn) infoGo(opt nbdproto.Opt, data []byte) (bool, error) {
 	// read-modify-written), 4 KiB is best, MaxRequest is the limit.
 	b = binary.BigEndian.AppendUint16(b[:0], uint16(nbdproto.InfoBlockSize))
 	b = binary.BigEndian.AppendUint32(b, 1)
-	b = binary.BigEndian.AppendUint32(b, memnode.PageSize)
+	b = binary.BigEndian.AppendUint32(b, pageid.Size)
 	b = binary.BigEndian.AppendUint32(b, c.s.MaxRequest)
 	if err := c.reply(opt, nbdproto.RepInfo, b); err != nil {
 		return false, err

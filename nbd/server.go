@@ -19,7 +19,7 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -39,7 +39,7 @@ var _ Backend = (*pagestore.Store)(nil)
 // reader then runs such reads to completion itself, with no worker
 // hand-off; ErrWouldBlock sends a read to the workers instead.
 type PageReader interface {
-	GetAsync(k memnode.Key, dst []byte, done func(error)) (finished bool, err error)
+	GetAsync(k pageid.Key, dst []byte, done func(error)) (finished bool, err error)
 }
 
 var _ PageReader = (*pagestore.Store)(nil)

@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -33,7 +34,7 @@ type request struct {
 	done func(error) // r.pageRead, bound once per pooled request
 	// page holds READ and WRITE data of up to a page, so the common
 	// request needs no buffer from bufs.
-	page [memnode.PageSize]byte
+	page [pageid.Size]byte
 }
 
 // data returns a buffer of n bytes for r.
@@ -150,7 +151,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 // answered now, a miss when the page arrives (pageRead). It reports false
 // when a worker must take the request.
 func (c *conn) readPage(r *request) bool {
-	if c.pr == nil || r.length != memnode.PageSize || r.off%memnode.PageSize != 0 {
+	if c.pr == nil || r.length != pageid.Size || r.off%pageid.Size != 0 {
 		return false
 	}
 	if c.nasync.Add(1) > maxConnAsync {
@@ -159,7 +160,7 @@ func (c *conn) readPage(r *request) bool {
 	}
 	c.pending.Add(1)
 	c.s.Stages.Stamp(stages.HostDispatched)
-	finished, err := c.pr.GetAsync(memnode.MakeKey(c.exp.Volume, r.off/memnode.PageSize), r.buf, r.done)
+	finished, err := c.pr.GetAsync(pageid.MakeKey(c.exp.Volume, r.off/pageid.Size), r.buf, r.done)
 	if errors.Is(err, pagestore.ErrWouldBlock) {
 		c.nasync.Add(-1)
 		c.pending.Done()
@@ -316,8 +317,8 @@ func errnoOf(err error) nbdproto.Errno {
 	switch {
 	case err == nil:
 		return 0
-	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange),
-		errors.Is(err, pagestore.ErrNoVolume), errors.Is(err, memnode.ErrNoVolume):
+	case errors.Is(err, pageid.ErrOutOfRange),
+		errors.Is(err, pageid.ErrNoVolume):
 		return nbdproto.EINVAL
 	case errors.Is(err, memnode.ErrNoMemory):
 		return nbdproto.ENOSPC

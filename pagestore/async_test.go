@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/testutil"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -72,7 +72,7 @@ func TestAsyncModel(t *testing.T) {
 			model := map[Key][]byte{}
 			buf := make([]byte, PageSize)
 			for i := 0; i < 3000; i++ {
-				k := memnode.MakeKey(1, uint64(r.IntN(volPages/workers)*workers+w))
+				k := pageid.MakeKey(1, uint64(r.IntN(volPages/workers)*workers+w))
 				switch op := r.IntN(10); {
 				case op == 0:
 					if !assert.NoError(t, s.Flush(ctx)) {
@@ -126,7 +126,7 @@ func TestAsyncModel(t *testing.T) {
 // is in flight waits for it, and a blocking read of it shares the load.
 func TestAsyncMissBlocksWriters(t *testing.T) {
 	rem := newAsyncRemote(0)
-	k := memnode.MakeKey(1, 3)
+	k := pageid.MakeKey(1, 3)
 	require.NoError(t, rem.WritePages(context.Background(), []Key{k}, [][]byte{fill(k, 1)}))
 	release := make(chan struct{})
 	gated := &gatedRemote{asyncRemote: rem, release: release}
@@ -183,22 +183,22 @@ func TestAsyncNeverEvictsDirty(t *testing.T) {
 	s := newTestStore(t, rem, 4, "", 16)
 	ctx := context.Background()
 	for p := uint64(0); p < 4; p++ {
-		require.NoError(t, s.Put(ctx, memnode.MakeKey(1, p), fill(memnode.MakeKey(1, p), 1)))
+		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
 	}
 	buf := make([]byte, PageSize)
-	_, err := s.GetAsync(memnode.MakeKey(1, 9), buf, func(error) { t.Error("load started") })
+	_, err := s.GetAsync(pageid.MakeKey(1, 9), buf, func(error) { t.Error("load started") })
 	assert.ErrorIs(t, err, ErrWouldBlock)
 	assert.Zero(t, rem.mem.Writes.Load(), "nothing written back")
 	require.NoError(t, s.Flush(ctx))
-	require.NoError(t, getAsync(ctx, s, memnode.MakeKey(1, 9), buf))
+	require.NoError(t, getAsync(ctx, s, pageid.MakeKey(1, 9), buf))
 	assert.Equal(t, int64(1), rem.started.Load())
 	// The failed remote's error reaches the reader, and the frame is
 	// free again.
 	rem.Fail.Store(true)
-	err = getAsync(ctx, s, memnode.MakeKey(1, 10), buf)
+	err = getAsync(ctx, s, pageid.MakeKey(1, 10), buf)
 	assert.ErrorIs(t, err, ErrInjected)
 	rem.Fail.Store(false)
-	require.NoError(t, getAsync(ctx, s, memnode.MakeKey(1, 10), buf))
+	require.NoError(t, getAsync(ctx, s, pageid.MakeKey(1, 10), buf))
 	assert.Equal(t, make([]byte, PageSize), buf)
 	assert.Zero(t, s.async.Load())
 }

@@ -1,6 +1,6 @@
 // Package pagestore is the host's view of volumes of 4 KiB pages: a bounded,
 // concurrent, write-back cache in front of a Remote (the memory node, or
-// later the DPU agent's rings). Page ids are memnode.Key values: volume (16
+// later the DPU agent's rings). Page ids are pageid.Key values: volume (16
 // bits) | page number (48 bits).
 //
 // # Miss path

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // ErrInjected is returned by a Faults remote while Fail is set.
@@ -75,7 +75,7 @@ func (f *Faults) ReadPages(ctx context.Context, first Key, p []byte) error {
 		return pr.ReadPages(ctx, first, p)
 	}
 	for i := range len(p) / PageSize {
-		if err := f.R.ReadPage(ctx, memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), p[i*PageSize:(i+1)*PageSize]); err != nil {
+		if err := f.R.ReadPage(ctx, pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), p[i*PageSize:(i+1)*PageSize]); err != nil {
 			return err
 		}
 	}
@@ -92,7 +92,7 @@ func (f *Faults) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	}
 	var zero [PageSize]byte
 	for p := off / PageSize; p < (off+n)/PageSize; p++ {
-		if err := f.R.WritePages(ctx, []Key{memnode.MakeKey(vol, p)}, [][]byte{zero[:]}); err != nil {
+		if err := f.R.WritePages(ctx, []Key{pageid.MakeKey(vol, p)}, [][]byte{zero[:]}); err != nil {
 			return err
 		}
 	}

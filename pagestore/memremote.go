@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // MemRemote is an in-memory Remote: the reference implementation for tests
@@ -40,7 +40,7 @@ func (m *MemRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
 // ReadPages implements PagesReader.
 func (m *MemRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
 	for i := 0; i < len(p)/PageSize; i++ {
-		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		k := pageid.MakeKey(first.Volume(), first.Page()+uint64(i))
 		if err := m.ReadPage(ctx, k, p[i*PageSize:(i+1)*PageSize]); err != nil {
 			return err
 		}
@@ -78,7 +78,7 @@ func (m *MemRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for p := off / PageSize; p < (off+n)/PageSize; p++ {
-		delete(m.pages, memnode.MakeKey(vol, p))
+		delete(m.pages, pageid.MakeKey(vol, p))
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // ReadRange reads len(p) bytes at byte offset off of volume vol. The
@@ -144,7 +144,7 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 	var frames [maxRun]int32
 	got := 0
 	for got < m {
-		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(got))
+		k := pageid.MakeKey(first.Volume(), first.Page()+uint64(got))
 		if s.Resident(k) {
 			break
 		}
@@ -165,7 +165,7 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 	var fromLZ [maxRun]bool
 	if lz := s.opt.Prefetched; lz != nil {
 		for i, f := range frames[:got] {
-			if lz.CheckAndReturn(memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f)) == PageSize {
+			if lz.CheckAndReturn(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f)) == PageSize {
 				fromLZ[i] = true
 				s.lzHits.Add(1)
 			}
@@ -184,7 +184,7 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 			j++
 		}
 		s.remoteReads.Add(uint64(j - i))
-		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		k := pageid.MakeKey(first.Volume(), first.Page()+uint64(i))
 		if err := pr.ReadPages(ctx, k, buf[i*PageSize:j*PageSize]); err != nil {
 			s.abandonRun(first, frames[:got])
 			return fmt.Errorf("reading pages from %v: %w", k, err)
@@ -195,7 +195,7 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 		i = j
 	}
 	for i, f := range frames[:got] {
-		k := memnode.MakeKey(first.Volume(), first.Page()+uint64(i))
+		k := pageid.MakeKey(first.Volume(), first.Page()+uint64(i))
 		fill(k, s.page(f)) // still ours: write-locked until valid
 		fr := &s.frames[f]
 		fr.valid = true
@@ -208,7 +208,7 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 // abandonRun unpublishes the frames a failed run claimed.
 func (s *Store) abandonRun(first Key, frames []int32) {
 	for i, f := range frames {
-		s.unpublish(memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), f)
+		s.unpublish(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), f)
 	}
 }
 
@@ -278,13 +278,13 @@ func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at
 		return fmt.Errorf("volume %d: %w", vol, s.missing(vol))
 	}
 	if off > v.Size || n > v.Size-off {
-		return fmt.Errorf("%d bytes at %d of %q (%d bytes): %w", n, off, v.Name, v.Size, ErrOutOfRange)
+		return fmt.Errorf("%d bytes at %d of %q (%d bytes): %w", n, off, v.Name, v.Size, pageid.ErrOutOfRange)
 	}
 	var at uint64
 	for n > 0 {
 		po := off % PageSize
 		m := min(n, PageSize-po)
-		if err := fn(memnode.MakeKey(vol, off/PageSize), int(po), int(m), at); err != nil {
+		if err := fn(pageid.MakeKey(vol, off/PageSize), int(po), int(m), at); err != nil {
 			return err
 		}
 		off, n, at = off+m, n-m, at+m

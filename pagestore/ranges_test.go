@@ -11,6 +11,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -60,8 +61,8 @@ func TestRangesModel(t *testing.T) {
 			require.NoError(t, s.ReadRange(ctx, 1, 0, all))
 			assert.True(t, bytes.Equal(model, all))
 			assert.Positive(t, s.discards.Load(), "whole pages were trimmed")
-			assert.ErrorIs(t, s.ReadRange(ctx, 1, uint64(len(model))-1, make([]byte, 2)), ErrOutOfRange)
-			assert.ErrorIs(t, s.WriteRange(ctx, 2, 0, make([]byte, 2)), ErrNoVolume)
+			assert.ErrorIs(t, s.ReadRange(ctx, 1, uint64(len(model))-1, make([]byte, 2)), pageid.ErrOutOfRange)
+			assert.ErrorIs(t, s.WriteRange(ctx, 2, 0, make([]byte, 2)), pageid.ErrNoVolume)
 		})
 	}
 }
@@ -77,16 +78,16 @@ func TestRemoveVolume(t *testing.T) {
 	s.AddVolume(v)
 	page := bytes.Repeat([]byte{0xAB}, PageSize)
 	for i := range 8 {
-		require.NoError(t, s.Put(ctx, memnode.MakeKey(3, uint64(i)), page))
+		require.NoError(t, s.Put(ctx, pageid.MakeKey(3, uint64(i)), page))
 	}
 	s.RemoveVolume(3)
-	assert.ErrorIs(t, s.ReadRange(ctx, 3, 0, make([]byte, 1)), ErrNoVolume)
+	assert.ErrorIs(t, s.ReadRange(ctx, 3, 0, make([]byte, 1)), pageid.ErrNoVolume)
 	for i := range 8 {
-		assert.False(t, s.Resident(memnode.MakeKey(3, uint64(i))), "page %d still cached", i)
+		assert.False(t, s.Resident(pageid.MakeKey(3, uint64(i))), "page %d still cached", i)
 	}
 	s.AddVolume(v)
 	got := make([]byte, PageSize)
-	require.NoError(t, s.Get(ctx, memnode.MakeKey(3, 1), got))
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(3, 1), got))
 	assert.Equal(t, make([]byte, PageSize), got, "old page showed through")
 	require.NoError(t, s.Check())
 }

@@ -13,23 +13,20 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Key is the 8-byte page id: volume (16 bits) | page number (48 bits).
-type Key = memnode.Key
+type Key = pageid.Key
 
 // PageSize is the size of every page.
-const PageSize = memnode.PageSize
+const PageSize = pageid.Size
 
 // Errors callers branch on.
 var (
-	// ErrNoVolume is returned for a key whose volume is not served.
-	ErrNoVolume = errors.New("pagestore: no such volume")
 	// ErrFenced is returned for a volume another host has taken over
 	// (FenceVolume): this host neither reads nor writes it any more.
 	ErrFenced = errors.New("pagestore: volume taken over by another host")
-	// ErrOutOfRange is returned for a page past the end of its volume.
-	ErrOutOfRange = errors.New("pagestore: page out of range")
 	// ErrBadPage is returned when a buffer is not exactly one page.
 	ErrBadPage = errors.New("pagestore: buffer is not one page")
 	// ErrCacheFull is returned when no frame can be freed: every frame is
@@ -244,7 +241,7 @@ func (s *Store) missing(id uint16) error {
 	if s.fenced[id] {
 		return ErrFenced
 	}
-	return ErrNoVolume
+	return pageid.ErrNoVolume
 }
 
 // Volumes returns the served volumes ordered by id.
@@ -280,7 +277,7 @@ func (s *Store) CheckKey(k Key) error {
 		return fmt.Errorf("page %v: %w", k, s.missing(k.Volume()))
 	}
 	if k.Page() >= v.Size/PageSize {
-		return fmt.Errorf("page %v of %q (%d pages): %w", k, v.Name, v.Size/PageSize, ErrOutOfRange)
+		return fmt.Errorf("page %v of %q (%d pages): %w", k, v.Name, v.Size/PageSize, pageid.ErrOutOfRange)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -41,18 +42,18 @@ func TestGetPutAndBounds(t *testing.T) {
 			s := newTestStore(t, rem, 8, pol, 100)
 			ctx := context.Background()
 			buf := make([]byte, PageSize)
-			require.NoError(t, s.Get(ctx, memnode.MakeKey(1, 5), buf))
+			require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 5), buf))
 			assert.Equal(t, make([]byte, PageSize), buf)
-			require.NoError(t, s.Put(ctx, memnode.MakeKey(1, 5), fill(5, 1)))
-			require.NoError(t, s.Get(ctx, memnode.MakeKey(1, 5), buf))
+			require.NoError(t, s.Put(ctx, pageid.MakeKey(1, 5), fill(5, 1)))
+			require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 5), buf))
 			assert.Equal(t, fill(5, 1), buf)
-			assert.ErrorIs(t, s.Get(ctx, memnode.MakeKey(1, 100), buf), ErrOutOfRange)
-			assert.ErrorIs(t, s.Get(ctx, memnode.MakeKey(2, 0), buf), ErrNoVolume)
-			assert.ErrorIs(t, s.Put(ctx, memnode.MakeKey(1, 0), buf[:10]), ErrBadPage)
+			assert.ErrorIs(t, s.Get(ctx, pageid.MakeKey(1, 100), buf), pageid.ErrOutOfRange)
+			assert.ErrorIs(t, s.Get(ctx, pageid.MakeKey(2, 0), buf), pageid.ErrNoVolume)
+			assert.ErrorIs(t, s.Put(ctx, pageid.MakeKey(1, 0), buf[:10]), ErrBadPage)
 			// Nothing reached the remote before Flush.
-			assert.Equal(t, make([]byte, PageSize), rem.Page(memnode.MakeKey(1, 5)))
+			assert.Equal(t, make([]byte, PageSize), rem.Page(pageid.MakeKey(1, 5)))
 			require.NoError(t, s.Flush(ctx))
-			assert.Equal(t, fill(5, 1), rem.Page(memnode.MakeKey(1, 5)))
+			assert.Equal(t, fill(5, 1), rem.Page(pageid.MakeKey(1, 5)))
 			assert.Zero(t, s.Stats().DirtyPages)
 		})
 	}
@@ -95,7 +96,7 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 					buf := make([]byte, PageSize)
 					for i := 0; i < 2000; i++ {
 						// Each writer owns pages ≡ w mod 4, so its model is exact.
-						k := memnode.MakeKey(1, uint64(r.IntN(volPages/4)*4+w))
+						k := pageid.MakeKey(1, uint64(r.IntN(volPages/4)*4+w))
 						if r.IntN(3) == 0 {
 							if err := s.Get(ctx, k, buf); err != nil {
 								continue
@@ -148,7 +149,7 @@ func (c countingRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
 func TestConcurrentMissesShareOneRead(t *testing.T) {
 	rem := countingRemote{NewMemRemote(), make(chan struct{})}
 	s := newTestStore(t, rem, 8, "", 16)
-	k := memnode.MakeKey(1, 3)
+	k := pageid.MakeKey(1, 3)
 	var wg sync.WaitGroup
 	for i := 0; i < 16; i++ {
 		wg.Add(1)
@@ -171,10 +172,10 @@ func TestFailedLoadIsRetried(t *testing.T) {
 	ctx := context.Background()
 	buf := make([]byte, PageSize)
 	rem.Fail.Store(true)
-	assert.ErrorIs(t, s.Get(ctx, memnode.MakeKey(1, 1), buf), ErrInjected)
+	assert.ErrorIs(t, s.Get(ctx, pageid.MakeKey(1, 1), buf), ErrInjected)
 	rem.Fail.Store(false)
-	require.NoError(t, rem.WritePages(ctx, []Key{memnode.MakeKey(1, 1)}, [][]byte{fill(1, 7)}))
-	require.NoError(t, s.Get(ctx, memnode.MakeKey(1, 1), buf))
+	require.NoError(t, rem.WritePages(ctx, []Key{pageid.MakeKey(1, 1)}, [][]byte{fill(1, 7)}))
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 1), buf))
 	assert.Equal(t, fill(1, 7), buf)
 }
 
@@ -190,7 +191,7 @@ func TestModel(t *testing.T) {
 			model := make(map[Key][]byte)
 			buf := make([]byte, PageSize)
 			for i := 0; i < 5000; i++ {
-				k := memnode.MakeKey(1, uint64(rng.IntN(64)))
+				k := pageid.MakeKey(1, uint64(rng.IntN(64)))
 				switch rng.IntN(10) {
 				case 0:
 					require.NoError(t, s.Flush(ctx))
@@ -230,7 +231,7 @@ func TestBackgroundWritebackRetries(t *testing.T) {
 	rem.Fail.Store(true)
 	s.StartWriteback(ctx, 10*time.Millisecond)
 	for p := uint64(0); p < 8; p++ {
-		require.NoError(t, s.Put(ctx, memnode.MakeKey(1, p), fill(memnode.MakeKey(1, p), 3)))
+		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 3)))
 	}
 	require.Eventually(t, func() bool { return s.Stats().WritebackFailures >= 3 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 8, s.Stats().DirtyPages, "failed write-backs keep the pages dirty")
@@ -243,7 +244,7 @@ func TestBackgroundWritebackRetries(t *testing.T) {
 	assert.Contains(t, out, ErrInjected.Error(), "the warning carries the remote's error")
 	assert.Regexp(t, `recovered after \d+ failed rounds`, out)
 	for p := uint64(0); p < 8; p++ {
-		k := memnode.MakeKey(1, p)
+		k := pageid.MakeKey(1, p)
 		assert.Equal(t, fill(k, 3), mem.Page(k))
 	}
 	cancel()
@@ -263,7 +264,7 @@ func TestConcurrentFlushesCoverTheirWrites(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for v := uint64(1); v <= 100; v++ {
-				k := memnode.MakeKey(1, uint64(w*4)+v%4)
+				k := pageid.MakeKey(1, uint64(w*4)+v%4)
 				if err := s.Put(ctx, k, fill(k, v)); err != nil {
 					errs <- err
 					return

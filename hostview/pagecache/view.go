@@ -5,7 +5,7 @@ import (
 	"sync"
 
 	"github.com/pd3-go/pd3/hostview"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // View is a Sink that keeps a Host View of one mount's kernel page cache
@@ -15,12 +15,12 @@ type View struct {
 	Set *hostview.Set
 	// OnRange, if set, hears the same as ranges (a split agent gets them
 	// as messages).
-	OnRange func(added bool, first memnode.Key, pages int)
+	OnRange func(added bool, first pageid.Key, pages int)
 	// KeyOf maps (inode, page index) to the page's key; false for files
 	// without data pages (nothing to track).
-	KeyOf func(ino, index uint64) (memnode.Key, bool)
+	KeyOf func(ino, index uint64) (pageid.Key, bool)
 	// OnRead, if set, hears every read the kernel saw (hit or miss).
-	OnRead func(first memnode.Key, pages int)
+	OnRead func(first pageid.Key, pages int)
 
 	mu    sync.Mutex
 	files map[uint64]*FileStats
@@ -96,11 +96,11 @@ func (v *View) Event(e Event) {
 	case v.Set == nil:
 	case e.Kind == Added:
 		for i := uint64(0); i < n; i++ {
-			v.Set.Add(uint64(memnode.MakeKey(vol, base+i)))
+			v.Set.Add(uint64(pageid.MakeKey(vol, base+i)))
 		}
 	case e.Kind == Deleted:
 		for i := uint64(0); i < n; i++ {
-			v.Set.Delete(uint64(memnode.MakeKey(vol, base+i)))
+			v.Set.Delete(uint64(pageid.MakeKey(vol, base+i)))
 		}
 	}
 	if e.Kind == Accessed && v.OnRead != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Client is a pipelined page-protocol client, safe for concurrent use.
@@ -75,7 +76,7 @@ type Call struct {
 	pc  *pipeline.Call
 	err error
 	op  Op
-	id  memnode.Key
+	id  pageid.Key
 }
 
 func statusCheck(pc *pipeline.Call) error { return Status(pc.Status).Err() }
@@ -92,7 +93,7 @@ func (c Call) Wait(ctx context.Context) error {
 	return nil
 }
 
-func (c *Client) send(op Op, id memnode.Key, dst, payload []byte) Call {
+func (c *Client) send(op Op, id pageid.Key, dst, payload []byte) Call {
 	pc := c.s.Get()
 	pc.Dst = dst
 	var hb [HeaderSize]byte
@@ -104,7 +105,7 @@ func (c *Client) send(op Op, id memnode.Key, dst, payload []byte) Call {
 }
 
 // GetAsync starts reading page id into dst (PageSize bytes).
-func (c *Client) GetAsync(id memnode.Key, dst []byte) Call {
+func (c *Client) GetAsync(id pageid.Key, dst []byte) Call {
 	if len(dst) != PageSize {
 		return Call{err: fmt.Errorf("pageproto: GET buffer of %d bytes", len(dst)), op: OpGet, id: id}
 	}
@@ -112,7 +113,7 @@ func (c *Client) GetAsync(id memnode.Key, dst []byte) Call {
 }
 
 // PutAsync starts writing src (PageSize bytes, copied before return) as page id.
-func (c *Client) PutAsync(id memnode.Key, src []byte) Call {
+func (c *Client) PutAsync(id pageid.Key, src []byte) Call {
 	if len(src) != PageSize {
 		return Call{err: fmt.Errorf("pageproto: PUT buffer of %d bytes", len(src)), op: OpPut, id: id}
 	}
@@ -120,12 +121,12 @@ func (c *Client) PutAsync(id memnode.Key, src []byte) Call {
 }
 
 // Get reads page id into dst.
-func (c *Client) Get(ctx context.Context, id memnode.Key, dst []byte) error {
+func (c *Client) Get(ctx context.Context, id pageid.Key, dst []byte) error {
 	return c.GetAsync(id, dst).Wait(ctx)
 }
 
 // Put writes src as page id.
-func (c *Client) Put(ctx context.Context, id memnode.Key, src []byte) error {
+func (c *Client) Put(ctx context.Context, id pageid.Key, src []byte) error {
 	return c.PutAsync(id, src).Wait(ctx)
 }
 

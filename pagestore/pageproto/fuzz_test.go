@@ -6,12 +6,13 @@ import (
 
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
 func FuzzHeader(f *testing.F) {
 	var b [HeaderSize]byte
-	(&Header{Op: OpGet, Tag: 3, ID: memnode.MakeKey(1, 2)}).EncodeRequest(b[:])
+	(&Header{Op: OpGet, Tag: 3, ID: pageid.MakeKey(1, 2)}).EncodeRequest(b[:])
 	f.Add(b[:])
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var h Header
@@ -30,8 +31,8 @@ func FuzzHeader(f *testing.F) {
 // or a stall, and the store stays consistent.
 func FuzzServerStream(f *testing.F) {
 	var g, p [HeaderSize]byte
-	(&Header{Op: OpGet, ID: memnode.MakeKey(1, 2)}).EncodeRequest(g[:])
-	(&Header{Op: OpPut, ID: memnode.MakeKey(1, 3)}).EncodeRequest(p[:])
+	(&Header{Op: OpGet, ID: pageid.MakeKey(1, 2)}).EncodeRequest(g[:])
+	(&Header{Op: OpPut, ID: pageid.MakeKey(1, 3)}).EncodeRequest(p[:])
 	f.Add(g[:])
 	f.Add(append(p[:], make([]byte, PageSize)...))
 	f.Add(append(g[:], 0x50, 3))

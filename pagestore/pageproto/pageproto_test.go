@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -58,7 +59,7 @@ func newRig(t *testing.T, cachePages int, volPages uint64) *rig {
 	return &rig{node: direct, store: st, addr: ln.Addr().String(), vol: vol}
 }
 
-func pageOf(k memnode.Key, version uint64) []byte {
+func pageOf(k pageid.Key, version uint64) []byte {
 	p := make([]byte, PageSize)
 	for i := 0; i < PageSize; i += 16 {
 		binary.LittleEndian.PutUint64(p[i:], uint64(k))
@@ -86,7 +87,7 @@ func TestModelConcurrentClients(t *testing.T) {
 				return
 			}
 			defer c.Close()
-			model := make(map[memnode.Key][]byte)
+			model := make(map[pageid.Key][]byte)
 			bufs := make([][]byte, batch)
 			for i := range bufs {
 				bufs[i] = make([]byte, PageSize)
@@ -106,12 +107,12 @@ func TestModelConcurrentClients(t *testing.T) {
 					continue
 				}
 				// A batch of distinct pages owned by this client, in flight together.
-				seen := make(map[memnode.Key]bool)
+				seen := make(map[pageid.Key]bool)
 				calls := make([]Call, 0, batch)
 				kinds := make([]bool, 0, batch)
-				keys := make([]memnode.Key, 0, batch)
+				keys := make([]pageid.Key, 0, batch)
 				for len(calls) < batch {
-					k := memnode.MakeKey(r.vol.ID, uint64(rng.IntN(volPages/clients)*clients+ci))
+					k := pageid.MakeKey(r.vol.ID, uint64(rng.IntN(volPages/clients)*clients+ci))
 					if seen[k] {
 						continue
 					}
@@ -156,9 +157,9 @@ func TestErrorsAndBadFrames(t *testing.T) {
 	defer good.Close()
 	buf := make([]byte, PageSize)
 
-	assert.ErrorIs(t, good.Get(ctx, memnode.MakeKey(r.vol.ID, 64), buf), ErrOutOfRange)
-	assert.ErrorIs(t, good.Get(ctx, memnode.MakeKey(99, 0), buf), ErrNoVolume)
-	assert.ErrorIs(t, good.Put(ctx, memnode.MakeKey(r.vol.ID, 1<<40), buf), ErrOutOfRange)
+	assert.ErrorIs(t, good.Get(ctx, pageid.MakeKey(r.vol.ID, 64), buf), pageid.ErrOutOfRange)
+	assert.ErrorIs(t, good.Get(ctx, pageid.MakeKey(99, 0), buf), pageid.ErrNoVolume)
+	assert.ErrorIs(t, good.Put(ctx, pageid.MakeKey(r.vol.ID, 1<<40), buf), pageid.ErrOutOfRange)
 
 	raw := func() net.Conn {
 		nc, err := net.Dial("tcp", r.addr)
@@ -172,7 +173,7 @@ func TestErrorsAndBadFrames(t *testing.T) {
 	var hb [HeaderSize]byte
 	(&Header{Op: 77, Tag: 5}).EncodeRequest(hb[:])
 	nc.Write(hb[:])
-	(&Header{Op: OpGet, Tag: 6, ID: memnode.MakeKey(r.vol.ID, 0)}).EncodeRequest(hb[:])
+	(&Header{Op: OpGet, Tag: 6, ID: pageid.MakeKey(r.vol.ID, 0)}).EncodeRequest(hb[:])
 	nc.Write(hb[:])
 	var rb [HeaderSize + PageSize]byte
 	_, err = io.ReadFull(nc, rb[:HeaderSize])
@@ -197,7 +198,7 @@ func TestErrorsAndBadFrames(t *testing.T) {
 			nc.(*net.TCPConn).CloseWrite()
 			_, err := io.ReadAll(nc)
 			assert.NoError(t, err, "server closes the connection")
-			assert.NoError(t, good.Get(ctx, memnode.MakeKey(r.vol.ID, 1), buf), "other clients keep working")
+			assert.NoError(t, good.Get(ctx, pageid.MakeKey(r.vol.ID, 1), buf), "other clients keep working")
 		})
 	}
 }
@@ -226,15 +227,15 @@ func TestMemnodeDownGivesIO(t *testing.T) {
 	c, err := Dial(ctx, ln.Addr().String(), ClientOptions{})
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, c.Put(ctx, memnode.MakeKey(vol.ID, 1), pageOf(1, 1)))
+	require.NoError(t, c.Put(ctx, pageid.MakeKey(vol.ID, 1), pageOf(1, 1)))
 	msrv.Close()
 	start := time.Now()
 	buf := make([]byte, PageSize)
-	assert.ErrorIs(t, c.Get(ctx, memnode.MakeKey(vol.ID, 2), buf), ErrIO)
+	assert.ErrorIs(t, c.Get(ctx, pageid.MakeKey(vol.ID, 2), buf), ErrIO)
 	assert.ErrorIs(t, c.Sync(ctx), ErrIO, "the dirty page cannot reach the node")
 	assert.Less(t, time.Since(start), 10*time.Second)
 	// The cached, unsynced write is still served.
-	require.NoError(t, c.Get(ctx, memnode.MakeKey(vol.ID, 1), buf))
+	require.NoError(t, c.Get(ctx, pageid.MakeKey(vol.ID, 1), buf))
 	assert.Equal(t, pageOf(1, 1), buf)
 }
 
@@ -284,7 +285,7 @@ func TestClientNamesTheWrongServer(t *testing.T) {
 	c, err := Dial(ctx, ln.Addr().String(), ClientOptions{OpTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer c.Close()
-	err = c.Get(ctx, memnode.MakeKey(1, 0), make([]byte, PageSize))
+	err = c.Get(ctx, pageid.MakeKey(1, 0), make([]byte, PageSize))
 	require.ErrorIs(t, err, ErrFraming)
 	assert.ErrorContains(t, err, "this looks like an NBD server, not a page server")
 }

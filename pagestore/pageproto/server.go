@@ -17,14 +17,15 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
 // Backend is what the server executes requests against; *pagestore.Store
 // implements it.
 type Backend interface {
-	Get(ctx context.Context, k memnode.Key, dst []byte) error
-	Put(ctx context.Context, k memnode.Key, src []byte) error
+	Get(ctx context.Context, k pageid.Key, dst []byte) error
+	Put(ctx context.Context, k pageid.Key, src []byte) error
 	Flush(ctx context.Context) error
 }
 
@@ -226,9 +227,9 @@ func statusOf(err error) Status {
 	switch {
 	case err == nil:
 		return StatusOK
-	case errors.Is(err, pagestore.ErrNoVolume), errors.Is(err, memnode.ErrNoVolume):
+	case errors.Is(err, pageid.ErrNoVolume):
 		return StatusNoVolume
-	case errors.Is(err, pagestore.ErrOutOfRange), errors.Is(err, memnode.ErrOutOfRange):
+	case errors.Is(err, pageid.ErrOutOfRange):
 		return StatusOutOfRange
 	case errors.Is(err, ErrUnknownOp):
 		return StatusUnknownOp

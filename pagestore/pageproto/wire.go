@@ -46,12 +46,13 @@ import (
 	"fmt"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Sizes.
 const (
 	HeaderSize = 16
-	PageSize   = memnode.PageSize
+	PageSize   = pageid.Size
 
 	ReqMagic  = 0x50
 	RespMagic = 0x51
@@ -106,11 +107,9 @@ const (
 
 // Errors a client sees, one per status.
 var (
-	ErrNoVolume   = errors.New("pageproto: no such volume")
-	ErrOutOfRange = errors.New("pageproto: page out of range")
-	ErrIO         = errors.New("pageproto: I/O error at the server")
-	ErrUnknownOp  = errors.New("pageproto: unknown operation")
-	ErrInternal   = errors.New("pageproto: internal server error")
+	ErrIO        = errors.New("pageproto: I/O error at the server")
+	ErrUnknownOp = errors.New("pageproto: unknown operation")
+	ErrInternal  = errors.New("pageproto: internal server error")
 	// ErrFraming is a byte stream that is not a sequence of frames.
 	ErrFraming = errors.New("pageproto: framing violation")
 )
@@ -121,9 +120,9 @@ func (s Status) Err() error {
 	case StatusOK:
 		return nil
 	case StatusNoVolume:
-		return ErrNoVolume
+		return pageid.ErrNoVolume
 	case StatusOutOfRange:
-		return ErrOutOfRange
+		return pageid.ErrOutOfRange
 	case StatusIO:
 		return ErrIO
 	case StatusUnknownOp:
@@ -137,7 +136,7 @@ type Header struct {
 	Op     Op
 	Status Status // responses only
 	Tag    uint32
-	ID     memnode.Key
+	ID     pageid.Key
 }
 
 // EncodeRequest writes h as a request header into b[:HeaderSize].
@@ -174,7 +173,7 @@ func (h *Header) DecodeRequest(b []byte) error {
 	h.Op = Op(b[1])
 	h.Status = 0
 	h.Tag = binary.LittleEndian.Uint32(b[4:])
-	h.ID = memnode.Key(binary.LittleEndian.Uint64(b[8:]))
+	h.ID = pageid.Key(binary.LittleEndian.Uint64(b[8:]))
 	return nil
 }
 
@@ -189,7 +188,7 @@ func (h *Header) DecodeResponse(b []byte) error {
 	h.Op = Op(b[1])
 	h.Status = Status(binary.LittleEndian.Uint16(b[2:]))
 	h.Tag = binary.LittleEndian.Uint32(b[4:])
-	h.ID = memnode.Key(binary.LittleEndian.Uint64(b[8:]))
+	h.ID = pageid.Key(binary.LittleEndian.Uint64(b[8:]))
 	return nil
 }
 

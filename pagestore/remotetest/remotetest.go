@@ -14,11 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/pageid"
+	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pd3-go/pd3/memnode"
-	"github.com/pd3-go/pd3/pagestore"
 )
 
 // Capabilities names the optional interfaces a Remote offers.
@@ -76,11 +75,11 @@ const (
 	trimBase  = 240 // Trim: 16 pages
 )
 
-func (c *checker) key(p uint64) memnode.Key { return memnode.MakeKey(c.vol, p) }
+func (c *checker) key(p uint64) pageid.Key { return pageid.MakeKey(c.vol, p) }
 
 // content is page p's bytes at version v: distinct per page and version.
-func content(k memnode.Key, v uint64) []byte {
-	b := make([]byte, memnode.PageSize)
+func content(k pageid.Key, v uint64) []byte {
+	b := make([]byte, pageid.Size)
 	for i := 0; i < len(b); i += 16 {
 		binary.LittleEndian.PutUint64(b[i:], uint64(k))
 		binary.LittleEndian.PutUint64(b[i+8:], v)
@@ -96,7 +95,7 @@ func ctx(t *testing.T) context.Context {
 
 func (c *checker) write(t *testing.T, v uint64, pages ...uint64) {
 	t.Helper()
-	keys := make([]memnode.Key, len(pages))
+	keys := make([]pageid.Key, len(pages))
 	data := make([][]byte, len(pages))
 	for i, p := range pages {
 		keys[i], data[i] = c.key(p), content(c.key(p), v)
@@ -106,7 +105,7 @@ func (c *checker) write(t *testing.T, v uint64, pages ...uint64) {
 
 func (c *checker) expect(t *testing.T, p uint64, want []byte) {
 	t.Helper()
-	got := bytes.Repeat([]byte{0xAA}, memnode.PageSize) // not what any page holds
+	got := bytes.Repeat([]byte{0xAA}, pageid.Size) // not what any page holds
 	require.NoError(t, c.r.ReadPage(ctx(t), c.key(p), got))
 	if !bytes.Equal(want, got) {
 		t.Fatalf("page %v: got version %d of %#x, want version %d of %#x", c.key(p),
@@ -114,7 +113,7 @@ func (c *checker) expect(t *testing.T, p uint64, want []byte) {
 	}
 }
 
-var zero = make([]byte, memnode.PageSize)
+var zero = make([]byte, pageid.Size)
 
 func (c *checker) unwrittenReadsZero(t *testing.T) {
 	for p := uint64(zeroBase); p < zeroBase+4; p++ {
@@ -159,11 +158,11 @@ func (c *checker) concurrentOwners(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, memnode.PageSize)
+			buf := make([]byte, pageid.Size)
 			for v := uint64(1); v <= rounds; v++ {
 				for i := range each {
 					k := c.key(ownBase + uint64(o*each+i))
-					if err := c.r.WritePages(context.Background(), []memnode.Key{k}, [][]byte{content(k, v)}); err != nil {
+					if err := c.r.WritePages(context.Background(), []pageid.Key{k}, [][]byte{content(k, v)}); err != nil {
 						errs <- err
 						return
 					}
@@ -190,12 +189,12 @@ func (c *checker) readPages(t *testing.T) {
 	pr := c.r.(pagestore.PagesReader)
 	c.write(t, 4, runBase+1, runBase+2, runBase+7, runBase+31)
 	for _, run := range []struct{ first, n uint64 }{{runBase, 1}, {runBase, 8}, {runBase + 1, 2}, {runBase, 32}, {runBase + 3, 3}} {
-		p := bytes.Repeat([]byte{0xAA}, int(run.n)*memnode.PageSize)
+		p := bytes.Repeat([]byte{0xAA}, int(run.n)*pageid.Size)
 		require.NoError(t, pr.ReadPages(ctx(t), c.key(run.first), p))
 		for i := range run.n {
-			want := make([]byte, memnode.PageSize)
+			want := make([]byte, pageid.Size)
 			require.NoError(t, c.r.ReadPage(ctx(t), c.key(run.first+i), want))
-			assert.True(t, bytes.Equal(want, p[i*memnode.PageSize:(i+1)*memnode.PageSize]), "run of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
+			assert.True(t, bytes.Equal(want, p[i*pageid.Size:(i+1)*pageid.Size]), "run of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
 		}
 	}
 }
@@ -209,7 +208,7 @@ func (c *checker) readPageAsync(t *testing.T) {
 	bufs := make([][]byte, 16)
 	errs := make([]error, 16)
 	for i := range bufs {
-		bufs[i] = make([]byte, memnode.PageSize)
+		bufs[i] = make([]byte, pageid.Size)
 		wg.Add(1)
 		ar.ReadPageAsync(c.key(asyncBase+uint64(i)), bufs[i], func(err error) {
 			mu.Lock()
@@ -242,7 +241,7 @@ func (c *checker) trim(t *testing.T) {
 	}
 	c.write(t, 6, pages...)
 	// The Store trims whole pages only.
-	require.NoError(t, tr.Trim(ctx(t), c.vol, (trimBase+4)*memnode.PageSize, 8*memnode.PageSize))
+	require.NoError(t, tr.Trim(ctx(t), c.vol, (trimBase+4)*pageid.Size, 8*pageid.Size))
 	for _, p := range pages {
 		if p >= trimBase+4 && p < trimBase+12 {
 			c.expect(t, p, zero)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/spf13/cobra"
 )
@@ -97,7 +98,7 @@ func pageCmd() *cobra.Command {
 // describe adds to an error about page id what the user needs to fix the
 // id: the size of its volume, or the volumes the server has.
 func describe(ctx context.Context, c *pageproto.Client, id memnode.Key, err error) error {
-	noVol, past := errors.Is(err, pageproto.ErrNoVolume), errors.Is(err, pageproto.ErrOutOfRange)
+	noVol, past := errors.Is(err, pageid.ErrNoVolume), errors.Is(err, pageid.ErrOutOfRange)
 	if !noVol && !past {
 		return err
 	}
