@@ -79,6 +79,9 @@ func detach(dir string) error {
 type mountEntry struct{ fsType, source string }
 
 // mountAt returns the topmost mount at dir from /proc/self/mountinfo.
+// Read here rather than with prometheus/procfs: its parser keeps
+// mountinfo's octal escapes (\040 for a space), so a mount point with a
+// space would never match.
 func mountAt(dir string) (m mountEntry, found bool, err error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/pd3-go/pd3/internal/procstat"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
+	"github.com/prometheus/procfs"
 )
 
 // Result is one system's measurement. Fields that do not apply are zero
@@ -78,20 +79,11 @@ type Report struct {
 // Machine describes where the benchmark ran.
 func Machine() string {
 	host, _ := os.Hostname()
-	cpu := "unknown cpu"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				if _, v, ok := strings.Cut(l, ":"); ok {
-					cpu = strings.TrimSpace(v)
-				}
-				break
-			}
+	cpu, n := "unknown cpu", 0
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if infos, err := fs.CPUInfo(); err == nil && len(infos) > 0 {
+			cpu, n = infos[0].ModelName, len(infos)
 		}
-	}
-	n := 0
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		n = strings.Count(string(b), "processor\t:")
 	}
 	return fmt.Sprintf("%s, %d cpus, %s, Go processes GOMAXPROCS %d", host, n, cpu, runtime.GOMAXPROCS(0))
 }

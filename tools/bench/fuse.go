@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/prometheus/procfs"
 )
 
 // FUSEOptions configure the FUSE benchmark.
@@ -124,12 +125,14 @@ func dropCaches() {
 	os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
 }
 
-// waitMounted polls /proc/self/mounts for dir.
+// waitMounted polls this process's mount table for dir.
 func waitMounted(dir string) error {
 	for i := 0; i < 600; i++ {
-		b, _ := os.ReadFile("/proc/self/mounts")
-		if strings.Contains(string(b), " "+dir+" ") {
-			return nil
+		ms, _ := procfs.GetMounts()
+		for _, m := range ms {
+			if m.MountPoint == dir {
+				return nil
+			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

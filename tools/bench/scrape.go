@@ -1,16 +1,18 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-// scrape reads the pd3_* samples of a Prometheus text endpoint.
+// scrape reads the pd3_* samples of a Prometheus text endpoint (parsed by
+// prometheus/common/expfmt).
 func scrape(ctx context.Context, url string) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -23,23 +25,28 @@ func scrape(ctx context.Context, url string) (map[string]float64, error) {
 		return nil, fmt.Errorf("scraping %s: %w", url, err)
 	}
 	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", url, err)
+	}
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "pd3_") {
+	for name, mf := range mfs {
+		short, ok := strings.CutPrefix(name, "pd3_")
+		if !ok || len(mf.GetMetric()) == 0 {
 			continue
 		}
-		name, val, ok := strings.Cut(line, " ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err == nil {
-			out[strings.TrimPrefix(name, "pd3_")] = v
+		m := mf.GetMetric()[0] // pd3's metrics have no labels
+		switch {
+		case m.Counter != nil:
+			out[short] = m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			out[short] = m.GetGauge().GetValue()
+		case m.Untyped != nil:
+			out[short] = m.GetUntyped().GetValue()
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // delta subtracts counters (names ending in _total); gauges keep b's value.

@@ -6,81 +6,131 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"sync/atomic"
 	"time"
 
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
+	"github.com/pd3-go/pd3/nbd"
+	"github.com/pd3-go/pd3/pagestore"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Metrics adds read-at-scrape-time metrics to a registry. Every metric
-// reads a counter the components keep anyway: metrics cost nothing per
-// request.
+// Metrics is a registry of pd3's components: one prometheus.Collector per
+// component, which takes one snapshot of the component's counters per
+// scrape (the page cache's walks its frames once, not once per metric).
+// Every metric reads a counter the components keep anyway: metrics cost
+// nothing per request.
 type Metrics struct{ R *prometheus.Registry }
 
 // NewMetrics returns an empty set.
 func NewMetrics() Metrics { return Metrics{R: prometheus.NewRegistry()} }
 
-// Counter registers pd3_NAME reading f.
-func (m Metrics) Counter(name, help string, f func() uint64) {
-	m.R.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pd3_" + name, Help: help}, func() float64 { return float64(f()) }))
+// metric is one sample of a component's snapshot S.
+type metric[S any] struct {
+	name, help string
+	kind       prometheus.ValueType
+	val        func(S) float64
 }
 
-// Gauge registers pd3_NAME reading f.
-func (m Metrics) Gauge(name, help string, f func() float64) {
-	m.R.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pd3_" + name, Help: help}, f))
+func counter[S any](name, help string, val func(S) uint64) metric[S] {
+	return metric[S]{"pd3_" + name, help, prometheus.CounterValue, func(s S) float64 { return float64(val(s)) }}
 }
+
+func gauge[S any](name, help string, val func(S) float64) metric[S] {
+	return metric[S]{"pd3_" + name, help, prometheus.GaugeValue, val}
+}
+
+// collector exposes metrics read from one snapshot per scrape.
+type collector[S any] struct {
+	snap    func() S
+	metrics []metric[S]
+	descs   []*prometheus.Desc
+}
+
+func newCollector[S any](snap func() S, ms ...metric[S]) *collector[S] {
+	c := &collector[S]{snap: snap, metrics: ms}
+	for _, m := range ms {
+		c.descs = append(c.descs, prometheus.NewDesc(m.name, m.help, nil, nil))
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *collector[S]) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector[S]) Collect(ch chan<- prometheus.Metric) {
+	s := c.snap()
+	for i, m := range c.metrics {
+		ch <- prometheus.MustNewConstMetric(c.descs[i], m.kind, m.val(s))
+	}
+}
+
+// atomics is the snapshot of a component whose counters are atomics: the
+// collector loads them in place.
+func atomics[T any](x *T) func() *T { return func() *T { return x } }
 
 // Registry returns the host's metrics.
 func (h *Host) Registry() *prometheus.Registry {
 	m := NewMetrics()
-	r := m.R
-	counter, gauge := m.Counter, m.Gauge
-	load := func(a *atomic.Uint64) func() uint64 { return a.Load }
-	st := h.Store
-	counter("cache_hits_total", "Page reads and writes served by the host cache.", func() uint64 { return st.Stats().Hits })
-	counter("cache_misses_total", "Page accesses that missed the host cache.", func() uint64 { return st.Stats().Misses })
-	counter("cache_evictions_total", "Pages evicted from the host cache.", func() uint64 { return st.Stats().Evictions })
-	counter("cache_writebacks_total", "Dirty pages written back to the memory node.", func() uint64 { return st.Stats().WriteBacks })
-	counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func() uint64 { return st.Stats().PrefetchHits })
-	counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func() uint64 { return st.Stats().RemoteReads })
-	counter("cache_async_loads_total", "Remote reads started without blocking (NBD one-page reads run by the connection reader).", func() uint64 { return st.Stats().AsyncLoads })
-	counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func() uint64 { return st.Stats().WritebackFailures })
-	gauge("cache_dirty_pages", "Dirty pages in the host cache.", func() float64 { return float64(st.Stats().DirtyPages) })
-	gauge("cache_resident_pages", "Pages in the host cache.", func() float64 { return float64(st.Stats().ResidentPages) })
-	if h.Page != nil {
-		counter("page_requests_total", "Page-protocol requests executed.", load(&h.Page.Requests))
-		counter("page_errors_total", "Page-protocol requests that failed.", load(&h.Page.Errors))
+	type stats = pagestore.Stats
+	m.R.MustRegister(newCollector(h.Store.Stats,
+		counter("cache_hits_total", "Page reads and writes served by the host cache.", func(s stats) uint64 { return s.Hits }),
+		counter("cache_misses_total", "Page accesses that missed the host cache.", func(s stats) uint64 { return s.Misses }),
+		counter("cache_evictions_total", "Pages evicted from the host cache.", func(s stats) uint64 { return s.Evictions }),
+		counter("cache_writebacks_total", "Dirty pages written back to the memory node.", func(s stats) uint64 { return s.WriteBacks }),
+		counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func(s stats) uint64 { return s.PrefetchHits }),
+		counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func(s stats) uint64 { return s.RemoteReads }),
+		counter("cache_async_loads_total", "Remote reads started without blocking (NBD one-page reads run by the connection reader).", func(s stats) uint64 { return s.AsyncLoads }),
+		counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func(s stats) uint64 { return s.WritebackFailures }),
+		gauge("cache_dirty_pages", "Dirty pages in the host cache.", func(s stats) float64 { return float64(s.DirtyPages) }),
+		gauge("cache_resident_pages", "Pages in the host cache.", func(s stats) float64 { return float64(s.ResidentPages) }),
+	))
+	if p := h.Page; p != nil {
+		m.R.MustRegister(newCollector(atomics(p),
+			counter("page_requests_total", "Page-protocol requests executed.", func(s *pageproto.Server) uint64 { return s.Requests.Load() }),
+			counter("page_errors_total", "Page-protocol requests that failed.", func(s *pageproto.Server) uint64 { return s.Errors.Load() }),
+		))
 	}
 	if n := h.NBD; n != nil {
-		counter("nbd_connections_total", "NBD connections accepted.", load(&n.Connections))
-		counter("nbd_requests_total", "NBD transmission-phase requests received.", load(&n.Requests))
-		counter("nbd_errors_total", "NBD requests answered with an error by the backend.", load(&n.Errors))
-		counter("nbd_protocol_violations_total", "NBD connections closed for a protocol violation.", load(&n.ProtocolViolations))
+		m.R.MustRegister(newCollector(atomics(n),
+			counter("nbd_connections_total", "NBD connections accepted.", func(s *nbd.Server) uint64 { return s.Connections.Load() }),
+			counter("nbd_requests_total", "NBD transmission-phase requests received.", func(s *nbd.Server) uint64 { return s.Requests.Load() }),
+			counter("nbd_errors_total", "NBD requests answered with an error by the backend.", func(s *nbd.Server) uint64 { return s.Errors.Load() }),
+			counter("nbd_protocol_violations_total", "NBD connections closed for a protocol violation.", func(s *nbd.Server) uint64 { return s.ProtocolViolations.Load() }),
+		))
 	}
 	m.RegisterAgent(h.Agent, h.Engine, h.Zone, h.HostView)
 	if l := h.Leap; l != nil {
-		counter("leap_predictions_total", "Host misses in which Leap found a trend.", load(&l.Predictions))
-		counter("leap_predicted_pages_total", "Pages Leap asked to prefetch.", load(&l.Predicted))
+		m.R.MustRegister(newCollector(atomics(l),
+			counter("leap_predictions_total", "Host misses in which Leap found a trend.", func(s *dpu.Leap) uint64 { return s.Predictions.Load() }),
+			counter("leap_predicted_pages_total", "Pages Leap asked to prefetch.", func(s *dpu.Leap) uint64 { return s.Predicted.Load() }),
+		))
 	}
 	if l := h.Link; l != nil {
-		counter("link_attaches_total", "Times the host attached to a DPU agent process.", load(&l.Attaches))
-		counter("link_agent_deaths_total", "Times the attached agent stopped and the host went direct.", load(&l.Deaths))
-		counter("link_fallbacks_total", "Host reads/writes redone on the direct path because the agent was gone.", load(&l.Fallbacks))
-		counter("link_mirror_drops_total", "Mirrored connections cut because the agent's ring was full.", load(&l.MirrorDrops))
-		counter("link_agent_reads_total", "Host misses served through the agent.", load(&l.AgentReads))
-		counter("link_agent_writes_total", "Write-backs carried by the agent.", load(&l.AgentWrites))
-		gauge("link_attached", "1 while a live agent serves the host.", func() float64 {
-			if l.Attached() {
-				return 1
-			}
-			return 0
-		})
+		m.R.MustRegister(newCollector(atomics(l),
+			counter("link_attaches_total", "Times the host attached to a DPU agent process.", func(s *dpu.Link) uint64 { return s.Attaches.Load() }),
+			counter("link_agent_deaths_total", "Times the attached agent stopped and the host went direct.", func(s *dpu.Link) uint64 { return s.Deaths.Load() }),
+			counter("link_fallbacks_total", "Host reads/writes redone on the direct path because the agent was gone.", func(s *dpu.Link) uint64 { return s.Fallbacks.Load() }),
+			counter("link_mirror_drops_total", "Mirrored connections cut because the agent's ring was full.", func(s *dpu.Link) uint64 { return s.MirrorDrops.Load() }),
+			counter("link_agent_reads_total", "Host misses served through the agent.", func(s *dpu.Link) uint64 { return s.AgentReads.Load() }),
+			counter("link_agent_writes_total", "Write-backs carried by the agent.", func(s *dpu.Link) uint64 { return s.AgentWrites.Load() }),
+			gauge("link_attached", "1 while a live agent serves the host.", func(s *dpu.Link) float64 {
+				if s.Attached() {
+					return 1
+				}
+				return 0
+			}),
+		))
 	}
-	return r
+	return m.R
 }
 
 // ServeMetrics serves /metrics on addr until ctx ends; it returns the
@@ -94,38 +144,44 @@ func (h *Host) ServeMetrics(ctx context.Context, addr string) (string, error) {
 	return a, nil
 }
 
-// RegisterAgent adds the agent's, engine's and Loading Zone's metrics (any
-// may be nil); the host and the pd3 dpu process share it.
+// RegisterAgent adds the agent's, engine's, Loading Zone's and Host View's
+// collectors (any may be nil); the host and the pd3 dpu process share it.
 func (m Metrics) RegisterAgent(a *dpu.Agent, e *dpu.Engine, z *loadingzone.Zone, hv *hostview.Set) {
-	counter, gauge := m.Counter, m.Gauge
-	load := func(x *atomic.Uint64) func() uint64 { return x.Load }
 	if a != nil {
-		counter("agent_parsed_total", "Page accesses parsed from mirrored requests.", load(&a.Parsed))
-		counter("agent_skipped_cached_total", "Parsed reads Host View said the host holds.", load(&a.Skipped))
-		counter("agent_lost_streams_total", "Mirrored connections the parser could not follow.", load(&a.LostStreams))
-		counter("agent_queue_drops_total", "Parsed accesses dropped because the agent lagged.", load(&a.QueueDrops))
-		counter("agent_eviction_notices_total", "Host cache evictions reported to the agent.", load(&a.Evictions))
-		counter("hostview_false_negatives_total", "Prefetches of pages the host cache held (embedded agent only).", load(&a.FalseNegatives))
+		m.R.MustRegister(newCollector(atomics(a),
+			counter("agent_parsed_total", "Page accesses parsed from mirrored requests.", func(s *dpu.Agent) uint64 { return s.Parsed.Load() }),
+			counter("agent_skipped_cached_total", "Parsed reads Host View said the host holds.", func(s *dpu.Agent) uint64 { return s.Skipped.Load() }),
+			counter("agent_lost_streams_total", "Mirrored connections the parser could not follow.", func(s *dpu.Agent) uint64 { return s.LostStreams.Load() }),
+			counter("agent_queue_drops_total", "Parsed accesses dropped because the agent lagged.", func(s *dpu.Agent) uint64 { return s.QueueDrops.Load() }),
+			counter("agent_eviction_notices_total", "Host cache evictions reported to the agent.", func(s *dpu.Agent) uint64 { return s.Evictions.Load() }),
+			counter("hostview_false_negatives_total", "Prefetches of pages the host cache held (embedded agent only).", func(s *dpu.Agent) uint64 { return s.FalseNegatives.Load() }),
+		))
 	}
 	if e != nil {
-		counter("prefetch_issued_total", "Prefetches sent to the memory node.", load(&e.Issued))
-		counter("prefetch_placed_total", "Prefetched pages placed in the Loading Zone.", load(&e.Placed))
-		counter("prefetch_deduped_total", "Prefetches skipped because one was in flight.", load(&e.Deduped))
-		counter("prefetch_throttled_total", "Prefetches skipped because too many were in flight.", load(&e.Throttled))
-		counter("prefetch_stale_total", "Prefetched pages discarded because a write-back overtook them.", load(&e.Stale))
-		counter("prefetch_joined_total", "Host misses that waited for a prefetch in flight instead of reading.", load(&e.Joined))
-		counter("remote_reads_via_agent_total", "Host misses read through the transfer engine.", load(&e.HostReads))
-		counter("hostview_false_positives_total", "Host misses on keys Host View said were held.", load(&e.FalsePositives))
+		m.R.MustRegister(newCollector(atomics(e),
+			counter("prefetch_issued_total", "Prefetches sent to the memory node.", func(s *dpu.Engine) uint64 { return s.Issued.Load() }),
+			counter("prefetch_placed_total", "Prefetched pages placed in the Loading Zone.", func(s *dpu.Engine) uint64 { return s.Placed.Load() }),
+			counter("prefetch_deduped_total", "Prefetches skipped because one was in flight.", func(s *dpu.Engine) uint64 { return s.Deduped.Load() }),
+			counter("prefetch_throttled_total", "Prefetches skipped because too many were in flight.", func(s *dpu.Engine) uint64 { return s.Throttled.Load() }),
+			counter("prefetch_stale_total", "Prefetched pages discarded because a write-back overtook them.", func(s *dpu.Engine) uint64 { return s.Stale.Load() }),
+			counter("prefetch_joined_total", "Host misses that waited for a prefetch in flight instead of reading.", func(s *dpu.Engine) uint64 { return s.Joined.Load() }),
+			counter("remote_reads_via_agent_total", "Host misses read through the transfer engine.", func(s *dpu.Engine) uint64 { return s.HostReads.Load() }),
+			counter("hostview_false_positives_total", "Host misses on keys Host View said were held.", func(s *dpu.Engine) uint64 { return s.FalsePositives.Load() }),
+		))
 	}
 	if z != nil {
-		counter("prefetch_consumed_total", "Prefetched pages taken by the host.", load(&z.Hits))
-		counter("prefetch_dropped_unconsumed_total", "Prefetched pages reclaimed before the host took them.", load(&z.DroppedUnconsumed))
-		counter("prefetch_invalidated_total", "Loading Zone pages invalidated by write-backs.", load(&z.Invalidated))
-		counter("loadingzone_misses_total", "CheckAndReturn calls that found nothing.", load(&z.Misses))
-		gauge("loadingzone_unconsumed", "Pages waiting in the Loading Zone.", func() float64 { return float64(z.Unconsumed()) })
+		m.R.MustRegister(newCollector(atomics(z),
+			counter("prefetch_consumed_total", "Prefetched pages taken by the host.", func(s *loadingzone.Zone) uint64 { return s.Hits.Load() }),
+			counter("prefetch_dropped_unconsumed_total", "Prefetched pages reclaimed before the host took them.", func(s *loadingzone.Zone) uint64 { return s.DroppedUnconsumed.Load() }),
+			counter("prefetch_invalidated_total", "Loading Zone pages invalidated by write-backs.", func(s *loadingzone.Zone) uint64 { return s.Invalidated.Load() }),
+			counter("loadingzone_misses_total", "CheckAndReturn calls that found nothing.", func(s *loadingzone.Zone) uint64 { return s.Misses.Load() }),
+			gauge("loadingzone_unconsumed", "Pages waiting in the Loading Zone.", func(s *loadingzone.Zone) float64 { return float64(s.Unconsumed()) }),
+		))
 	}
 	if hv != nil {
-		gauge("hostview_keys", "Keys in Host View.", func() float64 { return float64(hv.Len()) })
+		m.R.MustRegister(newCollector(atomics(hv),
+			gauge("hostview_keys", "Keys in Host View.", func(s *hostview.Set) float64 { return float64(s.Len()) }),
+		))
 	}
 }
 
