@@ -13,7 +13,6 @@ import (
 
 	"github.com/pd3-go/pd3/internal/pacer"
 	"github.com/pd3-go/pd3/internal/units"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
@@ -57,7 +56,7 @@ func benchCmd() *cobra.Command {
 	transport.Flags().IntVar(&topt.Depth, "depth", 1024, "requests in flight")
 
 	var popt bench.PageOptions
-	var systems, dataset, cache, dists, workers, lzs, sweep, arrivals string
+	var systems, dists, workers, sweep, arrivals string
 	page := &cobra.Command{
 		Use:   "page",
 		Short: "Random page GETs over the page protocol, per system",
@@ -69,15 +68,6 @@ func benchCmd() *cobra.Command {
 			}
 			popt.Systems = strings.Split(systems, ",")
 			popt.Dists = strings.Split(dists, ",")
-			if popt.Dataset, err = units.ParseMultiple(dataset, memnode.PageSize); err != nil {
-				return fmt.Errorf("--dataset: %w", err)
-			}
-			if popt.Cache, err = units.ParseMultiple(cache, memnode.PageSize); err != nil {
-				return fmt.Errorf("--cache: %w", err)
-			}
-			if popt.LZ, err = units.ParseMultiple(lzs, memnode.PageSize); err != nil {
-				return fmt.Errorf("--lz: %w", err)
-			}
 			var ok bool
 			if popt.Arrivals, ok = pacer.ParseArrivals(arrivals); !ok {
 				return fmt.Errorf("--arrivals: %q is neither poisson nor uniform", arrivals)
@@ -106,9 +96,9 @@ func benchCmd() *cobra.Command {
 	}
 	fl := page.Flags()
 	fl.StringVar(&systems, "systems", "local,sync,leap,pd3", "systems to compare: "+strings.Join(bench.PageSystems, ","))
-	fl.StringVar(&dataset, "dataset", "1GiB", "bytes of pages")
-	fl.StringVar(&cache, "cache", "64MiB", "host cache")
-	fl.StringVar(&lzs, "lz", "16MiB", "Loading Zone size for pd3 and leap")
+	pagesVar(fl, &popt.Dataset, "dataset", "1GiB", "bytes of pages")
+	pagesVar(fl, &popt.Cache, "cache", "64MiB", "host cache")
+	pagesVar(fl, &popt.LZ, "lz", "16MiB", "Loading Zone size for pd3 and leap")
 	fl.IntVar(&popt.Clients, "clients", 4, "client connections")
 	fl.IntVar(&popt.Depth, "depth", 8, "requests in flight per connection")
 	fl.DurationVar(&popt.Duration, "duration", 10*time.Second, "measurement time per system")
@@ -167,7 +157,7 @@ func benchCmd() *cobra.Command {
 	lzc.Flags().IntVar(&lzopt.Rounds, "rounds", 5, "fill-and-drain rounds per row")
 
 	var nopt bench.NBDOptions
-	var nsystems, njobs, nsize, ncache string
+	var nsystems, njobs string
 	var breakdown int
 	nbdc := &cobra.Command{
 		Use:   "nbd",
@@ -179,12 +169,6 @@ func benchCmd() *cobra.Command {
 				return err
 			}
 			nopt.Systems, nopt.Jobs = strings.Split(nsystems, ","), strings.Split(njobs, ",")
-			if nopt.Size, err = units.ParseMultiple(nsize, memnode.PageSize); err != nil {
-				return fmt.Errorf("--size: %w", err)
-			}
-			if nopt.Cache, err = units.ParseMultiple(ncache, memnode.PageSize); err != nil {
-				return fmt.Errorf("--cache: %w", err)
-			}
 			ctx, stop := sigctx(cmd)
 			defer stop()
 			if breakdown > 0 {
@@ -207,14 +191,14 @@ func benchCmd() *cobra.Command {
 	}
 	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,nbdkit-cache-nbd,nbdkit-readahead-cache-nbd,pd3-local", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
 	nbdc.Flags().StringVar(&njobs, "jobs", strings.Join(bench.NBDJobs, ","), "fio jobs (tools/fio/NAME.fio)")
-	nbdc.Flags().StringVar(&nsize, "size", "1GiB", "export size")
-	nbdc.Flags().StringVar(&ncache, "cache", "64MiB", "pd3 host cache")
+	pagesVar(nbdc.Flags(), &nopt.Size, "size", "1GiB", "export size")
+	pagesVar(nbdc.Flags(), &nopt.Cache, "cache", "64MiB", "pd3 host cache")
 	nbdc.Flags().DurationVar(&nopt.Runtime, "runtime", 10*time.Second, "per job")
 	nbdc.Flags().DurationVar(&nopt.Ramp, "ramp", 2*time.Second, "unmeasured start of each job")
 	nbdc.Flags().IntVar(&breakdown, "breakdown", 0, "instead of fio jobs: read this many pages one at a time and print where each read's time goes, stage by stage (pd3 miss, pd3 hit, nbdkit peers)")
 
 	var fopt bench.FUSEOptions
-	var fsystems, fjobs, fsize, fcache string
+	var fsystems, fjobs string
 	fusec := &cobra.Command{
 		Use:   "fuse",
 		Short: "fio on a file of a pd3 mount, nbdfuse over nbdkit memory and tmpfs (IOPS ratios; root)",
@@ -225,12 +209,6 @@ func benchCmd() *cobra.Command {
 				return err
 			}
 			fopt.Systems, fopt.Jobs = strings.Split(fsystems, ","), strings.Split(fjobs, ",")
-			if fopt.Size, err = units.ParseMultiple(fsize, memnode.PageSize); err != nil {
-				return fmt.Errorf("--size: %w", err)
-			}
-			if fopt.Cache, err = units.ParseMultiple(fcache, memnode.PageSize); err != nil {
-				return fmt.Errorf("--cache: %w", err)
-			}
 			ctx, stop := sigctx(cmd)
 			defer stop()
 			rep, err := bench.FUSE(ctx, fopt)
@@ -242,8 +220,8 @@ func benchCmd() *cobra.Command {
 	}
 	fusec.Flags().StringVar(&fsystems, "systems", strings.Join(bench.FUSESystems, ","), "what to compare: "+strings.Join(bench.FUSESystems, ","))
 	fusec.Flags().StringVar(&fjobs, "jobs", strings.Join(bench.FUSEJobs, ","), "fio runs: PATTERN-ENGINE-DEPTH-direct|buffered, PATTERN randread (4 KiB) or seqread1m")
-	fusec.Flags().StringVar(&fsize, "size", "1GiB", "file size")
-	fusec.Flags().StringVar(&fcache, "cache", "64MiB", "pd3 host cache")
+	pagesVar(fusec.Flags(), &fopt.Size, "size", "1GiB", "file size")
+	pagesVar(fusec.Flags(), &fopt.Cache, "cache", "64MiB", "pd3 host cache")
 	fusec.Flags().DurationVar(&fopt.Runtime, "runtime", 10*time.Second, "per job")
 
 	var gsize string

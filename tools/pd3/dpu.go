@@ -11,14 +11,14 @@ import (
 
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
-	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
 )
 
 func dpuCmd() *cobra.Command {
-	var addr, name, lz, cache, metrics string
+	var addr, name, metrics string
+	var lzBytes, cacheBytes uint64
 	var token *secretFlag
 	var captures []string
 	cmd := &cobra.Command{
@@ -42,14 +42,6 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			targets, err := parseCaptures(captures)
 			if err != nil {
 				return err
-			}
-			lzBytes, err := units.ParseMultiple(lz, memnode.PageSize)
-			if err != nil {
-				return fmt.Errorf("--lz: %w", err)
-			}
-			cacheBytes, err := units.ParseMultiple(cache, memnode.PageSize)
-			if err != nil {
-				return fmt.Errorf("--cache: %w", err)
 			}
 			log := logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -100,8 +92,8 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 	fl.StringVar(&addr, "memnode", "", "memory node address")
 	token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
 	fl.StringVar(&name, "shm", "pd3", "region name: /dev/shm/pd3-NAME")
-	fl.StringVar(&lz, "lz", "16MiB", "Loading Zone size")
-	fl.StringVar(&cache, "cache", "64MiB", "the host's cache size (sizes Host View)")
+	pagesVar(fl, &lzBytes, "lz", "16MiB", "Loading Zone size")
+	pagesVar(fl, &cacheBytes, "cache", "64MiB", "the host's cache size (sizes Host View)")
 	fl.StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR")
 	fl.StringArrayVar(&captures, "packet", nil, "watch the requests to a host server: page=ADDR or nbd=ADDR (repeatable; needs CAP_NET_RAW)")
 	return cmd

@@ -11,7 +11,6 @@ import (
 	"strconv"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 func main() {
@@ -82,36 +81,4 @@ func markUsageErrors(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		markUsageErrors(sub)
 	}
-}
-
-// tokenFlag registers --token on fl, defaulting to $PD3_TOKEN without
-// putting it in the flag's default: cobra prints defaults in --help and
-// in flag errors, and a secret must appear in neither.
-func tokenFlag(fl *pflag.FlagSet, usage string) *secretFlag {
-	s := &secretFlag{env: "PD3_TOKEN"}
-	fl.Var(s, "token", usage)
-	return s
-}
-
-// secretFlag is a string flag whose value is never printed.
-type secretFlag struct {
-	v   string
-	set bool
-	env string
-}
-
-func (s *secretFlag) String() string { return "" }
-func (s *secretFlag) Type() string   { return "string" }
-func (s *secretFlag) Set(v string) error {
-	s.v, s.set = v, true
-	return nil
-}
-
-// Value is the flag's value, or the environment variable's when the flag
-// was not given (read at run time, not at registration).
-func (s *secretFlag) Value() string {
-	if s.set {
-		return s.v
-	}
-	return os.Getenv(s.env)
 }

@@ -127,9 +127,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"frob"}, []string{`pd3: error: unknown command "frob" for "pd3"`, "pd3: run 'pd3 --help' for usage"}},
 		{[]string{"up", "--frob"}, []string{"pd3: error: unknown flag: --frob", "pd3: run 'pd3 up --help' for usage"}},
 		{[]string{"page", "get"}, []string{"accepts 1 arg(s), received 0", "run 'pd3 page get --help'"}},
-		{[]string{"up", "--volume", "d:1000", "--mount", ""}, []string{`size "1000" (1000 bytes) is not a whole number of 4KiB pages: use 4KiB`}},
-		{[]string{"up", "--cache", "10001", "--mount", ""}, []string{"--cache", "use 8KiB or 12KiB"}},
-		{[]string{"up", "--volume", "d:1PB", "--mount", ""}, []string{`bad size "1PB"`, "1G = 1GB = 1GiB"}},
+		// Sizes are parsed with the flags: a bad one is a usage error
+		// before anything starts.
+		{[]string{"up", "--volume", "d:1000", "--mount", ""}, []string{`invalid argument "d:1000" for "--volume" flag`, `size "1000" (1000 bytes) is not a whole number of 4KiB pages: use 4KiB`, "run 'pd3 up --help'"}},
+		{[]string{"up", "--cache", "10001", "--mount", ""}, []string{`for "--cache" flag`, "use 8KiB or 12KiB", "run 'pd3 up --help'"}},
+		{[]string{"up", "--volume", "d:1PB", "--mount", ""}, []string{`bad size "1PB"`, "1G = 1GB = 1GiB", "run 'pd3 up --help'"}},
+		{[]string{"bench", "nbd", "--size", "1000"}, []string{`for "--size" flag`, "run 'pd3 bench nbd --help'"}},
+		{[]string{"memnode", "--capacity", "12345"}, []string{`for "--capacity" flag`, "run 'pd3 memnode --help'"}},
 		{[]string{"page", "get", "--page", "127.0.0.1:1", "1:0"}, []string{"pd3: error: pageproto: dialling 127.0.0.1:1"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -24,9 +24,9 @@ import (
 )
 
 type hostFlags struct {
-	volumes   []string
+	volumes   []deploy.VolumeSpec
 	page      string
-	cache     string
+	cache     uint64
 	policy    string
 	memnode   string
 	token     *secretFlag
@@ -34,7 +34,7 @@ type hostFlags struct {
 	opTimeout time.Duration
 	local     bool
 	dpu       string
-	lz        string
+	lz        uint64
 	metrics   string
 	prefetch  string
 	mirror    string
@@ -49,11 +49,11 @@ type hostFlags struct {
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl := cmd.Flags()
-	fl.StringArrayVar(&f.volumes, "volume", []string{"disk0:1GiB"}, "volume NAME:SIZE to serve (repeatable); created at the node when missing")
+	volumesVar(fl, &f.volumes, "volume", []deploy.VolumeSpec{{Name: "disk0", Size: 1 << 30}}, "a volume to serve (repeatable); created at the node when missing")
 	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
 	fl.StringVar(&f.nbd, "nbd", "127.0.0.1:10809", "NBD listen address; every volume is an export (empty disables)")
 	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
-	fl.StringVar(&f.cache, "cache", "64MiB", "host page-cache capacity")
+	pagesVar(fl, &f.cache, "cache", "64MiB", "host page-cache capacity")
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
 	f.token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
@@ -61,7 +61,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
 	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
-	fl.StringVar(&f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
+	pagesVar(fl, &f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
 	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
 	fl.StringVar(&f.mirror, "mirror", "tap", "how the agent sees requests: tap (connection readers hand it their bytes), packet (AF_PACKET capture of the ports; with --dpu shm:NAME the agent captures: pd3 dpu --packet) or none")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
@@ -81,23 +81,8 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
 		Stages: stageRecorder(),
 	}
-	lz, err := units.ParseMultiple(f.lz, memnode.PageSize)
-	if err != nil {
-		return cfg, fmt.Errorf("--lz: %w", err)
-	}
-	cfg.LZBytes = int64(lz)
-	cache, err := units.ParseMultiple(f.cache, memnode.PageSize)
-	if err != nil {
-		return cfg, fmt.Errorf("--cache: %w", err)
-	}
-	cfg.CacheBytes = int64(cache)
-	for _, v := range f.volumes {
-		vs, err := deploy.ParseVolume(v)
-		if err != nil {
-			return cfg, fmt.Errorf("--volume: %w", err)
-		}
-		cfg.Volumes = append(cfg.Volumes, vs)
-	}
+	cfg.LZBytes, cfg.CacheBytes = int64(f.lz), int64(f.cache)
+	cfg.Volumes = f.volumes
 	return cfg, nil
 }
 
@@ -305,7 +290,8 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 }
 
 func memnodeCmd() *cobra.Command {
-	var listen, capacity, persist string
+	var listen, persist string
+	var capBytes uint64
 	var token *secretFlag
 	var grants []string
 	cmd := &cobra.Command{
@@ -323,10 +309,6 @@ reaches volumes through memory windows bound on that connection, so a
 window key copied from one connection is refused on another.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			capBytes, err := units.ParseMultiple(capacity, memnode.PageSize)
-			if err != nil {
-				return fmt.Errorf("--capacity: %w", err)
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			gs, err := parseGrants(grants)
@@ -349,7 +331,7 @@ window key copied from one connection is refused on another.`,
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
 	token = tokenFlag(cmd.Flags(), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
-	cmd.Flags().StringVar(&capacity, "capacity", "0", "page memory limit (0 = unlimited)")
+	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
 	return cmd
