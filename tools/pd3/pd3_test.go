@@ -189,7 +189,7 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"up", "--cache", "banana"}, "--cache: bad size"},
+		{[]string{"up", "--cache", "banana"}, `invalid argument "banana" for "--cache" flag: bad size`},
 		{[]string{"up", "--volume", "disk0"}, "want NAME:SIZE"},
 		{[]string{"serve"}, "--memnode ADDR is required"},
 		{[]string{"memnode", "--grant", "tenant"}, "want TOKEN=PATTERN"},
