@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/shmring"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -46,10 +47,7 @@ type Link struct {
 	directMu sync.RWMutex
 
 	mu    sync.Mutex // serialises ring A producers
-	pmu   sync.Mutex // guards calls and nextTag
-	calls map[uint32]*linkCall
-	tag   uint32
-	pool  sync.Pool // *linkCall
+	pool  sync.Pool  // *linkCall
 	conns atomic.Uint32
 
 	stop chan struct{}
@@ -71,12 +69,21 @@ type attachment struct {
 	dead   atomic.Bool
 	refs   atomic.Int64
 	done   chan struct{} // reply reader exited
+	// calls waits for this agent's replies; killing the agent fails it,
+	// and with it every call in flight.
+	calls *pipeline.Table[linkCall]
 }
+
+// linkSlots bounds the host's calls in flight to one agent; a caller
+// beyond it waits for a reply (write-backs send 64 at a time per caller).
+const linkSlots = 4096
 
 // linkCall is one host request waiting for the agent's reply. Calls are
 // pooled; done (buffered, one token) is signalled exactly once, by the
-// reply reader or by kill, whichever removes the call from the table.
+// reply reader or by kill, whichever removes the call from its
+// attachment's table.
 type linkCall struct {
+	a    *attachment
 	tag  uint32
 	dst  []byte
 	err  error
@@ -86,7 +93,7 @@ type linkCall struct {
 // OpenLink starts a link to the agent region name, serving through direct
 // until an agent is attached.
 func OpenLink(name string, direct pagestore.Remote) *Link {
-	l := &Link{name: name, direct: direct, calls: map[uint32]*linkCall{}, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &Link{name: name, direct: direct, stop: make(chan struct{}), done: make(chan struct{})}
 	l.pool.New = func() any { return &linkCall{done: make(chan struct{}, 1)} }
 	l.tryAttach(0)
 	go l.watch()
@@ -147,7 +154,8 @@ func (l *Link) tryAttach(deadEpoch uint64) {
 		region.Close()
 		return
 	}
-	a := &attachment{region: region, a: ra, b: rb, lz: z, epoch: epoch, beat: beat, done: make(chan struct{})}
+	a := &attachment{region: region, a: ra, b: rb, lz: z, epoch: epoch, beat: beat, done: make(chan struct{}),
+		calls: pipeline.NewTable[linkCall](linkSlots)}
 	go l.readReplies(a)
 	l.directMu.Lock()
 	l.cur.Store(a)
@@ -200,13 +208,11 @@ func (l *Link) kill(a *attachment) {
 	l.deadEpoch.Store(a.epoch)
 	l.cur.CompareAndSwap(a, nil)
 	l.Deaths.Add(1)
-	l.pmu.Lock()
-	for t, c := range l.calls {
+	calls, _ := a.calls.Fail(ErrAgentGone)
+	for _, c := range calls {
 		c.err = ErrAgentGone
 		c.done <- struct{}{}
-		delete(l.calls, t)
 	}
-	l.pmu.Unlock()
 	go l.retire(a)
 }
 
@@ -229,13 +235,7 @@ func (l *Link) readReplies(a *attachment) {
 			continue
 		}
 		if tag, st, page, err := decodeReply(m); err == nil || tag != 0 {
-			l.pmu.Lock()
-			c, ok := l.calls[tag]
-			if ok {
-				delete(l.calls, tag)
-			}
-			l.pmu.Unlock()
-			if ok {
+			if c := a.calls.Take(tag); c != nil {
 				switch {
 				case err != nil:
 					c.err = fmt.Errorf("%w: %w", errAgentFailed, err)
@@ -288,21 +288,20 @@ func (l *Link) start(a *attachment, op msgType, k memnode.Key, dst, page []byte)
 // call whose reply's page will be copied into dst.
 func (l *Link) startMsg(a *attachment, hdr, dst, page []byte) *linkCall {
 	c := l.pool.Get().(*linkCall)
-	c.dst, c.err = dst, nil
-	l.pmu.Lock()
-	l.tag++
-	c.tag = l.tag
-	l.calls[c.tag] = c
-	l.pmu.Unlock()
-	binary.LittleEndian.PutUint32(hdr[4:], c.tag) // msgHeader.tag
+	c.a, c.dst, c.err = a, dst, nil
+	tag, _, err := a.calls.Register(c)
+	if err != nil { // the agent was declared dead
+		c.a = nil
+		l.pool.Put(c)
+		return nil
+	}
+	c.tag = tag
+	binary.LittleEndian.PutUint32(hdr[4:], tag) // msgHeader.tag
 	if !l.send(a, true, hdr, page) {
-		l.pmu.Lock()
-		_, pending := l.calls[c.tag]
-		delete(l.calls, c.tag)
-		l.pmu.Unlock()
-		if !pending {
+		if a.calls.Take(tag) == nil {
 			<-c.done // kill took it meanwhile
 		}
+		c.a = nil
 		l.pool.Put(c)
 		return nil
 	}
@@ -317,17 +316,15 @@ func (l *Link) wait(ctx context.Context, c *linkCall) error {
 		// The reply may still come; it finds no call and is dropped. dst
 		// is not written after we return: the reader copies only into
 		// calls it removed from the table, and we remove ours now.
-		l.pmu.Lock()
-		_, pending := l.calls[c.tag]
-		delete(l.calls, c.tag)
-		l.pmu.Unlock()
-		if !pending {
+		if c.a.calls.Take(c.tag) == nil {
 			<-c.done // the reader (or kill) took it: let it finish
 		}
+		c.a = nil
 		l.pool.Put(c)
 		return ctx.Err()
 	}
 	err := c.err
+	c.a = nil
 	l.pool.Put(c)
 	return err
 }

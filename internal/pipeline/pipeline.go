@@ -116,14 +116,7 @@ type Session struct {
 	opt   Options
 	pool  sync.Pool
 
-	// tmu guards the tag table.
-	tmu     sync.Mutex
-	tcond   sync.Cond
-	slots   []*Call
-	gens    []uint16
-	free    []uint32
-	pending int
-	err     error // set once; all later calls fail with it
+	calls *Table[Call]
 
 	w *BatchWriter
 
@@ -147,17 +140,7 @@ func New(nc net.Conn, p Protocol, opt Options) *Session {
 	if opt.MaxPending <= 0 {
 		opt.MaxPending = 8 << 20
 	}
-	s := &Session{
-		nc: nc, proto: p, opt: opt,
-		slots:  make([]*Call, opt.MaxInFlight),
-		gens:   make([]uint16, opt.MaxInFlight),
-		free:   make([]uint32, opt.MaxInFlight),
-		closed: make(chan struct{}),
-	}
-	for i := range s.free {
-		s.free[i] = uint32(len(s.free) - 1 - i)
-	}
-	s.tcond.L = &s.tmu
+	s := &Session{nc: nc, proto: p, opt: opt, calls: NewTable[Call](opt.MaxInFlight), closed: make(chan struct{})}
 	s.w = NewBatchWriter(nc, opt.MaxPending, func(err error) { s.fail(fmt.Errorf("writing request: %w", err)) })
 	s.pool.New = func() any { return &Call{done: make(chan struct{}, 1)} }
 	s.lastRecv.Store(time.Now().UnixNano())
@@ -186,11 +169,7 @@ func (s *Session) put(c *Call) {
 func (s *Session) Writer() *BatchWriter { return s.w }
 
 // Err reports the error that broke the session, or nil while it is healthy.
-func (s *Session) Err() error {
-	s.tmu.Lock()
-	defer s.tmu.Unlock()
-	return s.err
-}
+func (s *Session) Err() error { return s.calls.Err() }
 
 // Send registers c, queues hdr and payload for the writer (hdr's tag is
 // filled in), and returns without waiting. On error c has been recycled.
@@ -215,61 +194,21 @@ func (s *Session) Send(c *Call, hdr, payload []byte) error {
 // register puts c in the tag table; inFlight counts the calls in flight,
 // c included.
 func (s *Session) register(c *Call) (tag uint32, inFlight int, err error) {
-	s.tmu.Lock()
-	defer s.tmu.Unlock()
-	for len(s.free) == 0 && s.err == nil {
-		s.tcond.Wait()
-	}
-	if s.err != nil {
-		return 0, 0, s.err
-	}
-	idx := s.free[len(s.free)-1]
-	s.free = s.free[:len(s.free)-1]
-	s.slots[idx] = c
-	s.pending++
-	if s.pending == 1 {
+	tag, inFlight, err = s.calls.Register(c)
+	if err == nil && inFlight == 1 {
 		// The watchdog measures silence from the moment work exists.
 		s.lastRecv.Store(time.Now().UnixNano())
 	}
-	return uint32(s.gens[idx])<<idxBits | idx, s.pending, nil
-}
-
-// take removes the call with tag from the table; nil if no such call.
-func (s *Session) take(tag uint32) *Call {
-	idx := tag & (1<<idxBits - 1)
-	s.tmu.Lock()
-	defer s.tmu.Unlock()
-	if int(idx) >= len(s.slots) || s.slots[idx] == nil || uint32(s.gens[idx]) != tag>>idxBits {
-		return nil
-	}
-	c := s.slots[idx]
-	s.slots[idx] = nil
-	s.gens[idx]++
-	s.free = append(s.free, idx)
-	s.pending--
-	s.tcond.Signal()
-	return c
+	return tag, inFlight, err
 }
 
 // fail breaks the session: the connection is closed and every call in flight
 // completes with err.
 func (s *Session) fail(err error) {
-	s.tmu.Lock()
-	if s.err != nil {
-		s.tmu.Unlock()
+	calls, first := s.calls.Fail(err)
+	if !first {
 		return
 	}
-	s.err = err
-	var calls []*Call
-	for i, c := range s.slots {
-		if c != nil {
-			calls = append(calls, c)
-			s.slots[i] = nil
-		}
-	}
-	s.pending = 0
-	s.tcond.Broadcast()
-	s.tmu.Unlock()
 	s.w.Fail(err)
 	sockio.Close(s.nc) // the reader may be blocked in poll(2)
 	for _, c := range calls {
@@ -327,7 +266,7 @@ func (s *Session) readLoop() {
 			return
 		}
 		s.lastRecv.Store(time.Now().UnixNano())
-		c := s.take(h.Tag)
+		c := s.calls.Take(h.Tag)
 		if c == nil {
 			s.fail(fmt.Errorf("response for unknown tag %#x", h.Tag))
 			return
@@ -386,9 +325,7 @@ func (s *Session) watchdog() {
 			return
 		case <-t.C:
 		}
-		s.tmu.Lock()
-		pending, broken := s.pending, s.err != nil
-		s.tmu.Unlock()
+		pending, broken := s.calls.Pending(), s.calls.Err() != nil
 		if broken {
 			return
 		}
