@@ -23,8 +23,9 @@
 //     connection whenever the agent's heartbeat stops. ringmsg.go is the
 //     region's layout and the ring messages (typed header, byte layout,
 //     fuzzed); link.go the host's side (Link: attach, failover, resync,
-//     calls, hints); splitagent.go the agent's (RunSplitAgent: the
-//     dispatch loop and the workers that carry out host requests). A
+//     calls, hints); splitagent.go the agent's (AgentRegion: the region,
+//     the dispatch loop and the workers that carry out host requests;
+//     the agent process's parts are wired by deploy.RunAgent). A
 //     reply carries the memory node's status for the request.
 //
 // The agent is an accelerator: the host never needs it to be correct.

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -48,23 +50,46 @@ func newSplitRig(t *testing.T) *splitRig {
 	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", name, time.Now().UnixNano())}
 }
 
+// testAgent is an agent process's parts, wired here as deploy.RunAgent
+// wires them (this package cannot import deploy, which imports it).
+type testAgent struct {
+	Agent  *Agent
+	Engine *Engine
+	Zone   *loadingzone.Zone
+	HV     *hostview.Set
+	Kernel *hostview.Set
+}
+
 // startAgent runs an agent on the rig's region until the test ends.
-func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *SplitAgent {
+func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *testAgent {
 	t.Helper()
-	agents := make(chan *SplitAgent, 1)
-	done := make(chan struct{})
-	var err error
+	region, err := CreateAgentRegion(r.name, 1<<20, 256)
+	require.NoError(t, err)
+	ta := &testAgent{Zone: region.Zone, HV: hostview.New(8192, 2), Kernel: hostview.New(8192, 2)}
+	region.Zone.OnDrop = func(k uint64) { ta.HV.Delete(k) }
+	ta.Engine = NewEngine(c, ta.HV, region.Zone, 0)
+	ta.Agent = NewAgent(ta.HV, region.Zone, ta.Engine, func() Parser { return new(PageParser) })
+	ta.Agent.SetKernelView(ta.Kernel)
+	ready, done := make(chan struct{}), make(chan struct{})
+	var serveErr error
 	go func() {
 		defer close(done)
-		err = RunSplitAgent(r.ctx, SplitAgentConfig{Name: r.name, Client: c, LZRecords: 256, HostPages: 4096, RingBytes: 1 << 20}, func(a *SplitAgent) { agents <- a })
+		serveErr = region.Serve(r.ctx, HostService{Agent: ta.Agent, Engine: ta.Engine, Kernel: ta.Kernel,
+			NBDParser: func() Parser { return &NBDParser{Resolve: NBDResolver(r.ctx, c)} }, Ready: func() { close(ready) }})
 	}()
 	// The agent removes its region when it stops; wait for that.
-	t.Cleanup(func() { r.cancel(); <-done })
+	t.Cleanup(func() {
+		r.cancel()
+		<-done
+		ta.Agent.Close()
+		ta.Engine.Close()
+		region.Close()
+	})
 	select {
-	case a := <-agents:
-		return a
+	case <-ready:
+		return ta
 	case <-done:
-		t.Fatalf("agent ended before it was ready: %v", err)
+		t.Fatalf("agent ended before it was ready: %v", serveErr)
 		return nil
 	}
 }

@@ -2,6 +2,8 @@ package dpu
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"time"
@@ -14,89 +16,81 @@ import (
 	"github.com/pd3-go/pd3/memnode"
 )
 
-// The agent's side of split mode: RunSplitAgent formats the region and
-// serves the host's requests from ring A (message format: ringmsg.go).
+// The agent's side of split mode (message format: ringmsg.go). The agent
+// process formats a region (CreateAgentRegion), builds its Host View,
+// engine and agent over the region's Loading Zone — that wiring is the
+// composition root's, deploy.RunAgent — and serves the host through the
+// region (Serve).
 
-// SplitAgentConfig configures RunSplitAgent.
-type SplitAgentConfig struct {
-	Name        string          // region name: /dev/shm/pd3-NAME
-	Client      *memnode.Client // the agent's memnode connection
-	LZRecords   int             // Loading Zone pages (default 4096)
-	HostPages   int             // host cache pages, to size Host View (default 16384)
-	RingBytes   int             // per ring (default 8 MiB)
-	Workers     int             // goroutines executing host reads/writes (default 64)
-	MaxInFlight int             // prefetches in flight (default 1024)
+// AgentRegion is a split-mode region as the agent process owns it: the
+// rings and a Loading Zone formatted with a new epoch. Hosts attach only
+// once Serve publishes it.
+type AgentRegion struct {
+	Zone  *loadingzone.Zone
+	Epoch uint64
+
+	name      string
+	region    *shm.Region
+	ringBytes int
+	ra, rb    *shmring.Ring
 }
 
-// SplitAgent is a running agent process's state (exposed for metrics).
-type SplitAgent struct {
+// CreateAgentRegion creates /dev/shm/pd3-NAME with two rings of ringBytes
+// and a Loading Zone of lzRecords pages.
+func CreateAgentRegion(name string, ringBytes, lzRecords int) (*AgentRegion, error) {
+	lay := layout(ringBytes, lzRecords)
+	region, err := shm.Create(name, lay.total)
+	if err != nil {
+		return nil, err
+	}
+	r := &AgentRegion{name: name, region: region, ringBytes: ringBytes, Epoch: uint64(time.Now().UnixNano())}
+	b := region.Bytes()
+	if r.ra, err = shmring.Attach(b[lay.ringA:], ringBytes); err == nil {
+		if r.rb, err = shmring.Attach(b[lay.ringB:], ringBytes); err == nil {
+			r.Zone, err = loadingzone.Format(b[lay.lz:], lzRecords, r.Epoch)
+		}
+	}
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("dpu: region %s: %w", name, err)
+	}
+	shm.U64(b, offSRingSize).Store(uint64(ringBytes))
+	shm.U64(b, offSRecords).Store(uint64(lzRecords))
+	shm.U64(b, offSEpoch).Store(r.Epoch)
+	return r, nil
+}
+
+// Close removes the region and unmaps it; a host attached to it sees the
+// heartbeat stop and goes direct.
+func (r *AgentRegion) Close() error {
+	return errors.Join(r.region.Remove(), r.region.Close())
+}
+
+// HostService is what serves a host's messages through a region.
+type HostService struct {
 	Agent  *Agent
 	Engine *Engine
-	Zone   *loadingzone.Zone
-	HV     *hostview.Set
-	Kernel *hostview.Set // the host's kernel page cache (FUSE files)
-	Epoch  uint64
-	c      *memnode.Client
+	// Kernel is the Host View of the host's kernel page cache, kept from
+	// the host's KERNEL messages.
+	Kernel *hostview.Set
+	// NBDParser makes the parser of a mirrored NBD connection.
+	NBDParser func() Parser
+	// Workers is how many host reads and write-backs run at once
+	// (default 64).
+	Workers int
+	// Ready, if set, is called once hosts can attach.
+	Ready func()
 }
 
-// Mirror returns a mirror for client connections speaking proto
-// (ProtoPage or ProtoNBD) that the agent watches itself — the packet
-// mirror — rather than through the host's ring.
-func (s *SplitAgent) Mirror(ctx context.Context, proto byte) mirror.Mirror {
-	if proto == ProtoNBD {
-		return s.Agent.Mirror(func() Parser { return &NBDParser{Resolve: resolver(ctx, s.c)} })
+// Serve publishes the region to hosts and serves them until ctx ends: the
+// heartbeat, the dispatch of ring A's messages, and the workers that
+// carry out host requests and reply on ring B.
+func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
+	if hs.Workers <= 0 {
+		hs.Workers = 64
 	}
-	return s.Agent
-}
-
-// RunSplitAgent creates the region and serves the host through it until
-// ctx ends. ready, if non-nil, receives the agent's state once it serves.
-func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitAgent)) error {
-	if cfg.LZRecords <= 0 {
-		cfg.LZRecords = 4096
-	}
-	if cfg.HostPages <= 0 {
-		cfg.HostPages = 16384
-	}
-	if cfg.RingBytes <= 0 {
-		cfg.RingBytes = 8 << 20
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 64
-	}
-	lay := layout(cfg.RingBytes, cfg.LZRecords)
-	region, err := shm.Create(cfg.Name, lay.total)
-	if err != nil {
-		return err
-	}
-	defer region.Close()
-	defer region.Remove()
-	b := region.Bytes()
-	epoch := uint64(time.Now().UnixNano())
-	ra, err := shmring.Attach(b[lay.ringA:], cfg.RingBytes)
-	if err != nil {
-		return err
-	}
-	rb, err := shmring.Attach(b[lay.ringB:], cfg.RingBytes)
-	if err != nil {
-		return err
-	}
-	z, err := loadingzone.Format(b[lay.lz:], cfg.LZRecords, epoch)
-	if err != nil {
-		return err
-	}
-	hv := hostview.New(cfg.HostPages+cfg.LZRecords+1024, 2)
-	z.OnDrop = func(k uint64) { hv.Delete(k) }
-	e := NewEngine(cfg.Client, hv, z, cfg.MaxInFlight)
-	defer e.Close()
-	a := NewAgent(hv, z, e, func() Parser { return new(PageParser) })
-	defer a.Close()
-	kv := hostview.New(cfg.HostPages+cfg.LZRecords+1024, 2)
-	a.SetKernelView(kv)
-
-	shm.U64(b, offSRingSize).Store(uint64(cfg.RingBytes))
-	shm.U64(b, offSRecords).Store(uint64(cfg.LZRecords))
-	shm.U64(b, offSEpoch).Store(epoch)
+	a, e, kv, ra := hs.Agent, hs.Engine, hs.Kernel, r.ra
+	b := r.region.Bytes()
 	shm.U64(b, offSMagic).Store(splitMagic) // last: the region is complete
 	beat := shm.U64(b, offSBeat)
 
@@ -118,9 +112,9 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 		}
 	}()
 
-	replies := &replier{r: rb}
-	jobs := make(chan job, cfg.Workers*4)
-	for i := 0; i < cfg.Workers; i++ {
+	replies := &replier{r: r.rb}
+	jobs := make(chan job, hs.Workers*4)
+	for i := 0; i < hs.Workers; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -129,8 +123,8 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			}
 		}()
 	}
-	if ready != nil {
-		ready(&SplitAgent{Agent: a, Engine: e, Zone: z, HV: hv, Kernel: kv, Epoch: epoch, c: cfg.Client})
+	if hs.Ready != nil {
+		hs.Ready()
 	}
 	streams := map[uint32]mirror.Stream{}
 	bufs := sync.Pool{New: func() any { return make([]byte, memnode.PageSize) }}
@@ -152,7 +146,7 @@ func RunSplitAgent(ctx context.Context, cfg SplitAgentConfig, ready func(*SplitA
 			st, ok := streams[r.tag]
 			if !ok {
 				if r.arg == ProtoNBD {
-					st = a.newStream(func() Parser { return &NBDParser{Resolve: resolver(ctx, cfg.Client)} })
+					st = a.newStream(hs.NBDParser)
 				} else {
 					st = a.NewStream()
 				}
@@ -249,9 +243,10 @@ func (r *replier) send(ctx context.Context, parts ...[]byte) {
 	}
 }
 
-// resolver maps export names to volume ids by asking the memory node once
-// per name ("" is the node's first volume).
-func resolver(ctx context.Context, c *memnode.Client) func(string) (uint16, bool) {
+// NBDResolver maps export names to volume ids by asking the memory node
+// once per name ("" is the node's first volume): an agent process's NBD
+// parsers resolve exports with it.
+func NBDResolver(ctx context.Context, c *memnode.Client) func(string) (uint16, bool) {
 	cache := map[string]uint16{}
 	return func(name string) (uint16, bool) {
 		if id, ok := cache[name]; ok {

@@ -1,17 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/pd3-go/pd3/dpu"
-	"github.com/pd3-go/pd3/dpu/mirror/packet"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
 )
@@ -46,43 +41,16 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			log := logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token.Value(), OpTimeout: 30 * time.Second})
-			if err != nil {
-				return err
+			cfg := deploy.AgentConfig{
+				Name: name, Memnode: addr, Token: token.Value(), LZBytes: lzBytes, CacheBytes: cacheBytes,
+				Captures: targets, Metrics: metrics, Log: log,
 			}
-			defer c.Close()
-			cfg := dpu.SplitAgentConfig{
-				Name: name, Client: c,
-				LZRecords: int(lzBytes / memnode.PageSize), HostPages: int(cacheBytes / memnode.PageSize),
-			}
-			var capWG sync.WaitGroup
-			defer capWG.Wait()
-			ctx, stopCaptures := context.WithCancel(ctx)
-			defer stopCaptures() // before the Wait above
-			return dpu.RunSplitAgent(ctx, cfg, func(s *dpu.SplitAgent) {
+			return deploy.RunAgent(ctx, cfg, func(s *deploy.Agent) {
 				for _, t := range targets {
-					c, err := packet.ListenAddr(t.addr, s.Mirror(ctx, t.proto))
-					if err != nil {
-						log.Error(err.Error())
-						continue
-					}
-					capWG.Add(1)
-					go func() {
-						defer capWG.Done()
-						if err := c.Run(ctx); err != nil {
-							log.Error(err.Error())
-						}
-					}()
-					log.Info(fmt.Sprintf("dpu agent watching %s on an AF_PACKET socket", t.addr))
+					log.Info(fmt.Sprintf("dpu agent watching %s on an AF_PACKET socket", t.Addr))
 				}
-				if metrics != "" {
-					m := deploy.NewMetrics()
-					m.RegisterAgent(s.Agent, s.Engine, s.Zone, s.HV)
-					if a, _, err := deploy.ServeRegistry(ctx, metrics, m.R); err == nil {
-						log.Info(fmt.Sprintf("agent metrics listening on http://%s/metrics", a))
-					} else {
-						log.Error(err.Error())
-					}
+				if s.MetricsAddr != "" {
+					log.Info(fmt.Sprintf("agent metrics listening on http://%s/metrics", s.MetricsAddr))
 				}
 				log.Info(fmt.Sprintf("dpu agent listening on shm:%s (epoch %d, Loading Zone %d pages)", name, s.Epoch, s.Zone.Records()))
 			})
@@ -99,23 +67,18 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 	return cmd
 }
 
-type captureTarget struct {
-	proto byte
-	addr  string
-}
-
-func parseCaptures(specs []string) ([]captureTarget, error) {
-	var out []captureTarget
+func parseCaptures(specs []string) ([]deploy.Capture, error) {
+	var out []deploy.Capture
 	for _, s := range specs {
 		kind, addr, ok := strings.Cut(s, "=")
-		t := captureTarget{addr: addr}
+		t := deploy.Capture{Addr: addr}
 		switch {
 		case !ok || addr == "":
 			return nil, fmt.Errorf("--packet %q: want page=ADDR or nbd=ADDR", s)
 		case kind == "page":
-			t.proto = dpu.ProtoPage
+			t.Proto = dpu.ProtoPage
 		case kind == "nbd":
-			t.proto = dpu.ProtoNBD
+			t.Proto = dpu.ProtoNBD
 		default:
 			return nil, fmt.Errorf("--packet %q: protocol %q is neither page nor nbd", s, kind)
 		}
