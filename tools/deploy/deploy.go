@@ -1,7 +1,3 @@
-// Package deploy assembles pd3's pieces into running processes: a memory
-// node, and a host (memnode client → page store → page server). The pd3
-// command, the benchmarks and the integration tests all start pd3 through
-// it, so there is one way to wire the system.
 package deploy
 
 import (
