@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"runtime"
 	"slices"
@@ -61,6 +62,19 @@ func Listen(addr string) (net.Listener, error) {
 		return net.Listen("unix", p)
 	}
 	return net.Listen("tcp", addr)
+}
+
+// NBDURI is the URI clients use for export on an NBD server at addr:
+// nbd://HOST:PORT/EXPORT, or nbd+unix:///EXPORT?socket=PATH for
+// "unix:PATH" (the NBD URI standard, as libnbd and qemu read it).
+func NBDURI(addr, export string) string {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		// Escape what would end or change the query value; keep the
+		// path's slashes readable.
+		esc := strings.NewReplacer("%", "%25", "&", "%26", "#", "%23", "+", "%2B", " ", "%20")
+		return "nbd+unix:///" + url.PathEscape(export) + "?socket=" + esc.Replace(p)
+	}
+	return "nbd://" + addr + "/" + url.PathEscape(export)
 }
 
 func addrString(ln net.Listener) string {

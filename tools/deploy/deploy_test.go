@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,9 +29,17 @@ func TestUnixSockets(t *testing.T) {
 	defer node.Close()
 	h, err := StartHost(ctx, HostConfig{
 		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
-		CacheBytes: 16 * 4096, PageListen: "unix:" + filepath.Join(dir, "page.sock"),
+		CacheBytes: 16 * 4096, PageListen: "unix:" + filepath.Join(dir, "page.sock"), NBDListen: "unix:" + filepath.Join(dir, "nbd.sock"),
 	})
 	require.NoError(t, err)
+	// NBD on a unix socket, reached by the URI the command prints.
+	if _, err := exec.LookPath("nbdinfo"); err == nil {
+		uri := NBDURI(h.NBDAddr, "disk0")
+		assert.Equal(t, "nbd+unix:///disk0?socket="+filepath.Join(dir, "nbd.sock"), uri)
+		out, err := exec.Command("nbdinfo", "--size", uri).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Equal(t, "1048576", strings.TrimSpace(string(out)))
+	}
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
 	require.NoError(t, err)
 	p := make([]byte, 4096)
@@ -85,6 +94,13 @@ func TestFlushKeepsPagesInHostView(t *testing.T) {
 		assert.True(t, h.HostView.Contains(uint64(memnode.MakeKey(1, i))), "page %d", i)
 	}
 	assert.Zero(t, h.Engine.Issued.Load(), "nothing the host holds is prefetched")
+}
+
+func TestNBDURI(t *testing.T) {
+	assert.Equal(t, "nbd://127.0.0.1:10809/disk0", NBDURI("127.0.0.1:10809", "disk0"))
+	assert.Equal(t, "nbd+unix:///disk0?socket=/run/pd3/nbd.sock", NBDURI("unix:/run/pd3/nbd.sock", "disk0"))
+	assert.Equal(t, "nbd+unix:///disk0?socket=/tmp/a%20b%26c.sock", NBDURI("unix:/tmp/a b&c.sock", "disk0"))
+	assert.Equal(t, "nbd://[::1]:10809/my%20disk", NBDURI("[::1]:10809", "my disk"))
 }
 
 func TestParseVolume(t *testing.T) {

@@ -243,7 +243,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 			}
 		}
 		log.Info(fmt.Sprintf("NBD server listening on %s (exports: %s)", h.NBDAddr, strings.Join(names, ", ")))
-		log.Info(fmt.Sprintf("try: nbdinfo nbd://%s/%s", h.NBDAddr, h.Volumes[0].Name))
+		log.Info(fmt.Sprintf("try: nbdinfo '%s'", deploy.NBDURI(h.NBDAddr, h.Volumes[0].Name)))
 	}
 	if h.Mounted != nil {
 		log.Info(fmt.Sprintf("filesystem %q mounted at %s (NBD volumes under %s/volumes)", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir))
