@@ -53,6 +53,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 					log.Info(fmt.Sprintf("agent metrics listening on http://%s/metrics", s.MetricsAddr))
 				}
 				log.Info(fmt.Sprintf("dpu agent listening on shm:%s (epoch %d, Loading Zone %d pages)", name, s.Epoch, s.Zone.Records()))
+				notifyReady(ctx, log, "agent serving shm:"+name)
 			})
 		},
 	}

@@ -3,13 +3,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/spf13/cobra"
 )
 
@@ -81,4 +84,20 @@ func markUsageErrors(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		markUsageErrors(sub)
 	}
+}
+
+// notifySystemd tells systemd the service's state (a Type=notify unit
+// waits for READY=1 before starting its dependants). Outside systemd
+// ($NOTIFY_SOCKET unset) it does nothing.
+func notifySystemd(log *slog.Logger, state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		log.Warn("telling systemd the service state", "state", state, "err", err)
+	}
+}
+
+// notifyReady reports readiness with a status line, and STOPPING=1 once
+// ctx ends (the shutdown, with its write-back, begins).
+func notifyReady(ctx context.Context, log *slog.Logger, status string) {
+	notifySystemd(log, daemon.SdNotifyReady+"\nSTATUS="+status)
+	context.AfterFunc(ctx, func() { notifySystemd(log, daemon.SdNotifyStopping) })
 }

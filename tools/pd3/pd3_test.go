@@ -1070,3 +1070,65 @@ func TestTokenFromEnvironmentIsUsedAndNeverPrinted(t *testing.T) {
 	assert.Contains(t, out, "unauthorised")
 	assert.NotContains(t, out, secret)
 }
+
+// The systemd units are valid (systemd-analyze verify, with the unit's
+// binary path pointed at the test's build).
+func TestSystemdUnitsVerify(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze is not installed")
+	}
+	units, err := filepath.Glob("../../deploy/systemd/*.service")
+	require.NoError(t, err)
+	require.NotEmpty(t, units)
+	dir := t.TempDir()
+	var paths []string
+	for _, u := range units {
+		b, err := os.ReadFile(u)
+		require.NoError(t, err)
+		p := filepath.Join(dir, filepath.Base(u))
+		require.NoError(t, os.WriteFile(p, bytes.ReplaceAll(b, []byte("/usr/local/bin/pd3"), []byte(pd3Bin)), 0o644))
+		paths = append(paths, p)
+	}
+	out, err := exec.Command("systemd-analyze", append([]string{"verify"}, paths...)...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Empty(t, strings.TrimSpace(string(out)), "warnings")
+}
+
+// Under systemd (Type=notify) pd3 reports READY=1 once it listens and
+// STOPPING=1 when SIGTERM starts its shutdown, on $NOTIFY_SOCKET.
+func TestSystemdNotify(t *testing.T) {
+	for _, args := range [][]string{
+		{"memnode", "--listen", "127.0.0.1:0"},
+		{"up", "--page", "127.0.0.1:0", "--nbd", "", "--mount", "", "--volume", "disk0:4MiB"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "notify")
+			conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+			require.NoError(t, err)
+			defer conn.Close()
+			cmd := exec.Command(pd3Bin, args...)
+			cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
+			var stderr testutil.SyncBuffer
+			cmd.Stderr = &stderr
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+			read := func() string {
+				conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+				buf := make([]byte, 4096)
+				n, err := conn.Read(buf)
+				require.NoError(t, err, "no notification; stderr:\n%s", stderr.String())
+				return string(buf[:n])
+			}
+			ready := read()
+			assert.Contains(t, ready, "READY=1")
+			assert.Contains(t, ready, "STATUS=")
+			// stderr is copied by a goroutine of exec: it may lag the datagram.
+			assert.Eventually(t, func() bool { return strings.Contains(stderr.String(), "listening") }, 5*time.Second, 10*time.Millisecond,
+				"READY comes after the servers listen")
+			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+			assert.Equal(t, "STOPPING=1", read())
+			require.NoError(t, cmd.Wait())
+		})
+	}
+}
