@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"sync"
+	"time"
 
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 )
@@ -44,6 +45,10 @@ func (c *conn) end(buf []byte, later bool) {
 }
 
 func (c *conn) recycle(r *request) {
+	if l := c.s.Latency; l != nil && !r.start.IsZero() {
+		l(r.typ, time.Since(r.start))
+		r.start = time.Time{}
+	}
 	c.inflight.Add(-1)
 	if cap(r.buf) > len(r.page) {
 		c.s.bufs.put(r.buf)

@@ -19,6 +19,7 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
+	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -76,6 +77,10 @@ type Server struct {
 	// Stages, if set, is stamped as requests pass (the miss-path
 	// breakdown); nil in production.
 	Stages *stages.Recorder
+	// Latency, if set, receives each answered request's time from its
+	// header being read to its reply being queued (metrics). It runs on
+	// the request's path: it must be quick and must not block.
+	Latency func(nbdproto.Cmd, time.Duration)
 
 	group  netsrv.Group
 	bufs   bufPool

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/bits"
 	"sync"
+	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
@@ -29,6 +30,7 @@ type request struct {
 	length uint32
 	buf    []byte         // WRITE payload or READ destination
 	errno  nbdproto.Errno // set by validation: answer without executing
+	start  time.Time      // header read (only with Server.Latency)
 
 	c    *conn
 	done func(error) // r.pageRead, bound once per pooled request
@@ -102,6 +104,9 @@ func (c *conn) readRequests(work chan<- *request) error {
 		}
 		r := s.newRequest(c)
 		r.typ, r.flags, r.cookie, r.off, r.length = hdr.Cmd, hdr.Flags, hdr.Cookie, hdr.Offset, hdr.Length
+		if s.Latency != nil {
+			r.start = time.Now()
+		}
 		s.Requests.Add(1)
 		if r.typ == nbdproto.CmdDisc {
 			s.reqs.Put(r)

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/internal/netsrv"
@@ -66,14 +67,20 @@ type Server struct {
 	group netsrv.Group
 	wwg   sync.WaitGroup // workers
 
+	// Latency, if set, receives each request's time from its header being
+	// read to its reply being queued (metrics). It runs on a worker: it
+	// must be quick and must not block.
+	Latency func(Op, time.Duration)
+
 	// Counters.
 	Requests, Errors atomic.Uint64
 }
 
 type request struct {
-	hdr  Header
-	c    *conn
-	data [PageSize]byte
+	hdr   Header
+	c     *conn
+	start time.Time // header read (only with Server.Latency)
+	data  [PageSize]byte
 }
 
 type conn struct {
@@ -169,6 +176,9 @@ func (s *Server) read(c *conn) error {
 		r.Discard(HeaderSize)
 		req := <-c.free
 		req.hdr = h
+		if s.Latency != nil {
+			req.start = time.Now()
+		}
 		if n := h.Op.PayloadLen(); n > 0 {
 			if _, err := io.ReadFull(r, req.data[:n]); err != nil {
 				c.free <- req
@@ -189,6 +199,9 @@ func (s *Server) worker() {
 			buf = append(buf, hb[:]...)
 			buf = append(buf, req.data[:req.hdr.ResponsePayloadLen()]...)
 			req.c.bw.EndInFlight(buf, cap(req.c.free)-len(req.c.free))
+		}
+		if s.Latency != nil {
+			s.Latency(req.hdr.Op, time.Since(req.start))
 		}
 		req.c.free <- req
 	}

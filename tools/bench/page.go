@@ -399,7 +399,7 @@ func loadPages(ctx context.Context, host, agent, node *Child, opt PageOptions, d
 		}()
 	}
 	sleep(ctx, opt.Warmup)
-	m0, err := scrape(ctx, host.Addrs["metrics"])
+	m0, err := scrapeValues(ctx, host.Addrs["metrics"])
 	if err != nil {
 		stop.Store(true)
 		wg.Wait()
@@ -426,7 +426,7 @@ func loadPages(ctx context.Context, host, agent, node *Child, opt PageOptions, d
 	if node != nil {
 		ncpu1 = node.CPU()
 	}
-	m1, err := scrape(ctx, host.Addrs["metrics"])
+	m1, err := scrapeValues(ctx, host.Addrs["metrics"])
 	stop.Store(true)
 	stopPacer()
 	wg.Wait()

@@ -221,6 +221,7 @@ type Host struct {
 	leases     []volumeLease
 	stopLeases func()
 	captures   []func() // packet mirrors, stopped before the agent
+	lat        *latencies
 }
 
 // StartHost connects to the memory node, opens the volumes and serves.
@@ -519,6 +520,7 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 }
 
 func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
+	h.lat = newLatencies()
 	var mir, nbdMir mirror.Mirror
 	switch {
 	case h.Agent != nil:
@@ -564,7 +566,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			ln.Close()
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
-		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages}
+		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD}
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
 				Name: v.Name, Volume: v.ID, Size: v.Size, ReadOnly: slices.Contains(cfg.NBDReadOnly, v.Name),
@@ -589,7 +591,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir}
+	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir, Latency: h.lat.observePage}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil
 }

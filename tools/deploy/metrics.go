@@ -12,6 +12,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/nbd"
+	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,6 +94,9 @@ func (h *Host) Registry() *prometheus.Registry {
 		gauge("cache_dirty_pages", "Dirty pages in the host cache.", func(s stats) float64 { return float64(s.DirtyPages) }),
 		gauge("cache_resident_pages", "Pages in the host cache.", func(s stats) float64 { return float64(s.ResidentPages) }),
 	))
+	if h.lat != nil {
+		m.R.MustRegister(h.lat.nbd, h.lat.page)
+	}
 	if p := h.Page; p != nil {
 		m.R.MustRegister(newCollector(atomics(p),
 			counter("page_requests_total", "Page-protocol requests executed.", func(s *pageproto.Server) uint64 { return s.Requests.Load() }),
@@ -204,4 +208,55 @@ func ServeRegistry(ctx context.Context, addr string, r *prometheus.Registry) (st
 	go srv.Serve(ln)
 	context.AfterFunc(ctx, func() { srv.Close() })
 	return ln.Addr().String(), srv.Close, nil
+}
+
+// latencies are the request-latency histograms of a host's servers. They
+// exist before the servers start (the servers' Latency hooks observe into
+// them) and are registered with the host's metrics.
+type latencies struct {
+	nbd, page     *prometheus.HistogramVec
+	nbdBy, pageBy [8]prometheus.Observer // by command/op, resolved once
+	nbdOther      prometheus.Observer
+	pageOther     prometheus.Observer
+}
+
+func newLatencies() *latencies {
+	// 5 µs (a cache hit on a fast machine) to about 2.6 s (a memory-node
+	// outage riding on retries), in factors of two.
+	latencyBuckets := prometheus.ExponentialBuckets(5e-6, 2, 20)
+	l := &latencies{
+		nbd: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pd3_nbd_request_duration_seconds",
+			Help: "NBD requests from header read to reply queued, by command.", Buckets: latencyBuckets}, []string{"cmd"}),
+		page: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pd3_page_request_duration_seconds",
+			Help: "Page-protocol requests from header read to reply queued, by operation.", Buckets: latencyBuckets}, []string{"op"}),
+	}
+	// Children are resolved here, so an observation is a slice index and
+	// atomic adds, not a label lookup.
+	l.nbdOther, l.pageOther = l.nbd.WithLabelValues("other"), l.page.WithLabelValues("other")
+	for i := range l.nbdBy {
+		l.nbdBy[i] = l.nbd.WithLabelValues(nbdproto.Cmd(i).String())
+	}
+	for i := range l.pageBy {
+		l.pageBy[i] = l.pageOther
+	}
+	for _, op := range []pageproto.Op{pageproto.OpGet, pageproto.OpPut, pageproto.OpSync, pageproto.OpVolumes} {
+		l.pageBy[op] = l.page.WithLabelValues(op.String())
+	}
+	return l
+}
+
+func (l *latencies) observeNBD(c nbdproto.Cmd, d time.Duration) {
+	o := l.nbdOther
+	if int(c) < len(l.nbdBy) {
+		o = l.nbdBy[c]
+	}
+	o.Observe(d.Seconds())
+}
+
+func (l *latencies) observePage(op pageproto.Op, d time.Duration) {
+	o := l.pageOther
+	if int(op) < len(l.pageBy) {
+		o = l.pageBy[op]
+	}
+	o.Observe(d.Seconds())
 }

@@ -2,11 +2,18 @@ package deploy
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/pd3-go/pd3/internal/nbdclient"
+	"github.com/pd3-go/pd3/internal/scrape"
+	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -55,4 +62,74 @@ func TestHostRegistry(t *testing.T) {
 	assert.Contains(t, got, "pd3_nbd_requests_total")
 	assert.Contains(t, got, "pd3_prefetch_issued_total")
 	assert.Contains(t, got, "pd3_hostview_keys")
+}
+
+// Every metric the Grafana dashboard queries exists in a running host's
+// /metrics (host with an embedded agent, NBD and the page protocol, after
+// a request on each), with the type the query needs.
+func TestDashboardQueriesExist(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/grafana/pd3-host.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	require.NoError(t, json.Unmarshal(b, &dash))
+	require.NotEmpty(t, dash.Panels)
+
+	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+		DPU: "embedded", NBDListen: "127.0.0.1:0", PageListen: "127.0.0.1:0"})
+	addr, err := h.ServeMetrics(context.Background(), "127.0.0.1:0")
+	require.NoError(t, err)
+	nc, err := nbdclient.Dial(h.NBDAddr, "disk0")
+	require.NoError(t, err)
+	require.NoError(t, nc.Read(0, make([]byte, 4096)))
+	nc.Close()
+	pc, err := pageproto.Dial(context.Background(), h.PageAddr, pageproto.ClientOptions{})
+	require.NoError(t, err)
+	err = pc.Get(context.Background(), 1<<48|1, make([]byte, 4096))
+	require.NoError(t, err)
+	pc.Close()
+
+	mfs, err := scrape.Families(context.Background(), addr)
+	require.NoError(t, err)
+
+	name := regexp.MustCompile(`pd3_[a-z0-9_]+`)
+	queried := 0
+	for _, pn := range dash.Panels {
+		require.NotEmpty(t, pn.Targets, pn.Title)
+		for _, tg := range pn.Targets {
+			for _, m := range name.FindAllString(tg.Expr, -1) {
+				queried++
+				if base, ok := strings.CutSuffix(m, "_bucket"); ok {
+					mf, found := mfs[base]
+					if assert.True(t, found, "%q (panel %q) is not in /metrics", base, pn.Title) {
+						assert.Equal(t, dto.MetricType_HISTOGRAM, mf.GetType(), "%s", base)
+					}
+					continue
+				}
+				mf, found := mfs[m]
+				if !assert.True(t, found, "%q (panel %q) is not in /metrics", m, pn.Title) {
+					continue
+				}
+				if strings.Contains(tg.Expr, "rate("+m) {
+					assert.Equal(t, dto.MetricType_COUNTER, mf.GetType(), "rate() of %s needs a counter", m)
+				}
+			}
+		}
+	}
+	assert.Greater(t, queried, 20)
+	// The requests above were measured.
+	nbdLat := mfs["pd3_nbd_request_duration_seconds"]
+	var reads uint64
+	for _, m := range nbdLat.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "cmd" && l.GetValue() == "READ" {
+				reads = m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	assert.Equal(t, uint64(1), reads, "one NBD READ observed")
 }

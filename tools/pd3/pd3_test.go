@@ -27,6 +27,7 @@ import (
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/stretchr/testify/assert"
@@ -1131,4 +1132,58 @@ func TestSystemdNotify(t *testing.T) {
 			require.NoError(t, cmd.Wait())
 		})
 	}
+}
+
+// pd3 top --once draws one frame of a live host's rates: requests,
+// latency per operation, the cache.
+func TestTopOnce(t *testing.T) {
+	host := start(t, []string{"page server", "metrics"}, "up", "--page", "127.0.0.1:0", "--nbd", "", "--mount", "",
+		"--volume", "disk0:16MiB", "--cache", "1MiB", "--metrics", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := pageproto.Dial(ctx, host.Addrs["page server"], pageproto.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	go func() { // load while top measures; bounded by the test
+		buf := make([]byte, pageproto.PageSize)
+		for i := uint64(0); ctx.Err() == nil && i < 1e6; i++ {
+			if c.Get(ctx, pageid.MakeKey(1, i%4096), buf) != nil {
+				return
+			}
+		}
+	}()
+	out, err := run(t, "", "top", host.Addrs["metrics"], "--once", "--interval", "500ms")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "pd3 top ")
+	assert.Regexp(t, `requests/s +NBD 0 +page [1-9]`, out)
+	assert.Regexp(t, `latency +page GET +p50 [0-9.]+[µm]?s +p99 `, out)
+	assert.Regexp(t, `host cache +hit ratio [0-9.]+%`, out)
+	assert.Contains(t, out, "prefetch/s")
+
+	out, err = run(t, "", "top", "127.0.0.1:1", "--once")
+	require.Error(t, err)
+	assert.Contains(t, out, "scraping http://127.0.0.1:1/metrics")
+}
+
+// Under a terminal (script(1) gives it a pseudo-terminal) pd3 top redraws
+// in place and q quits it.
+func TestTopQuitsOnQInATerminal(t *testing.T) {
+	if _, err := exec.LookPath("script"); err != nil {
+		t.Skip("script(1) is not installed")
+	}
+	host := start(t, []string{"metrics"}, "up", "--page", "", "--nbd", "", "--mount", "", "--volume", "disk0:8MiB", "--metrics", "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "script", "-q", "-e", "-c", pd3Bin+" top "+host.Addrs["metrics"]+" --interval 200ms", "/dev/null")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	var out testutil.SyncBuffer
+	cmd.Stdout = &out
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return strings.Count(out.String(), "pd3 top ") >= 2 }, 10*time.Second, 20*time.Millisecond,
+		"two frames drawn:\n%s", out.String())
+	_, err = stdin.Write([]byte("q"))
+	require.NoError(t, err)
+	require.NoError(t, cmd.Wait(), "q quits with status 0")
+	assert.Contains(t, out.String(), "\x1b[H\x1b[2J", "frames redraw the screen")
 }
