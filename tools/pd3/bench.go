@@ -20,8 +20,20 @@ import (
 
 func benchCmd() *cobra.Command {
 	var asJSON bool
+	var plotPath string
 	cmd := &cobra.Command{Use: "bench", Short: "Measure pd3 against baselines in one run (ratios)"}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.PersistentFlags().StringVar(&plotPath, "plot", "", "also draw the results into FILE (.png or .svg): throughput per system with ratios, latency percentiles, sweeps as lines")
+	// emit prints a report, and draws it with --plot.
+	emit := func(rep *bench.Report) error {
+		if err := rep.Print(os.Stdout, asJSON); err != nil {
+			return err
+		}
+		if plotPath == "" {
+			return nil
+		}
+		return rep.Plot(plotPath)
+	}
 	exe := func() (string, error) {
 		e, err := os.Executable()
 		if err != nil {
@@ -49,7 +61,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rep.Print(os.Stdout, asJSON)
+			return emit(rep)
 		},
 	}
 	transport.Flags().DurationVar(&topt.Duration, "duration", 5*time.Second, "measurement time per system")
@@ -91,7 +103,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rep.Print(os.Stdout, asJSON)
+			return emit(rep)
 		},
 	}
 	fl := page.Flags()
@@ -121,7 +133,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rep.Print(os.Stdout, asJSON)
+			return emit(rep)
 		},
 	}
 	hv.Flags().IntVar(&hvopt.Keys, "keys", 100_000_000, "keys in the set")
@@ -149,7 +161,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rep.Print(os.Stdout, asJSON)
+			return emit(rep)
 		},
 	}
 	lzc.Flags().StringVar(&threads, "threads", "1,2,4,8,16", "consumer goroutines, comma-separated")
@@ -172,6 +184,9 @@ func benchCmd() *cobra.Command {
 			ctx, stop := sigctx(cmd)
 			defer stop()
 			if breakdown > 0 {
+				if plotPath != "" {
+					return usageError{fmt.Errorf("--plot draws fio results; --breakdown prints stages")}
+				}
 				bd, err := bench.NBDBreakdown(ctx, bench.BreakdownOptions{Exe: nopt.Exe, Size: nopt.Size, Cache: nopt.Cache, Requests: breakdown})
 				if err != nil {
 					return err
@@ -186,7 +201,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rep.Print(os.Stdout, asJSON)
+			return emit(rep)
 		},
 	}
 	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,nbdkit-cache-nbd,nbdkit-readahead-cache-nbd,pd3-local", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
@@ -215,7 +230,7 @@ func benchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return rep.Print(os.Stdout, asJSON)
+			return emit(rep)
 		},
 	}
 	fusec.Flags().StringVar(&fsystems, "systems", strings.Join(bench.FUSESystems, ","), "what to compare: "+strings.Join(bench.FUSESystems, ","))

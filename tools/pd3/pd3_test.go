@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"image/color"
+	"image/png"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -322,9 +324,25 @@ func TestBenchNBDSmoke(t *testing.T) {
 			t.Skipf("%s is not installed (make deps-system)", tool)
 		}
 	}
+	plotPath := filepath.Join(t.TempDir(), "nbd.png")
 	out, err := run(t, "", "bench", "nbd", "--size", "64MiB", "--cache", "4MiB", "--runtime", "1s", "--ramp", "0s",
-		"--jobs", "randread-q32t1,randwrite-q32t1", "--json")
+		"--jobs", "randread-q32t1,randwrite-q32t1", "--json", "--plot", plotPath)
 	require.NoError(t, err, out)
+	// The chart is a real PNG of a plausible size with a drawing on it.
+	f, err := os.Open(plotPath)
+	require.NoError(t, err)
+	img, err := png.Decode(f)
+	f.Close()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, img.Bounds().Dx(), 800)
+	assert.GreaterOrEqual(t, img.Bounds().Dy(), 800, "throughput and latency panels")
+	colours := map[color.Color]bool{}
+	for y := 0; y < img.Bounds().Dy(); y += 4 {
+		for x := 0; x < img.Bounds().Dx(); x += 4 {
+			colours[img.At(x, y)] = true
+		}
+	}
+	assert.Greater(t, len(colours), 8, "not a blank canvas")
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Len(t, rep.Results, 10) // pd3, nbdkit-memory, two nbdkit cache chains, pd3-local

@@ -1,0 +1,258 @@
+package bench
+
+import (
+	"cmp"
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/pd3-go/pd3/internal/units"
+)
+
+// Plot draws r into path, a PNG or an SVG by its extension (gonum/plot):
+// throughput per system in each configuration, each bar labelled with its
+// ratio to the configuration's first system; where latency was measured,
+// p99 per system with p50 written above; a sweep (configurations that
+// differ in one NAME=SIZE, as bench page --sweep makes) as lines of
+// throughput against the swept value.
+func (r *Report) Plot(path string) error {
+	ext := strings.ToLower(filepath.Ext(path))
+	if ext != ".png" && ext != ".svg" {
+		return fmt.Errorf("--plot %s: want a .png or .svg file", path)
+	}
+	if len(r.Results) == 0 {
+		return fmt.Errorf("--plot %s: no results to draw", path)
+	}
+	var plots []*plot.Plot
+	if sw, ok := sweepOf(r.Results); ok {
+		p, err := sweepPlot(r, sw)
+		if err != nil {
+			return err
+		}
+		plots = append(plots, p)
+	} else {
+		p, err := barPlot(r, "throughput (ops/s)", func(x Result) float64 { return x.OpsPerSec }, ratioLabel)
+		if err != nil {
+			return err
+		}
+		plots = append(plots, p)
+	}
+	if slices.ContainsFunc(r.Results, func(x Result) bool { return x.P99us > 0 }) {
+		p, err := barPlot(r, "p99 latency (µs), p50 above", func(x Result) float64 { return x.P99us },
+			func(x, _ Result) string { return "p50 " + strconv.FormatFloat(x.P50us, 'f', 0, 64) })
+		if err != nil {
+			return err
+		}
+		plots = append(plots, p)
+	}
+	plots[0].Title.Text = fmt.Sprintf("pd3 bench %s — %s", r.Bench, r.Machine)
+
+	w, h := 10*vg.Inch, vg.Length(len(plots))*4.5*vg.Inch
+	var c vg.CanvasSizer
+	var write func(*os.File) error
+	if ext == ".png" {
+		img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(96))
+		c = img
+		write = func(f *os.File) error { _, err := vgimg.PngCanvas{Canvas: img}.WriteTo(f); return err }
+	} else {
+		svg := vgsvg.New(w, h)
+		c = svg
+		write = func(f *os.File) error { _, err := svg.WriteTo(f); return err }
+	}
+	dc := draw.New(c)
+	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter,
+		PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}
+	grid := make([][]*plot.Plot, len(plots))
+	for i, p := range plots {
+		grid[i] = []*plot.Plot{p}
+	}
+	canvases := plot.Align(grid, tiles, dc)
+	for i, p := range plots {
+		p.Draw(canvases[i][0])
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// ratioLabel is a bar's value relative to the first system measured in
+// its configuration.
+func ratioLabel(x, first Result) string {
+	if first.OpsPerSec == 0 || x.System == first.System {
+		return strconv.FormatFloat(x.OpsPerSec, 'f', 0, 64)
+	}
+	return fmt.Sprintf("%.2f× %s", x.OpsPerSec/first.OpsPerSec, first.System)
+}
+
+// barPlot groups results by configuration (x) with a bar per system.
+func barPlot(r *Report, ylabel string, val func(Result) float64, label func(x, first Result) string) (*plot.Plot, error) {
+	var configs, systems []string
+	for _, x := range r.Results {
+		if !slices.Contains(configs, x.Config) {
+			configs = append(configs, x.Config)
+		}
+		if !slices.Contains(systems, x.System) {
+			systems = append(systems, x.System)
+		}
+	}
+	p := plot.New()
+	p.Y.Label.Text = ylabel
+	p.Y.Min = 0
+	p.Legend.Top = true
+	p.NominalX(configs...)
+	barW := vg.Length(min(60, 560/max(1, len(configs)*len(systems)))) * vg.Millimeter / 5
+	for i, sys := range systems {
+		vals := make(plotter.Values, len(configs))
+		var xys plotter.XYs
+		var labels []string
+		for j, cfg := range configs {
+			var first *Result
+			for k := range r.Results {
+				x := r.Results[k]
+				if x.Config != cfg {
+					continue
+				}
+				if first == nil {
+					first = &r.Results[k]
+				}
+				if x.System == sys {
+					vals[j] = val(x)
+					xys = append(xys, plotter.XY{X: float64(j), Y: val(x)})
+					labels = append(labels, label(x, *first))
+				}
+			}
+		}
+		bars, err := plotter.NewBarChart(vals, barW)
+		if err != nil {
+			return nil, err
+		}
+		bars.Color = plotutil.Color(i)
+		bars.LineStyle.Width = 0
+		bars.Offset = barW * vg.Length(2*i-len(systems)+1) / 2
+		p.Add(bars)
+		p.Legend.Add(sys, bars)
+		if len(xys) > 0 {
+			l, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: labels})
+			if err != nil {
+				return nil, err
+			}
+			for k := range l.TextStyle {
+				l.TextStyle[k].Font.Size = 7
+				l.TextStyle[k].Rotation = 1.5708 // vertical, so labels of neighbouring bars do not overlap
+				l.TextStyle[k].XAlign = draw.XLeft
+				l.TextStyle[k].YAlign = draw.YCenter
+				l.TextStyle[k].Color = color.Black
+			}
+			l.Offset = vg.Point{X: bars.Offset, Y: vg.Millimeter}
+			p.Add(l)
+		}
+	}
+	// Room above the tallest bar for its label, and for the legend.
+	p.Y.Max *= 1.3 + 0.06*float64(len(systems))
+	return p, nil
+}
+
+// sweep is a set of configurations that differ in one NAME=SIZE field.
+type sweep struct {
+	name string
+	x    map[string]float64 // config → swept value
+	rest map[string]string  // config → the config without the field
+}
+
+// sweepOf finds a sweep: a NAME=SIZE field every configuration has, with
+// at least two values (the other fields, such as load=, stay in the
+// line's name).
+func sweepOf(rs []Result) (sweep, bool) {
+	for _, f := range strings.Fields(rs[0].Config) {
+		name, _, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		sw := sweep{name: name, x: map[string]float64{}, rest: map[string]string{}}
+		values := map[float64]bool{}
+		all := true
+		for _, x := range rs {
+			var rest []string
+			found := false
+			for _, g := range strings.Fields(x.Config) {
+				k, v, _ := strings.Cut(g, "=")
+				if k != name {
+					rest = append(rest, g)
+					continue
+				}
+				n, err := units.ParseSize(v)
+				if err != nil {
+					break
+				}
+				sw.x[x.Config], found = float64(n), true
+				values[float64(n)] = true
+			}
+			if !found {
+				all = false
+				break
+			}
+			sw.rest[x.Config] = strings.Join(rest, " ")
+		}
+		if all && len(values) > 1 {
+			return sw, true
+		}
+	}
+	return sweep{}, false
+}
+
+// sweepPlot draws throughput against the swept value, a line per system
+// (and per remaining configuration, if more than one).
+func sweepPlot(r *Report, sw sweep) (*plot.Plot, error) {
+	p := plot.New()
+	p.X.Label.Text = sw.name + " (MiB)"
+	p.Y.Label.Text = "throughput (ops/s)"
+	p.Y.Min = 0
+	p.Legend.Top = true
+	type key struct{ sys, rest string }
+	var keys []key
+	lines := map[key]plotter.XYs{}
+	rests := map[string]bool{}
+	for _, x := range r.Results {
+		k := key{x.System, sw.rest[x.Config]}
+		if _, ok := lines[k]; !ok {
+			keys = append(keys, k)
+		}
+		lines[k] = append(lines[k], plotter.XY{X: sw.x[x.Config] / (1 << 20), Y: x.OpsPerSec})
+		rests[k.rest] = true
+	}
+	for i, k := range keys {
+		xys := lines[k]
+		slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+		l, pts, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return nil, err
+		}
+		l.Color, pts.Color = plotutil.Color(i), plotutil.Color(i)
+		pts.Shape = plotutil.Shape(i)
+		p.Add(l, pts)
+		name := k.sys
+		if len(rests) > 1 {
+			name += " " + k.rest
+		}
+		p.Legend.Add(name, l, pts)
+	}
+	return p, nil
+}
