@@ -28,6 +28,8 @@ type NBDOptions struct {
 	Cache   uint64
 	Runtime time.Duration
 	Ramp    time.Duration
+	// Progress, if set, is told each system's fill and jobs.
+	Progress Progress
 }
 
 // NBDSystems lists the servers NBD compares; pd3-persist is pd3 with a
@@ -63,7 +65,7 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		}
 	}
 	rep := &Report{Bench: "nbd", Machine: Machine(), Ratios: map[string]float64{}}
-	iops, err := runSuite(rep, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
+	iops, err := runSuite(rep, opt.Progress, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
 		uri, server, node, stop, err := startNBDSystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err
@@ -181,19 +183,25 @@ type suiteSystem struct {
 // runSuite starts each system, fills it, runs every job on it (measuring
 // the process) and stops it; results go to rep and the returned IOPS are
 // by system and job, for ratios.
-func runSuite(rep *Report, systems, jobs []string, start func(sys string) (suiteSystem, error)) (map[string]map[string]float64, error) {
+func runSuite(rep *Report, progress Progress, systems, jobs []string, start func(sys string) (suiteSystem, error)) (map[string]map[string]float64, error) {
 	iops := map[string]map[string]float64{}
+	pr := progressOr(progress)
+	pr.Begin(len(systems) * (2 + len(jobs)))
+	defer pr.End()
 	for _, sys := range systems {
+		pr.Step(sys + ": starting")
 		s, err := start(sys)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", sys, err)
 		}
 		iops[sys] = map[string]float64{}
+		pr.Step(sys + ": filling")
 		if err := s.fill(); err != nil {
 			s.stop()
 			return nil, fmt.Errorf("%s: filling: %w", sys, err)
 		}
 		for _, job := range jobs {
+			pr.Step(sys + ": " + job)
 			r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
 			if err != nil {
 				s.stop()

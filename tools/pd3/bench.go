@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -15,7 +16,9 @@ import (
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 func benchCmd() *cobra.Command {
@@ -197,6 +200,9 @@ func benchCmd() *cobra.Command {
 				bd.Print(os.Stdout)
 				return nil
 			}
+			if watched(asJSON) {
+				nopt.Progress = &barProgress{}
+			}
 			rep, err := bench.NBD(ctx, nopt)
 			if err != nil {
 				return err
@@ -226,6 +232,9 @@ func benchCmd() *cobra.Command {
 			fopt.Systems, fopt.Jobs = strings.Split(fsystems, ","), strings.Split(fjobs, ",")
 			ctx, stop := sigctx(cmd)
 			defer stop()
+			if watched(asJSON) {
+				fopt.Progress = &barProgress{}
+			}
 			rep, err := bench.FUSE(ctx, fopt)
 			if err != nil {
 				return err
@@ -279,3 +288,39 @@ func benchCmd() *cobra.Command {
 	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw)
 	return cmd
 }
+
+// barProgress draws a benchmark's steps as a progress bar on stderr
+// (schollz/progressbar, a maintained terminal progress bar). A step counts
+// as done when the next one starts.
+type barProgress struct {
+	w       io.Writer // nil: stderr
+	bar     *progressbar.ProgressBar
+	running bool
+}
+
+func (p *barProgress) Begin(total int) {
+	if p.w == nil {
+		p.w = os.Stderr
+	}
+	p.bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(p.w), progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionSetPredictTime(false))
+}
+
+func (p *barProgress) Step(desc string) {
+	if p.running {
+		p.bar.Add(1)
+	}
+	p.bar.Describe(desc)
+	p.running = true
+}
+
+func (p *barProgress) End() {
+	if p.running {
+		p.bar.Add(1)
+	}
+	p.bar.Finish()
+}
+
+// watched reports whether a person watches stderr (a terminal), so that
+// progress is worth drawing; never with --json.
+func watched(asJSON bool) bool { return !asJSON && term.IsTerminal(int(os.Stderr.Fd())) }

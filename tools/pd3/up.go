@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -18,9 +19,12 @@ import (
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 type hostFlags struct {
@@ -276,7 +280,10 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := h.Close(cctx); err != nil {
+	stopBar := writebackProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())), h.Store, st.DirtyPages)
+	err = h.Close(cctx)
+	stopBar()
+	if err != nil {
 		return err
 	}
 	if h.Mounted != nil {
@@ -373,4 +380,34 @@ func stageRecorder() *stages.Recorder {
 		return nil
 	}
 	return r
+}
+
+// writebackProgress draws the shutdown's write-back of dirty pages as a
+// progress bar on w while a person watches it (tty), and returns the
+// function that removes it once the write-back is over.
+func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (stop func()) {
+	if dirty == 0 || !tty {
+		return func() {}
+	}
+	total := int64(dirty) * memnode.PageSize
+	bar := progressbar.NewOptions64(total, progressbar.OptionSetWriter(w), progressbar.OptionShowBytes(true),
+		progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetDescription("writing back "+units.FormatSize(uint64(total))))
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				bar.Finish()
+				return
+			case <-t.C:
+				left := int64(st.Stats().DirtyPages) * memnode.PageSize
+				bar.Set64(max(0, total-left))
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
