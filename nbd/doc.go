@@ -4,8 +4,14 @@
 //
 // Handshake: fixed newstyle only, with NO_ZEROES; options EXPORT_NAME,
 // ABORT, LIST, INFO, GO, STRUCTURED_REPLY, LIST_META_CONTEXT and
-// SET_META_CONTEXT (base:allocation); STARTTLS and unknown options are
-// refused with NBD_REP_ERR_UNSUP. INFO/GO always report NBD_INFO_EXPORT
+// SET_META_CONTEXT (base:allocation), and STARTTLS when Server.TLS is set
+// (x509 certificates; with TLSRequired every other option but ABORT is
+// refused with NBD_REP_ERR_TLS_REQD until TLS is on, and an EXPORT_NAME
+// in clear ends the connection, so no export name or data crosses in
+// clear); unknown options, and STARTTLS without TLS, are refused with
+// NBD_REP_ERR_UNSUP. Over TLS the agent's tap mirror still sees requests
+// in clear (it reads above TLS); a packet mirror sees only ciphertext, so
+// the agent does not prefetch for TLS connections it captures. INFO/GO always report NBD_INFO_EXPORT
 // and NBD_INFO_BLOCK_SIZE (minimum 1: any alignment works, partial pages
 // are read-modify-written; preferred 4096; maximum MaxRequest). The whole
 // negotiation must finish within HandshakeTimeout.

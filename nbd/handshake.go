@@ -77,6 +77,16 @@ func (c *conn) replyErr(opt nbdproto.Opt, typ nbdproto.Rep, msg string) error {
 // option handles one option; done means the transmission phase starts (or,
 // with ABORT, the connection ends cleanly).
 func (c *conn) option(opt nbdproto.Opt, data []byte) (done bool, err error) {
+	if c.s.TLSRequired && !c.tlsOn {
+		switch opt {
+		case nbdproto.OptStartTLS, nbdproto.OptAbort:
+		case nbdproto.OptExportName:
+			// EXPORT_NAME has no error reply: the spec says hang up.
+			return true, fmt.Errorf("%w: EXPORT_NAME before STARTTLS on a server that requires TLS", errProtocol)
+		default:
+			return false, c.replyErr(opt, nbdproto.RepErrTLSReqd, "this server requires TLS: negotiate STARTTLS first (an nbds:// URI)")
+		}
+	}
 	switch opt {
 	case nbdproto.OptExportName:
 		e, ok := c.s.export(string(data))
@@ -111,7 +121,18 @@ func (c *conn) option(opt nbdproto.Opt, data []byte) (done bool, err error) {
 		}
 		return false, c.reply(opt, nbdproto.RepAck, nil)
 	case nbdproto.OptStartTLS:
-		return false, c.replyErr(opt, nbdproto.RepErrUnsup, "TLS is not supported")
+		switch {
+		case c.s.TLS == nil:
+			return false, c.replyErr(opt, nbdproto.RepErrUnsup, "TLS is not configured on this server (pd3 --tls on|require)")
+		case c.tlsOn:
+			return false, c.replyErr(opt, nbdproto.RepErrInvalid, "TLS is already on")
+		case len(data) != 0:
+			return false, c.replyErr(opt, nbdproto.RepErrInvalid, "STARTTLS takes no data")
+		}
+		if err := c.reply(opt, nbdproto.RepAck, nil); err != nil {
+			return false, err
+		}
+		return false, c.startTLS()
 	case nbdproto.OptStructuredReply:
 		if len(data) != 0 {
 			return false, c.replyErr(opt, nbdproto.RepErrInvalid, "STRUCTURED_REPLY takes no data")

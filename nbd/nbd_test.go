@@ -104,17 +104,7 @@ type client struct {
 
 func dial(t *testing.T, addr, export string, structured bool) *client {
 	t.Helper()
-	nc, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { nc.Close() })
-	nc.SetDeadline(time.Now().Add(10 * time.Second))
-	c := &client{nc: nc, r: bufio.NewReader(nc)}
-	var g [18]byte
-	_, err = io.ReadFull(c.r, g[:])
-	require.NoError(t, err)
-	require.Equal(t, nbdproto.MagicInit, binary.BigEndian.Uint64(g[0:]))
-	require.Equal(t, nbdproto.MagicOption, binary.BigEndian.Uint64(g[8:]))
-	nc.Write(binary.BigEndian.AppendUint32(nil, uint32(nbdproto.ClientFixedNewstyle|nbdproto.ClientNoZeroes)))
+	c := dialRaw(t, addr)
 	if structured {
 		c.option(t, nbdproto.OptStructuredReply, nil)
 		typ, _ := c.optReply(t)
@@ -135,9 +125,31 @@ func dial(t *testing.T, addr, export string, structured bool) *client {
 			c.flags = nbdproto.TFlags(binary.BigEndian.Uint16(data[10:]))
 		}
 	}
-	nc.SetDeadline(time.Time{})
+	c.nc.SetDeadline(time.Time{})
 	return c
 }
+
+// dialRaw connects and sends the client flags; the options are the
+// test's.
+func dialRaw(t *testing.T, addr string) *client {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { nc.Close() })
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	c := &client{nc: nc, r: bufio.NewReader(nc)}
+	var g [nbdproto.GreetingLen]byte
+	_, err = io.ReadFull(c.r, g[:])
+	require.NoError(t, err)
+	require.Equal(t, nbdproto.MagicInit, binary.BigEndian.Uint64(g[0:]))
+	require.Equal(t, nbdproto.MagicOption, binary.BigEndian.Uint64(g[8:]))
+	_, err = nc.Write(binary.BigEndian.AppendUint32(nil, uint32(nbdproto.ClientFixedNewstyle|nbdproto.ClientNoZeroes)))
+	require.NoError(t, err)
+	return c
+}
+
+// setConn goes on over nc (a TLS connection over the old one).
+func (c *client) setConn(nc net.Conn) { c.nc, c.r = nc, bufio.NewReader(nc) }
 
 func (c *client) option(t *testing.T, opt nbdproto.Opt, data []byte) {
 	_, err := c.nc.Write(nbdproto.AppendOption(nil, opt, data))

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -77,6 +78,15 @@ type Server struct {
 	// Stages, if set, is stamped as requests pass (the miss-path
 	// breakdown); nil in production.
 	Stages *stages.Recorder
+	// TLS, if set, offers NBD_OPT_STARTTLS with this configuration (its
+	// certificates; ClientCAs and ClientAuth for client certificates).
+	// Without it STARTTLS is refused as unsupported.
+	TLS *tls.Config
+	// TLSRequired refuses every option but STARTTLS and ABORT until TLS
+	// is on (the protocol's rule), so no export name or data crosses in
+	// clear; an EXPORT_NAME in clear, which cannot be refused with a
+	// reply, ends the connection.
+	TLSRequired bool
 	// Latency, if set, receives each answered request's time from its
 	// header being read to its reply being queued (metrics). It runs on
 	// the request's path: it must be quick and must not block.
@@ -158,7 +168,11 @@ var errProtocol = errors.New("nbd: protocol violation")
 
 type conn struct {
 	s          *Server
-	nc         net.Conn
+	nc         net.Conn  // the connection: raw, or TLS over raw after STARTTLS
+	raw        net.Conn  // the socket
+	rawRd      io.Reader // raw's reader (poll(2)-based when possible)
+	stream     mirror.Stream
+	tlsOn      bool
 	r          *bufio.Reader
 	w          *bufio.Writer // handshake only
 	structured bool
@@ -188,12 +202,12 @@ func (s *Server) serveConn(nc net.Conn) {
 	if fast != nil {
 		rd = fast
 	}
+	c := &conn{s: s, nc: nc, raw: nc, rawRd: rd}
 	if s.Mirror != nil {
-		st := s.Mirror.NewStream()
-		defer st.Close()
-		rd = mirror.Conn{Conn: nc, S: st, R: rd}
+		c.stream = s.Mirror.NewStream()
+		defer c.stream.Close()
 	}
-	c := &conn{s: s, nc: nc, r: bufio.NewReaderSize(rd, 256<<10), w: bufio.NewWriter(nc)}
+	c.setConn(nc, rd)
 	nc.SetDeadline(time.Now().Add(s.HandshakeTimeout))
 	ok, err := c.handshake()
 	if err != nil || !ok {
@@ -206,5 +220,46 @@ func (s *Server) serveConn(nc net.Conn) {
 		// thread directly, and a hit is answered with no scheduler hop.
 		fast.Direct()
 	}
-	netsrv.LogEnd(s.Log, "nbd", nc, c.transmit(), "export", c.exp.Name)
+	err = c.transmit()
+	if tc, ok := c.nc.(*tls.Conn); ok {
+		// close_notify, so the client sees a clean end, not a cut.
+		tc.SetWriteDeadline(time.Now().Add(time.Second))
+		tc.CloseWrite()
+	}
+	netsrv.LogEnd(s.Log, "nbd", nc, err, "export", c.exp.Name)
 }
+
+// setConn makes nc, read through rd, the connection the protocol speaks
+// on; the agent's mirror (if any) sees what is read from it in clear.
+func (c *conn) setConn(nc net.Conn, rd io.Reader) {
+	if c.stream != nil {
+		rd = mirror.Conn{Conn: nc, S: c.stream, R: rd}
+	}
+	c.nc, c.r, c.w = nc, bufio.NewReaderSize(rd, 256<<10), bufio.NewWriter(nc)
+}
+
+// startTLS runs the TLS handshake after STARTTLS's ACK; negotiation goes
+// on over TLS.
+func (c *conn) startTLS() error {
+	if c.r.Buffered() > 0 {
+		// The client may not send anything between STARTTLS and its
+		// TLS hello but the hello itself, which bufio would have eaten.
+		c.s.ProtocolViolations.Add(1)
+		return fmt.Errorf("%w: data after STARTTLS before the TLS handshake", errProtocol)
+	}
+	tc := tls.Server(rawConn{Conn: c.raw, r: c.rawRd}, c.s.TLS)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("nbd: TLS handshake: %w", err)
+	}
+	c.tlsOn = true
+	c.setConn(tc, tc)
+	return nil
+}
+
+// rawConn is the socket read through its poll(2)-based reader, under TLS.
+type rawConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c rawConn) Read(b []byte) (int, error) { return c.r.Read(b) }

@@ -62,7 +62,7 @@ func (s *Server) newRequest(c *conn) *request {
 // BatchWriter in completion order.
 func (c *conn) transmit() error {
 	s := c.s
-	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.nc) })
+	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.raw) })
 	c.bw = bw
 	c.pr, _ = s.Backend.(PageReader)
 	work := make(chan *request, s.Workers*2)

@@ -81,13 +81,14 @@ const (
 	RepErrPolicy  = Rep(2 | 1<<31)
 	RepErrInvalid = Rep(3 | 1<<31)
 	RepErrUnknown = Rep(protocol.NEGOTIATION_TYPE_REPLY_ERR_UNKNOWN)
+	RepErrTLSReqd = Rep(5 | 1<<31)
 	RepErrTooBig  = Rep(9 | 1<<31)
 )
 
 var repNames = map[Rep]string{
 	RepAck: "ACK", RepServer: "SERVER", RepInfo: "INFO", RepMetaContext: "META_CONTEXT",
 	RepErrUnsup: "ERR_UNSUP", RepErrPolicy: "ERR_POLICY", RepErrInvalid: "ERR_INVALID",
-	RepErrUnknown: "ERR_UNKNOWN", RepErrTooBig: "ERR_TOO_BIG",
+	RepErrUnknown: "ERR_UNKNOWN", RepErrTLSReqd: "ERR_TLS_REQD", RepErrTooBig: "ERR_TOO_BIG",
 }
 
 func (r Rep) String() string { return name(repNames, r, "reply") }

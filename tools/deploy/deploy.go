@@ -3,12 +3,15 @@ package deploy
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -155,6 +158,14 @@ type HostConfig struct {
 	NBDListen  string // NBD address; "" = no NBD server
 	// NBDReadOnly names volumes exported read-only over NBD.
 	NBDReadOnly []string
+	// NBDTLS is "" or "off" (plaintext), "on" (STARTTLS offered) or
+	// "require" (nothing but STARTTLS before TLS). NBDTLSCertificates is
+	// the directory in nbdkit's layout: server-cert.pem and
+	// server-key.pem, and ca-cert.pem to verify client certificates
+	// given (RequireClientCert: clients must give one).
+	NBDTLS             string
+	NBDTLSCertificates string
+	RequireClientCert  bool
 	// DPU selects the agent: "embedded" (goroutines in this process) or
 	// "none"/"" (every miss is a direct memory-node read).
 	DPU string
@@ -557,6 +568,10 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 		return nil, nil
 	}
 	if cfg.NBDListen != "" {
+		tlsCfg, err := NBDTLSConfig(cfg.NBDTLS, cfg.NBDTLSCertificates, cfg.RequireClientCert)
+		if err != nil {
+			return fmt.Errorf("host: NBD server: %w", err)
+		}
 		ln, err := Listen(cfg.NBDListen)
 		if err != nil {
 			return fmt.Errorf("host: NBD server: %w", err)
@@ -566,7 +581,8 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			ln.Close()
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
-		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD}
+		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require"}
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
 				Name: v.Name, Volume: v.ID, Size: v.Size, ReadOnly: slices.Contains(cfg.NBDReadOnly, v.Name),
@@ -698,4 +714,41 @@ func (h *Host) stopAgent() {
 	if h.Engine != nil {
 		h.Engine.Close()
 	}
+}
+
+// NBDTLSConfig loads the NBD server's TLS configuration for mode ("",
+// "off", "on" or "require") from dir, laid out as nbdkit's
+// --tls-certificates: server-cert.pem, server-key.pem and, to verify
+// client certificates, ca-cert.pem. nil for "" and "off".
+func NBDTLSConfig(mode, dir string, requireClientCert bool) (*tls.Config, error) {
+	switch mode {
+	case "", "off":
+		return nil, nil
+	case "on", "require":
+	default:
+		return nil, fmt.Errorf("unknown --tls %q (off, on or require)", mode)
+	}
+	if dir == "" {
+		return nil, fmt.Errorf("--tls %s needs --tls-certificates DIR (server-cert.pem, server-key.pem, ca-cert.pem)", mode)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "server-cert.pem"), filepath.Join(dir, "server-key.pem"))
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificates in %s: %w", dir, err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	ca, err := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
+	switch {
+	case err == nil:
+		cfg.ClientCAs = x509.NewCertPool()
+		if !cfg.ClientCAs.AppendCertsFromPEM(ca) {
+			return nil, fmt.Errorf("TLS certificates in %s: ca-cert.pem holds no certificate", dir)
+		}
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		if requireClientCert {
+			cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	case requireClientCert:
+		return nil, fmt.Errorf("verifying client certificates needs %s: %w", filepath.Join(dir, "ca-cert.pem"), err)
+	}
+	return cfg, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -94,6 +95,37 @@ func TestFlushKeepsPagesInHostView(t *testing.T) {
 		assert.True(t, h.HostView.Contains(uint64(memnode.MakeKey(1, i))), "page %d", i)
 	}
 	assert.Zero(t, h.Engine.Issued.Load(), "nothing the host holds is prefetched")
+}
+
+// NBD over TLS on a unix socket, through the host's configuration, with a
+// real client; the configuration's errors name what is missing.
+func TestNBDTLSOverUnixSocket(t *testing.T) {
+	if _, err := exec.LookPath("nbdinfo"); err != nil {
+		t.Skip("nbdinfo is not installed")
+	}
+	serverDir, clientDir := testutil.TestCA(t)
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+		NBDListen: "unix:" + sock, NBDTLS: "require", NBDTLSCertificates: serverDir, RequireClientCert: true})
+	require.NotNil(t, h.NBD.TLS)
+	uri := "nbds+unix:///disk0?socket=" + sock + "&tls-certificates=" + clientDir
+	out, err := exec.Command("nbdinfo", "--size", uri).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, "1048576", strings.TrimSpace(string(out)))
+	out, err = exec.Command("nbdinfo", "--size", "nbd+unix:///disk0?socket="+sock).CombinedOutput()
+	assert.Error(t, err, "plaintext refused: %s", out)
+
+	for _, tc := range []struct{ mode, dir, want string }{
+		{"maybe", serverDir, `unknown --tls "maybe"`},
+		{"require", "", "needs --tls-certificates DIR"},
+		{"on", t.TempDir(), "server-cert.pem"},
+	} {
+		_, err := NBDTLSConfig(tc.mode, tc.dir, false)
+		assert.ErrorContains(t, err, tc.want)
+	}
+	cfg, err := NBDTLSConfig("off", "", false)
+	assert.NoError(t, err)
+	assert.Nil(t, cfg)
 }
 
 func TestNBDURI(t *testing.T) {

@@ -44,6 +44,9 @@ type hostFlags struct {
 	mirror    string
 	nbd       string
 	nbdRO     []string
+	tls       string
+	tlsCerts  string
+	tlsVerify bool
 	writeback time.Duration
 	mount     string
 	fsName    string
@@ -57,6 +60,9 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
 	fl.StringVar(&f.nbd, "nbd", "127.0.0.1:10809", "NBD listen address; every volume is an export (empty disables)")
 	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
+	fl.StringVar(&f.tls, "tls", "off", "NBD over TLS: off, on (STARTTLS offered) or require (nothing in clear; clients use nbds:// URIs)")
+	fl.StringVar(&f.tlsCerts, "tls-certificates", "", "directory with server-cert.pem, server-key.pem and (to verify clients) ca-cert.pem, as nbdkit's")
+	fl.BoolVar(&f.tlsVerify, "tls-verify-peer", false, "NBD clients must present a certificate signed by ca-cert.pem")
 	pagesVar(fl, &f.cache, "cache", "64MiB", "host page-cache capacity")
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
@@ -82,6 +88,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		Memnode: f.memnode, Token: f.token.Value(), Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
+		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
 		Stages: stageRecorder(),
 	}
@@ -247,7 +254,17 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 			}
 		}
 		log.Info(fmt.Sprintf("NBD server listening on %s (exports: %s)", h.NBDAddr, strings.Join(names, ", ")))
-		log.Info(fmt.Sprintf("try: nbdinfo '%s'", deploy.NBDURI(h.NBDAddr, h.Volumes[0].Name)))
+		uri := deploy.NBDURI(h.NBDAddr, h.Volumes[0].Name)
+		if cfg.NBDTLS == "on" || cfg.NBDTLS == "require" {
+			// TLS: the nbds schemes, and a directory holding the CA (and
+			// a client certificate when the server asks for one).
+			sep := "?"
+			if strings.Contains(uri, "?") {
+				sep = "&"
+			}
+			uri = "nbds" + strings.TrimPrefix(uri, "nbd") + sep + "tls-certificates=CLIENT-DIR"
+		}
+		log.Info(fmt.Sprintf("try: nbdinfo '%s'", uri))
 	}
 	if h.Mounted != nil {
 		log.Info(fmt.Sprintf("filesystem %q mounted at %s (NBD volumes under %s/volumes)", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir))
