@@ -36,7 +36,10 @@ func (r *rig) srvStoreUsed() uint64 { return r.mem.Used() }
 
 // newRig serves volumes disk0 (size bytes) and ro (1 MiB, read-only) over
 // NBD from a memory node through a cache of cache bytes.
-func newRig(t *testing.T, size uint64, cache int64) *rig {
+// newRig serves a volume "disk0" of size bytes and a read-only "ro". The
+// configure functions run before Serve: a Server's fields must not change
+// once it serves.
+func newRig(t *testing.T, size uint64, cache int64, configure ...func(*Server)) *rig {
 	t.Helper()
 	ctx := context.Background()
 	mln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -59,6 +62,9 @@ func newRig(t *testing.T, size uint64, cache int64) *rig {
 		require.NoError(t, err)
 		st.AddVolume(vi)
 		srv.Exports = append(srv.Exports, Export{Name: v.name, Volume: vi.ID, Size: vi.Size, ReadOnly: v.ro, Description: "test " + v.name})
+	}
+	for _, f := range configure {
+		f(srv)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

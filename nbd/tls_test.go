@@ -35,9 +35,10 @@ func TestTLSWithRealClients(t *testing.T) {
 	t.Setenv("PATH", "/usr/bin:"+os.Getenv("PATH"))
 	serverDir, clientDir := testutil.TestCA(t)
 	_, otherClientDir := testutil.TestCA(t)
-	r := newRig(t, 1<<20, 64*4096)
-	r.srv.TLS = loadServerTLS(t, serverDir, tls.RequireAndVerifyClientCert)
-	r.srv.TLSRequired = true
+	r := newRig(t, 1<<20, 64*4096, func(s *Server) {
+		s.TLS = loadServerTLS(t, serverDir, tls.RequireAndVerifyClientCert)
+		s.TLSRequired = true
+	})
 	tlsURI := "nbds://" + r.addr + "/disk0?tls-certificates=" + clientDir
 
 	assert.Equal(t, "1048576", strings.TrimSpace(run(t, "nbdinfo", "--size", tlsURI)))
@@ -71,9 +72,10 @@ assert h.pread(4096, 8192) == b"over tls" * 512
 // STARTTLS on a server without TLS is unsupported.
 func TestTLSOptionRules(t *testing.T) {
 	serverDir, _ := testutil.TestCA(t)
-	r := newRig(t, 1<<20, 64*4096)
-	r.srv.TLS = loadServerTLS(t, serverDir, tls.NoClientCert)
-	r.srv.TLSRequired = true
+	r := newRig(t, 1<<20, 64*4096, func(s *Server) {
+		s.TLS = loadServerTLS(t, serverDir, tls.NoClientCert)
+		s.TLSRequired = true
+	})
 
 	c := dialRaw(t, r.addr)
 	c.option(t, 7 /* GO */, []byte{0, 0, 0, 0, 0, 0})
