@@ -24,6 +24,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
+	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/units"
@@ -140,8 +141,18 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 // the node checkpoints.
 func (m *Memnode) Close() error {
 	m.Server.Close()
-	err := <-m.done
+	err := closedByUs(<-m.done)
 	return errors.Join(err, m.Server.Store.Close())
+}
+
+// closedByUs drops the error a server's Serve returns when Close came
+// before Serve first ran (a SIGTERM right after start): the stop was ours,
+// and reporting it as a failure would make systemd record a failed service.
+func closedByUs(err error) error {
+	if errors.Is(err, netsrv.ErrClosed) || errors.Is(err, memnode.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 // HostConfig configures a host.
@@ -636,7 +647,7 @@ func (h *Host) Close(ctx context.Context) error {
 		var serveErr, flushErr error
 		if h.Page != nil {
 			h.Page.Close()
-			serveErr = <-h.done
+			serveErr = closedByUs(<-h.done)
 		}
 		if h.NBD != nil {
 			h.NBD.Close()

@@ -341,3 +341,19 @@ func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
 		})
 	}
 }
+
+// A stop that comes before the servers' goroutines first run (a SIGTERM
+// right after start) is a clean stop, not "client closed": systemd would
+// otherwise record a failed service.
+func TestStopRightAfterStartIsClean(t *testing.T) {
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		node, err := StartMemnode(ctx, MemnodeConfig{})
+		require.NoError(t, err)
+		h, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+			PageListen: "127.0.0.1:0", NBDListen: "127.0.0.1:0"})
+		require.NoError(t, err)
+		require.NoError(t, h.Close(ctx), "host")
+		require.NoError(t, node.Close(), "memory node")
+	}
+}

@@ -45,6 +45,8 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 				Name: name, Memnode: addr, Token: token.Value(), LZBytes: lzBytes, CacheBytes: cacheBytes,
 				Captures: targets, Metrics: metrics, Log: log,
 			}
+			stopping := func() {}
+			defer func() { stopping() }()
 			return deploy.RunAgent(ctx, cfg, func(s *deploy.Agent) {
 				for _, t := range targets {
 					log.Info(fmt.Sprintf("dpu agent watching %s on an AF_PACKET socket", t.Addr))
@@ -53,7 +55,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 					log.Info(fmt.Sprintf("agent metrics listening on http://%s/metrics", s.MetricsAddr))
 				}
 				log.Info(fmt.Sprintf("dpu agent listening on shm:%s (epoch %d, Loading Zone %d pages)", name, s.Epoch, s.Zone.Records()))
-				notifyReady(ctx, log, "agent serving shm:"+name)
+				stopping = notifyReady(ctx, log, "agent serving shm:"+name)
 			})
 		},
 	}

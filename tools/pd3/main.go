@@ -96,8 +96,22 @@ func notifySystemd(log *slog.Logger, state string) {
 }
 
 // notifyReady reports readiness with a status line, and STOPPING=1 once
-// ctx ends (the shutdown, with its write-back, begins).
-func notifyReady(ctx context.Context, log *slog.Logger, status string) {
+// ctx ends (the shutdown, with its write-back, begins). The process must
+// call the returned function before it exits: the STOPPING datagram is sent
+// from a goroutine that an exiting process would not wait for.
+func notifyReady(ctx context.Context, log *slog.Logger, status string) (flush func()) {
 	notifySystemd(log, daemon.SdNotifyReady+"\nSTATUS="+status)
-	context.AfterFunc(ctx, func() { notifySystemd(log, daemon.SdNotifyStopping) })
+	sent := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		notifySystemd(log, daemon.SdNotifyStopping)
+		close(sent)
+	})
+	return func() {
+		if !stop() {
+			<-sent
+		} else if ctx.Err() != nil {
+			// ctx ended but its AfterFunc had not started yet.
+			notifySystemd(log, daemon.SdNotifyStopping)
+		}
+	}
 }

@@ -1147,7 +1147,7 @@ func TestSystemdNotify(t *testing.T) {
 				"READY comes after the servers listen")
 			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 			assert.Equal(t, "STOPPING=1", read())
-			require.NoError(t, cmd.Wait())
+			require.NoError(t, cmd.Wait(), "stderr:\n%s", stderr.String())
 		})
 	}
 }

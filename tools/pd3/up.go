@@ -282,8 +282,9 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 		log.Info(fmt.Sprintf("try: echo hello | %s page put --page %s %d:0 && %s page get --page %s %d:0 | head -c 6",
 			self, h.PageAddr, h.Volumes[0].ID, self, h.PageAddr, h.Volumes[0].ID))
 	}
-	notifyReady(ctx, log, fmt.Sprintf("serving %d volumes", len(h.Volumes)))
+	stopping := notifyReady(ctx, log, fmt.Sprintf("serving %d volumes", len(h.Volumes)))
 	<-ctx.Done()
+	stopping()
 	st := h.Store.Stats()
 	if st.DirtyPages == 0 {
 		log.Info("stopping: no dirty pages to write back")
@@ -350,8 +351,9 @@ window key copied from one connection is refused on another.`,
 				mode = "persistent in " + persist
 			}
 			log.Info(fmt.Sprintf("memory node listening on %s (%s)", node.Addr, mode))
-			notifyReady(ctx, log, "memory node listening on "+node.Addr)
+			stopping := notifyReady(ctx, log, "memory node listening on "+node.Addr)
 			<-ctx.Done()
+			stopping()
 			return node.Close()
 		},
 	}
