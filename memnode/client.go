@@ -3,6 +3,7 @@ package memnode
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
@@ -21,6 +23,11 @@ import (
 type ClientOptions struct {
 	// Token is sent in HELLO.
 	Token string
+	// TLS, if set, makes the connection start with a TLS handshake (the
+	// node must serve TLS: Server.TLS); Certificates in it make the link
+	// mutual. An empty ServerName is taken from the address's host
+	// ("localhost" for a unix socket). nil speaks in clear.
+	TLS *tls.Config
 	// DialTimeout bounds connecting and the HELLO exchange (default 5s).
 	DialTimeout time.Duration
 	// OpTimeout: a connection with requests outstanding and no response for
@@ -162,6 +169,11 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	if c.opt.TLS != nil {
+		if nc, err = c.startTLS(ctx, nc, network, a); err != nil {
+			return nil, err
+		}
+	}
 	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight})
 	hello := make([]byte, 4+len(c.opt.Token))
 	binary.LittleEndian.PutUint32(hello, Version)
@@ -180,6 +192,34 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("HELLO to %s: %w", c.addr, err)
 	}
 	return &session{Session: s}, nil
+}
+
+// startTLS runs the client side of the TLS handshake on nc; it closes nc
+// when the handshake fails.
+func (c *Client) startTLS(ctx context.Context, nc net.Conn, network, addr string) (net.Conn, error) {
+	cfg := c.opt.TLS
+	if cfg.ServerName == "" {
+		cfg = cfg.Clone()
+		cfg.ServerName = "localhost"
+		if host, _, err := net.SplitHostPort(addr); err == nil && network == "tcp" {
+			cfg.ServerName = host
+		}
+	}
+	tc := tls.Client(nc, cfg)
+	err := tc.HandshakeContext(ctx)
+	if err == nil {
+		return tc, nil
+	}
+	nc.Close()
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) && rh.RecordHeader[0] == respMagic {
+		return nil, fmt.Errorf("TLS handshake with memory node %s: the node answers in clear: it does not serve TLS", c.addr)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		// Only a transient failure is worth the callers' retries.
+		return nil, fmt.Errorf("TLS handshake with memory node %s: %w: %w", c.addr, ErrConnLost, err)
+	}
+	return nil, fmt.Errorf("TLS handshake with memory node %s: %w", c.addr, err)
 }
 
 func statusCheck(call *pipeline.Call) error { return Status(call.Status).Err() }

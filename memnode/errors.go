@@ -42,6 +42,9 @@ var (
 	// on its connection, or one that does not cover the bytes or allow the
 	// access (a window key is worthless on another connection).
 	ErrNoWindow = errors.New("memnode: no memory window grants this access")
+	// ErrTLSRequired answers a HELLO sent in clear to a node that serves
+	// TLS (Server.TLS); the connection is closed afterwards.
+	ErrTLSRequired = errors.New("memnode: the node requires TLS")
 )
 
 // Connection-level errors.
@@ -71,6 +74,7 @@ var statusErrs = [...]error{
 	StatusVersion:      ErrVersion,
 	StatusMisaligned:   ErrMisaligned,
 	StatusNoWindow:     ErrNoWindow,
+	StatusTLSRequired:  ErrTLSRequired,
 }
 
 // Err returns the sentinel for s, or nil for StatusOK.

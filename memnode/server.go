@@ -3,6 +3,7 @@ package memnode
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -31,6 +32,12 @@ type Server struct {
 	Grants []Grant
 	// Log receives one line per rejected connection; nil discards.
 	Log *slog.Logger
+	// TLS, if set, makes every connection begin with a TLS handshake: the
+	// protocol has no clear phase to upgrade from. ClientAuth set to
+	// tls.RequireAndVerifyClientCert makes it mutual TLS. A client that
+	// sends HELLO in clear is answered StatusTLSRequired. nil serves in
+	// clear, and a TLS client is told so by the answer it cannot parse.
+	TLS *tls.Config
 	// HandshakeTimeout bounds the wait for HELLO (default 10s).
 	HandshakeTimeout time.Duration
 	// Stages, if set, is stamped as requests pass (the miss-path
@@ -99,6 +106,14 @@ func (s *Server) serveConn(nc net.Conn) error {
 	if fast != nil {
 		rd = fast
 	}
+	if s.TLS != nil {
+		tc, err := s.startTLS(nc, rd)
+		if err != nil {
+			return err
+		}
+		// The poll(2) reader cannot see through TLS records.
+		nc, rd, fast = tc, tc, nil
+	}
 	c := &conn{
 		s:  s,
 		nc: nc,
@@ -139,12 +154,43 @@ func (s *Server) serveConn(nc net.Conn) error {
 	}
 }
 
-func (c *conn) handshake() error {
-	timeout := c.s.HandshakeTimeout
-	if timeout == 0 {
-		timeout = 10 * time.Second
+func (s *Server) handshakeTimeout() time.Duration {
+	if s.HandshakeTimeout == 0 {
+		return 10 * time.Second
 	}
-	c.nc.SetReadDeadline(time.Now().Add(timeout))
+	return s.HandshakeTimeout
+}
+
+// startTLS runs the server side of the TLS handshake on nc, read through
+// rd. A client speaking the protocol in clear gets an answer to its HELLO
+// that it understands (StatusTLSRequired) rather than a cut connection.
+func (s *Server) startTLS(nc net.Conn, rd io.Reader) (*tls.Conn, error) {
+	nc.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	defer nc.SetDeadline(time.Time{})
+	br := bufio.NewReaderSize(rd, ReqHeaderSize)
+	first, err := br.Peek(1)
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the TLS handshake: %w", err)
+	}
+	if first[0] == reqMagic {
+		var h ReqHeader
+		if hb, err := br.Peek(ReqHeaderSize); err == nil && h.Decode(hb) == nil {
+			nc.Write(appendResp(nil, &h, StatusTLSRequired, nil))
+		}
+		return nil, fmt.Errorf("%w: the client spoke in clear", ErrTLSRequired)
+	}
+	tc := tls.Server(netsrv.ReaderConn{Conn: nc, R: br}, s.TLS)
+	if err := tc.Handshake(); err != nil {
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	return tc, nil
+}
+
+// tlsRecordHandshake is the first byte a TLS client sends.
+const tlsRecordHandshake = 0x16
+
+func (c *conn) handshake() error {
+	c.nc.SetReadDeadline(time.Now().Add(c.s.handshakeTimeout()))
 	defer c.nc.SetReadDeadline(time.Time{})
 	var h ReqHeader
 	hb, err := c.r.Peek(ReqHeaderSize)
@@ -153,6 +199,9 @@ func (c *conn) handshake() error {
 	}
 	if err := h.Decode(hb); err != nil {
 		c.respondErr(&h, err)
+		if hb[0] == tlsRecordHandshake {
+			return fmt.Errorf("%w: the client speaks TLS and this node serves in clear", err)
+		}
 		return err
 	}
 	c.r.Discard(ReqHeaderSize)

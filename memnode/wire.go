@@ -147,6 +147,7 @@ const (
 	StatusVersion      Status = 9
 	StatusMisaligned   Status = 10
 	StatusNoWindow     Status = 11
+	StatusTLSRequired  Status = 12
 )
 
 // ReqHeader is a decoded request header.

@@ -247,7 +247,7 @@ func (c *conn) startTLS() error {
 		c.s.ProtocolViolations.Add(1)
 		return fmt.Errorf("%w: data after STARTTLS before the TLS handshake", errProtocol)
 	}
-	tc := tls.Server(rawConn{Conn: c.raw, r: c.rawRd}, c.s.TLS)
+	tc := tls.Server(netsrv.ReaderConn{Conn: c.raw, R: c.rawRd}, c.s.TLS)
 	if err := tc.Handshake(); err != nil {
 		return fmt.Errorf("nbd: TLS handshake: %w", err)
 	}
@@ -255,11 +255,3 @@ func (c *conn) startTLS() error {
 	c.setConn(tc, tc)
 	return nil
 }
-
-// rawConn is the socket read through its poll(2)-based reader, under TLS.
-type rawConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c rawConn) Read(b []byte) (int, error) { return c.r.Read(b) }

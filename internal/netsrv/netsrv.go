@@ -118,3 +118,13 @@ func LogEnd(log *slog.Logger, proto string, nc net.Conn, err error, attrs ...any
 	}
 	log.Warn(proto+": closing connection", attrs...)
 }
+
+// ReaderConn is a connection whose reads go through R: a poll(2)-based
+// reader of the socket, or a buffer holding bytes already peeked from it.
+// TLS runs over it so that nothing read before the handshake is lost.
+type ReaderConn struct {
+	net.Conn
+	R io.Reader
+}
+
+func (c ReaderConn) Read(b []byte) (int, error) { return c.R.Read(b) }

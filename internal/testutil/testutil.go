@@ -3,14 +3,6 @@ package testutil
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/stretchr/testify/require"
 )
 
@@ -85,52 +78,11 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestCA makes a CA and writes, in nbdkit's and libnbd's layouts, a
-// server directory (ca-cert.pem, server-cert.pem, server-key.pem; the
-// server certificate names 127.0.0.1 and localhost) and a client one
-// (ca-cert.pem, client-cert.pem, client-key.pem).
+// TestCA makes a throwaway CA (tlsfiles.WriteCA) in two temporary
+// directories: the server's and the client's, in nbdkit's layout.
 func TestCA(t testing.TB) (serverDir, clientDir string) {
 	t.Helper()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		require.NoError(t, err)
-		return k
-	}
-	write := func(path, typ string, der []byte) {
-		require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
-	}
-	writeKey := func(path string, k *ecdsa.PrivateKey) {
-		der, err := x509.MarshalPKCS8PrivateKey(k)
-		require.NoError(t, err)
-		write(path, "PRIVATE KEY", der)
-	}
-	now := time.Now()
-	caKey := key()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pd3 test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, ips []net.IP, dns []string) ([]byte, *ecdsa.PrivateKey) {
-		k := key()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips, DNSNames: dns}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		require.NoError(t, err)
-		return der, k
-	}
 	serverDir, clientDir = t.TempDir(), t.TempDir()
-	srvDER, srvKey := leaf(2, "localhost", x509.ExtKeyUsageServerAuth, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"})
-	cliDER, cliKey := leaf(3, "pd3-client", x509.ExtKeyUsageClientAuth, nil, nil)
-	for _, d := range []string{serverDir, clientDir} {
-		write(filepath.Join(d, "ca-cert.pem"), "CERTIFICATE", caDER)
-	}
-	write(filepath.Join(serverDir, "server-cert.pem"), "CERTIFICATE", srvDER)
-	writeKey(filepath.Join(serverDir, "server-key.pem"), srvKey)
-	write(filepath.Join(clientDir, "client-cert.pem"), "CERTIFICATE", cliDER)
-	writeKey(filepath.Join(clientDir, "client-key.pem"), cliKey)
+	require.NoError(t, tlsfiles.WriteCA(serverDir, clientDir))
 	return serverDir, clientDir
 }

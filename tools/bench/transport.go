@@ -3,15 +3,21 @@ package bench
 import (
 	"bufio"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"runtime"
 	"strconv"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/hist"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/procstat"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 )
@@ -51,7 +57,8 @@ func ring[C waiter](ctx context.Context, d time.Duration, depth int, issue func(
 }
 
 // Transport compares 4 KB READs through the memnode protocol with a raw TCP
-// stream of the same bytes, and measures the 8-byte FAA rate.
+// stream of the same bytes, the same READs over mutual TLS, and measures the
+// 8-byte FAA rate.
 func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if opt.Depth <= 0 {
 		opt.Depth = 256
@@ -60,12 +67,75 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		opt.Region = 64 << 20
 	}
 	rep := &Report{Bench: "transport", Machine: Machine(), Ratios: map[string]float64{}}
-	node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	plain, err := nodeReads(ctx, opt, nil)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := rawStream(ctx, opt, false)
+	if err != nil {
+		return nil, fmt.Errorf("raw stream: %w", err)
+	}
+	rawRandom, err := rawStream(ctx, opt, true)
+	if err != nil {
+		return nil, fmt.Errorf("raw stream of random pages: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "pd3-bench-tls-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if err := tlsfiles.WriteCA(dir, dir); err != nil {
+		return nil, err
+	}
+	mtls, err := nodeReads(ctx, opt, &dir)
+	if err != nil {
+		return nil, fmt.Errorf("over mutual TLS: %w", err)
+	}
+
+	crypto := sealOpen(opt.Duration / 2)
+	mn := plain[0]
+	rep.Results = append(append([]Result{mn, raw, rawRandom}, plain[1:]...), append(mtls, crypto)...)
+	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
+	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
+	rep.Ratios["memnode_rss/stored"] = float64(mn.MemnodeRSS) / float64(mn.MemnodeStored)
+	rep.Ratios["tls/plain"] = mtls[0].OpsPerSec / mn.OpsPerSec
+	rep.Ratios["tls/plain_q1"] = mtls[1].OpsPerSec / plain[1].OpsPerSec
+	// The ceiling: the plain run's CPU per READ plus one seal and one open
+	// of its 4 KiB, spread over the machine's cores as the plain run was.
+	cores := float64(runtime.NumCPU())
+	ceiling := 1 / (1/mn.OpsPerSec + 1/crypto.OpsPerSec/cores)
+	rep.Ratios["tls/plain_ceiling"] = ceiling / mn.OpsPerSec
+	rep.Notes = append(rep.Notes,
+		fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's unavoidable copy)", opt.Depth, opt.Duration, units.FormatSize(opt.Region)),
+		"memnode-mtls = the same node and client over mutual TLS (ECDSA P-256 certificates of a throwaway CA, the TLS version and cipher Go negotiates); Q1 = one request at a time, latency per request",
+		"aes-gcm = one goroutine sealing and opening 4 KiB with AES-128-GCM (what TLS 1.3 adds per READ); tls/plain_ceiling = the plain READ rate with that work added, spread over all cores",
+	)
+	return rep, nil
+}
+
+// nodeReads starts a memory node (over mutual TLS with the certificates in
+// *tlsDir, laid out by tlsfiles.WriteCA, when tlsDir is set) and measures
+// 4 KiB READs at opt.Depth and one at a time, then, in clear only, 8-byte
+// FAAs.
+func nodeReads(ctx context.Context, opt TransportOptions, tlsDir *string) ([]Result, error) {
+	sys := "memnode"
+	args := []string{"memnode", "--listen", "127.0.0.1:0"}
+	var copt memnode.ClientOptions
+	if tlsDir != nil {
+		sys = "memnode-mtls"
+		srv := tlsfiles.ServerFiles(*tlsDir)
+		args = append(args, "--tls-ca", srv.CA, "--tls-cert", srv.Cert, "--tls-key", srv.Key)
+		var err error
+		if copt.TLS, err = tlsfiles.ClientFiles(*tlsDir).Client(); err != nil {
+			return nil, err
+		}
+	}
+	node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer node.Stop()
-	c, err := memnode.Dial(ctx, node.Addrs["memory node"], memnode.ClientOptions{})
+	c, err := memnode.Dial(ctx, node.Addrs["memory node"], copt)
 	if err != nil {
 		return nil, err
 	}
@@ -89,20 +159,26 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[slot])
 	})
 	if err != nil {
-		return nil, fmt.Errorf("memnode reads: %w", err)
+		return nil, fmt.Errorf("%s reads: %w", sys, err)
 	}
 	hostRSS, _ := procstat.RSS(0)
-	mn := Result{System: "memnode", Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+	deep := Result{System: sys, Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
 		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
 		MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, HostRSS: hostRSS}
 
-	raw, err := rawStream(ctx, opt, false)
-	if err != nil {
-		return nil, fmt.Errorf("raw stream: %w", err)
+	var lat hist.H
+	start := time.Now()
+	for time.Since(start) < opt.Duration/2 {
+		t0 := time.Now()
+		if err := c.ReadAt(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[0]); err != nil {
+			return nil, fmt.Errorf("%s reads at Q1: %w", sys, err)
+		}
+		lat.Record(time.Since(t0))
 	}
-	rawRandom, err := rawStream(ctx, opt, true)
-	if err != nil {
-		return nil, fmt.Errorf("raw stream of random pages: %w", err)
+	q1 := Result{System: sys, Config: "4KiB READ Q1", Ops: lat.Count(), OpsPerSec: float64(lat.Count()) / time.Since(start).Seconds(),
+		P50us: us(lat.Quantile(0.5)), P99us: us(lat.Quantile(0.99))}
+	if tlsDir != nil {
+		return []Result{deep, q1}, nil
 	}
 
 	n, el, err = ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
@@ -111,14 +187,28 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memnode FAA: %w", err)
 	}
-	faa := Result{System: "memnode", Config: "8B FAA", Ops: n, OpsPerSec: float64(n) / el.Seconds()}
+	faa := Result{System: sys, Config: "8B FAA", Ops: n, OpsPerSec: float64(n) / el.Seconds()}
+	return []Result{deep, q1, faa}, nil
+}
 
-	rep.Results = []Result{mn, raw, rawRandom, faa}
-	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
-	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
-	rep.Ratios["memnode_rss/stored"] = float64(mn.MemnodeRSS) / float64(mn.MemnodeStored)
-	rep.Notes = append(rep.Notes, fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's unavoidable copy)", opt.Depth, opt.Duration, units.FormatSize(opt.Region)))
-	return rep, nil
+// sealOpen measures AES-128-GCM sealing then opening 4 KiB on one
+// goroutine for d: the TLS record work a READ's payload costs its two ends.
+func sealOpen(d time.Duration) Result {
+	block, _ := aes.NewCipher(make([]byte, 16))
+	aead, _ := cipher.NewGCM(block)
+	nonce := make([]byte, aead.NonceSize())
+	page := make([]byte, memnode.PageSize)
+	sealed := make([]byte, 0, len(page)+aead.Overhead())
+	var n uint64
+	start := time.Now()
+	for ; n%64 != 0 || time.Since(start) < d; n++ {
+		sealed = aead.Seal(sealed[:0], nonce, page, nil)
+		if _, err := aead.Open(page[:0], nonce, sealed, nil); err != nil {
+			panic(err) // its own ciphertext: cannot fail
+		}
+	}
+	return Result{System: "aes-gcm", Config: "seal+open 4KiB", Ops: n, OpsPerSec: float64(n) / time.Since(start).Seconds(),
+		GBytesPerSec: float64(n) * memnode.PageSize / time.Since(start).Seconds() / 1e9}
 }
 
 func rawStream(ctx context.Context, opt TransportOptions, random bool) (Result, error) {

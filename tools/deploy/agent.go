@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
 	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
 )
@@ -23,6 +24,9 @@ type AgentConfig struct {
 	Name    string // region name: /dev/shm/pd3-NAME
 	Memnode string // memory node address
 	Token   string
+	// MemnodeTLS, if enabled, makes the link to the memory node TLS (as
+	// HostConfig.MemnodeTLS).
+	MemnodeTLS tlsfiles.Files
 	// LZBytes is the Loading Zone size (default 16 MiB); CacheBytes the
 	// host's cache size, which sizes Host View (default 64 MiB).
 	LZBytes, CacheBytes uint64
@@ -66,7 +70,12 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 	if cfg.Memnode == "" {
 		return errors.New("agent: no memory node address")
 	}
-	c, err := memnode.Dial(ctx, cfg.Memnode, memnode.ClientOptions{Token: cfg.Token, OpTimeout: 30 * time.Second})
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: 30 * time.Second}
+	var err error
+	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	c, err := memnode.Dial(ctx, cfg.Memnode, copt)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

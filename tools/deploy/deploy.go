@@ -27,6 +27,7 @@ import (
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/stages"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
@@ -92,6 +93,9 @@ func addrString(ln net.Listener) string {
 type MemnodeConfig struct {
 	Listen string // default 127.0.0.1:0
 	Token  string
+	// TLS, if enabled, serves TLS with TLS.Cert and TLS.Key; with TLS.CA,
+	// clients must present certificates it signed (mutual TLS).
+	TLS tlsfiles.Files
 	// Grants are tokens limited to some volumes (memnode.Grant).
 	Grants   []memnode.Grant
 	Capacity uint64 // bytes of page memory; 0 = unlimited
@@ -116,6 +120,13 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
+	var tlsCfg *tls.Config
+	if cfg.TLS.Enabled() {
+		var err error
+		if tlsCfg, err = cfg.TLS.Server(); err != nil {
+			return nil, fmt.Errorf("memory node: %w", err)
+		}
+	}
 	store := memnode.NewStore(cfg.Capacity)
 	if cfg.Persist != "" {
 		var err error
@@ -129,7 +140,7 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 		return nil, fmt.Errorf("memory node: %w", err)
 	}
 	m := &Memnode{
-		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log, Stages: cfg.Stages},
+		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log, Stages: cfg.Stages, TLS: tlsCfg},
 		Addr:   addrString(ln),
 		done:   make(chan error, 1),
 	}
@@ -160,8 +171,11 @@ type HostConfig struct {
 	Memnode string // memory node address (required unless Local)
 	// Local keeps the volumes in host memory (pagestore.MemRemote) with a
 	// cache as large as all of them: the "local" baseline of the benchmarks.
-	Local      bool
-	Token      string
+	Local bool
+	Token string
+	// MemnodeTLS, if enabled, makes the link to the memory node TLS: CA
+	// verifies the node, Cert and Key are the host's identity.
+	MemnodeTLS tlsfiles.Files
 	Volumes    []VolumeSpec // created when missing, reopened when present
 	CacheBytes int64
 	Policy     string
@@ -272,7 +286,11 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	default:
 		return nil, fmt.Errorf("host: unknown --mirror %q (tap, packet or none)", cfg.Mirror)
 	}
-	c, err := memnode.Dial(ctx, cfg.Memnode, memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages})
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages}
+	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	c, err := memnode.Dial(ctx, cfg.Memnode, copt)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -725,6 +743,19 @@ func (h *Host) stopAgent() {
 	if h.Engine != nil {
 		h.Engine.Close()
 	}
+}
+
+// memnodeTLS loads the client end of the memory-node link; nil when f
+// names no file.
+func memnodeTLS(f tlsfiles.Files) (*tls.Config, error) {
+	if !f.Enabled() {
+		return nil, nil
+	}
+	cfg, err := f.Client()
+	if err != nil {
+		return nil, fmt.Errorf("memory-node link: %w", err)
+	}
+	return cfg, nil
 }
 
 // NBDTLSConfig loads the NBD server's TLS configuration for mode ("",

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
 )
@@ -16,6 +17,7 @@ func dpuCmd() *cobra.Command {
 	var lzBytes, cacheBytes uint64
 	var token *secretFlag
 	var captures []string
+	var nodeTLS tlsfiles.Files
 	cmd := &cobra.Command{
 		Use:   "dpu",
 		Short: "Run the DPU agent as its own process (pair with: pd3 serve --dpu shm:NAME)",
@@ -42,7 +44,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			cfg := deploy.AgentConfig{
-				Name: name, Memnode: addr, Token: token.Value(), LZBytes: lzBytes, CacheBytes: cacheBytes,
+				Name: name, Memnode: addr, Token: token.Value(), MemnodeTLS: nodeTLS, LZBytes: lzBytes, CacheBytes: cacheBytes,
 				Captures: targets, Metrics: metrics, Log: log,
 			}
 			stopping := func() {}
@@ -62,6 +64,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 	fl := cmd.Flags()
 	fl.StringVar(&addr, "memnode", "", "memory node address")
 	token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
+	tlsFilesVar(fl, &nodeTLS, "memnode-", false)
 	fl.StringVar(&name, "shm", "pd3", "region name: /dev/shm/pd3-NAME")
 	pagesVar(fl, &lzBytes, "lz", "16MiB", "Loading Zone size")
 	pagesVar(fl, &cacheBytes, "cache", "64MiB", "the host's cache size (sizes Host View)")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/tools/deploy"
@@ -105,4 +106,18 @@ func (s *secretFlag) Value() string {
 		return s.v
 	}
 	return os.Getenv(s.env)
+}
+
+// tlsFilesVar registers --PREFIXtls-ca, --PREFIXtls-cert and
+// --PREFIXtls-key: the memory-node link's files. The memory node takes them
+// without a prefix; hosts and agents as --memnode-tls-*, apart from the
+// NBD server's --tls flags on the same command.
+func tlsFilesVar(fl *pflag.FlagSet, f *tlsfiles.Files, prefix string, serving bool) {
+	ca, cert := "CA certificate (PEM) that signed the memory node's certificate; TLS on the memory-node link", "this client's certificate (PEM), for a node that verifies clients"
+	if serving {
+		ca, cert = "CA certificate (PEM) that signs clients' certificates: clients must present one (mutual TLS)", "serve TLS with this certificate (PEM; with --tls-key)"
+	}
+	fl.StringVar(&f.CA, prefix+"tls-ca", "", ca)
+	fl.StringVar(&f.Cert, prefix+"tls-cert", "", cert)
+	fl.StringVar(&f.Key, prefix+"tls-key", "", "private key (PEM) of --"+prefix+"tls-cert")
 }

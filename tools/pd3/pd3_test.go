@@ -28,6 +28,7 @@ import (
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -220,7 +221,14 @@ func TestBenchSmoke(t *testing.T) {
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Contains(t, rep.Ratios, "memnode/raw")
-	assert.Len(t, rep.Results, 4)
+	assert.Contains(t, rep.Ratios, "tls/plain", "the memory-node link over mutual TLS, side by side")
+	assert.Contains(t, rep.Ratios, "tls/plain_ceiling")
+	systems := map[string]bool{}
+	for _, r := range rep.Results {
+		systems[r.System] = true
+		assert.Positive(t, r.OpsPerSec, "%s %s", r.System, r.Config)
+	}
+	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "memnode-mtls": true, "aes-gcm": true}, systems)
 
 	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms", "--dist", "uniform,zipf:0.99", "--json")
 	require.NoError(t, err, out)
@@ -1204,4 +1212,41 @@ func TestTopQuitsOnQInATerminal(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, cmd.Wait(), "q quits with status 0")
 	assert.Contains(t, out.String(), "\x1b[H\x1b[2J", "frames redraw the screen")
+}
+
+// The memory-node link over mutual TLS, with real processes: a node that
+// requires client certificates, a split agent and a host that present
+// theirs; a host in clear and a misconfigured up are refused with reasons.
+func TestMemnodeLinkOverMutualTLS(t *testing.T) {
+	serverDir, clientDir := testutil.TestCA(t)
+	srv, cli := tlsfiles.ServerFiles(serverDir), tlsfiles.ClientFiles(clientDir)
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0",
+		"--tls-ca", srv.CA, "--tls-cert", srv.Cert, "--tls-key", srv.Key)
+	assert.Contains(t, node.Output(), "mutual TLS")
+	addr := node.Addrs["memory node"]
+	link := []string{"--memnode", addr, "--memnode-tls-ca", cli.CA, "--memnode-tls-cert", cli.Cert, "--memnode-tls-key", cli.Key}
+	name := fmt.Sprintf("tls%d", os.Getpid())
+	start(t, []string{"dpu agent"}, append([]string{"dpu", "--shm", name, "--lz", "256KiB", "--cache", "64KiB"}, link...)...)
+	serve := append([]string{"serve", "--dpu", "shm:" + name, "--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:1MiB"}, link...)
+	host := start(t, []string{"page server"}, serve...)
+	out, err := run(t, "sealed in transit", "page", "put", "--page", host.Addrs["page server"], "1:5")
+	require.NoError(t, err, out)
+	host.Stop() // writes the page back over TLS
+	host = start(t, []string{"page server"}, serve...)
+	out, err = run(t, "", "page", "get", "--page", host.Addrs["page server"], "1:5") // a miss, read by the agent
+	require.NoError(t, err, out)
+	assert.True(t, strings.HasPrefix(out, "sealed in transit\x00"))
+
+	out, err = run(t, "", "serve", "--memnode", addr, "--page", "127.0.0.1:0", "--nbd", "")
+	require.Error(t, err)
+	assert.Contains(t, out, "the node requires TLS")
+	out, err = run(t, "", "serve", "--memnode", addr, "--memnode-tls-ca", cli.CA, "--page", "127.0.0.1:0", "--nbd", "")
+	require.Error(t, err, "no client certificate")
+	assert.Contains(t, out, "certificate required")
+	out, err = run(t, "", "up", "--memnode-tls-ca", cli.CA, "--page", "127.0.0.1:0", "--nbd", "", "--mount", "")
+	require.Error(t, err)
+	assert.Contains(t, out, "the embedded memory node speaks in clear")
+	out, err = run(t, "", "serve", "--memnode", addr, "--memnode-tls-cert", cli.Cert, "--page", "127.0.0.1:0", "--nbd", "")
+	require.Error(t, err)
+	assert.Contains(t, out, "connecting needs the CA")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/stages"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
@@ -34,6 +35,7 @@ type hostFlags struct {
 	policy    string
 	memnode   string
 	token     *secretFlag
+	nodeTLS   tlsfiles.Files
 	workers   int
 	opTimeout time.Duration
 	local     bool
@@ -67,6 +69,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.policy, "policy", "s3fifo", "cache eviction policy: s3fifo or clock")
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
 	f.token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
+	tlsFilesVar(fl, &f.nodeTLS, "memnode-", false)
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: GOMAXPROCS, see --procs)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
@@ -85,7 +88,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
-		Memnode: f.memnode, Token: f.token.Value(), Policy: f.policy, PageListen: f.page,
+		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
@@ -141,6 +144,9 @@ func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics string) error {
 	log := cfg.Log
 	if cfg.Memnode == "" && !cfg.Local {
+		if cfg.MemnodeTLS.Enabled() {
+			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
+		}
 		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist})
 		if err != nil {
 			return err
@@ -320,6 +326,7 @@ func memnodeCmd() *cobra.Command {
 	var capBytes uint64
 	var token *secretFlag
 	var grants []string
+	var tlsFiles tlsfiles.Files
 	cmd := &cobra.Command{
 		Use:   "memnode",
 		Short: "Run a memory node alone",
@@ -332,7 +339,11 @@ commit), so acknowledged writes survive a crash or power loss.
 token that reaches only the volumes whose names match a pattern (path.Match
 syntax, e.g. tenant1.*), as if the rest did not exist. Every connection
 reaches volumes through memory windows bound on that connection, so a
-window key copied from one connection is refused on another.`,
+window key copied from one connection is refused on another.
+
+--tls-cert and --tls-key make every connection TLS (hosts and agents give
+--memnode-tls-ca); with --tls-ca too, clients must present a certificate
+that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -342,13 +353,19 @@ window key copied from one connection is refused on another.`,
 				return err
 			}
 			log := logger()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), Grants: gs, Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
 			}
 			mode := "volatile"
 			if persist != "" {
 				mode = "persistent in " + persist
+			}
+			switch {
+			case tlsFiles.CA != "":
+				mode += ", mutual TLS"
+			case tlsFiles.Enabled():
+				mode += ", TLS"
 			}
 			log.Info(fmt.Sprintf("memory node listening on %s (%s)", node.Addr, mode))
 			stopping := notifyReady(ctx, log, "memory node listening on "+node.Addr)
@@ -359,6 +376,7 @@ window key copied from one connection is refused on another.`,
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
 	token = tokenFlag(cmd.Flags(), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
+	tlsFilesVar(cmd.Flags(), &tlsFiles, "", true)
 	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
