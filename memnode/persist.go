@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/pd3-go/pd3/pageid"
 	"golang.org/x/sys/unix"
@@ -317,6 +318,21 @@ func (p *persister) saveVolumes(vs []VolumeInfo) error {
 // the page files, replays the log from the last checkpoint up to the first
 // torn entry, and starts the group-commit syncer.
 func OpenPersistent(dir string, capacity uint64) (*Store, error) {
+	return OpenPersistentProgress(dir, capacity, nil)
+}
+
+// Progress is told, from the opening goroutine, how many bytes of page
+// files and log the recovery has read out of how many it will read; the
+// last call has done == total.
+type Progress func(done, total int64)
+
+// OpenPersistentProgress is OpenPersistent reporting its recovery to
+// progress (nil reports nothing): a node holding many GiB takes seconds to
+// come up, and an operator should see why.
+func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*Store, error) {
+	if progress == nil {
+		progress = func(int64, int64) {}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
@@ -334,6 +350,36 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
+	// Log segments to replay, read before the page files so that the
+	// total is known from the start.
+	var cp checkpoint
+	if b, err := os.ReadFile(filepath.Join(dir, "checkpoint")); err == nil {
+		if err := json.Unmarshal(b, &cp); err != nil {
+			return nil, fmt.Errorf("%w: checkpoint: %v", ErrCorrupt, err)
+		}
+	}
+	gens, err := segments(dir)
+	if err != nil {
+		return nil, err
+	}
+	var total, done int64
+	for _, v := range vs {
+		if fi, err := os.Stat(p.pagePath(v.ID)); err == nil {
+			total += storedBytes(fi)
+		}
+	}
+	for _, g := range gens {
+		if fi, err := os.Stat(segPath(dir, g)); err == nil && g >= cp.Gen {
+			total += fi.Size()
+			if g == cp.Gen {
+				total -= min(cp.Offset, fi.Size())
+			}
+		}
+	}
+	report := func(n int64) {
+		done += n
+		progress(min(done, total), total)
+	}
 	for _, v := range vs {
 		if err := s.restoreVolume(v); err != nil {
 			return nil, err
@@ -342,7 +388,7 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("memnode: %w", err)
 		}
-		err = s.loadPages(v.ID, f)
+		err = s.loadPages(v.ID, f, report)
 		f.Close()
 		if err != nil {
 			return nil, err
@@ -363,16 +409,6 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 		}
 	}
 	// Log replay from the checkpoint.
-	var cp checkpoint
-	if b, err := os.ReadFile(filepath.Join(dir, "checkpoint")); err == nil {
-		if err := json.Unmarshal(b, &cp); err != nil {
-			return nil, fmt.Errorf("%w: checkpoint: %v", ErrCorrupt, err)
-		}
-	}
-	gens, err := segments(dir)
-	if err != nil {
-		return nil, err
-	}
 	l := &plog{dir: dir, kick: make(chan struct{}, 1), done: make(chan struct{}), next: cp.Seq, gen: cp.Gen, limit: defaultLogLimit}
 	l.cond.L = &l.mu
 	lastGen := cp.Gen
@@ -385,7 +421,7 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 		if g == cp.Gen {
 			start = cp.Offset
 		}
-		end, next, torn, err := s.replay(segPath(dir, g), g, start, l.next)
+		end, next, torn, err := s.replay(segPath(dir, g), g, start, l.next, report)
 		if err != nil {
 			return nil, err
 		}
@@ -404,6 +440,7 @@ func OpenPersistent(dir string, capacity uint64) (*Store, error) {
 			break
 		}
 	}
+	progress(total, total)
 	l.durable = l.next
 	// Continue in a fresh segment: the old ones are read-only from now on.
 	l.gen = max(lastGen, cp.Gen) + 1
@@ -445,13 +482,18 @@ func segments(dir string) ([]uint64, error) {
 // replay applies the valid entries of one segment from start and returns
 // where the valid part ends, the next sequence number, and whether it
 // stopped at a torn or foreign entry (rather than the end of the file).
-func (s *Store) replay(path string, gen uint64, start int64, seq uint64) (int64, uint64, bool, error) {
+func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report func(int64)) (int64, uint64, bool, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("memnode: %w", err)
 	}
-	off := start
+	off, reported := start, start
+	defer func() { report(off - reported) }()
 	for off < int64(len(data)) {
+		if off-reported >= ChunkSize {
+			report(off - reported)
+			reported = off
+		}
 		e := data[off:]
 		if len(e) < entryHeader || binary.LittleEndian.Uint32(e) != logMagic {
 			return off, seq, true, nil
@@ -483,9 +525,18 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64) (int64,
 	return off, seq, false, nil
 }
 
+// storedBytes is how much of a sparse page file holds data (what
+// loadPages reads, within a chunk per extent).
+func storedBytes(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return min(st.Blocks*512, fi.Size())
+	}
+	return fi.Size()
+}
+
 // loadPages reads a volume's page file, allocating chunks only where the
 // file has data (holes stay unallocated).
-func (s *Store) loadPages(id uint16, f *os.File) error {
+func (s *Store) loadPages(id uint16, f *os.File, report func(int64)) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return err
@@ -505,6 +556,7 @@ func (s *Store) loadPages(id uint16, f *os.File) error {
 			if err := s.apply(id, uint64(chunkStart), buf[:n], false); err != nil {
 				return fmt.Errorf("%w: loading volume %d: %v", ErrCorrupt, id, err)
 			}
+			report(int64(n))
 		}
 		off = chunkStart + ChunkSize
 	}

@@ -364,3 +364,41 @@ func TestPersistManyVolumes(t *testing.T) {
 	assert.Equal(t, pattern(byte(299%256), PageSize), got)
 	require.NoError(t, s.Close())
 }
+
+// The recovery reports its progress: monotonic, over both the page files
+// (after a checkpoint) and the log (writes after it), ending at the total.
+func TestPersistRecoveryProgress(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenPersistent(dir, 0)
+	require.NoError(t, err)
+	v, err := s.Create("vol", 8*ChunkSize)
+	require.NoError(t, err)
+	for i := uint64(0); i < 4; i++ {
+		require.NoError(t, s.WriteAt(v.ID, i*ChunkSize, pattern(byte(i), ChunkSize)))
+	}
+	require.NoError(t, s.Checkpoint()) // 4 MiB into the page file
+	for i := uint64(4); i < 7; i++ {
+		require.NoError(t, s.WriteAt(v.ID, i*ChunkSize, pattern(byte(i), ChunkSize)))
+	}
+	crash(s) // 3 MiB only in the log
+
+	var calls [][2]int64
+	s, err = OpenPersistentProgress(dir, 0, func(done, total int64) { calls = append(calls, [2]int64{done, total}) })
+	require.NoError(t, err)
+	defer s.Close()
+	require.NotEmpty(t, calls)
+	total := calls[0][1]
+	assert.GreaterOrEqual(t, total, int64(7*ChunkSize), "page files and log together")
+	assert.Less(t, total, int64(8*ChunkSize))
+	assert.Greater(t, len(calls), 6, "reported along the way, not only at the end")
+	for i, c := range calls {
+		assert.Equal(t, total, c[1], "one total")
+		if i > 0 {
+			assert.GreaterOrEqual(t, c[0], calls[i-1][0], "monotonic")
+		}
+	}
+	assert.Equal(t, [2]int64{total, total}, calls[len(calls)-1])
+	got := make([]byte, ChunkSize)
+	require.NoError(t, s.ReadAt(v.ID, 6*ChunkSize, got))
+	assert.Equal(t, pattern(6, ChunkSize), got, "and recovered")
+}

@@ -102,7 +102,10 @@ type MemnodeConfig struct {
 	// Persist, if set, is a directory that makes the node durable: an
 	// acknowledged write survives a crash or power loss.
 	Persist string
-	Log     *slog.Logger
+	// Progress, if set, is told how the recovery of a Persist directory
+	// advances (memnode.OpenPersistentProgress).
+	Progress memnode.Progress
+	Log      *slog.Logger
 	// Stages, if set, receives the node's stamps of a request's path
 	// (the miss-path breakdown; nil in production).
 	Stages *stages.Recorder
@@ -130,7 +133,7 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 	store := memnode.NewStore(cfg.Capacity)
 	if cfg.Persist != "" {
 		var err error
-		if store, err = memnode.OpenPersistent(cfg.Persist, cfg.Capacity); err != nil {
+		if store, err = memnode.OpenPersistentProgress(cfg.Persist, cfg.Capacity, cfg.Progress); err != nil {
 			return nil, fmt.Errorf("memory node: %w", err)
 		}
 	}

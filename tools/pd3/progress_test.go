@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -55,4 +56,19 @@ func TestBarProgress(t *testing.T) {
 	p.End()
 	assert.Equal(t, int64(3), p.bar.State().CurrentNum)
 	assert.Contains(t, out.String(), "pd3: filling")
+}
+
+// The recovery of a --persist directory draws a bar on a terminal only.
+func TestRecoveryProgress(t *testing.T) {
+	assert.Nil(t, recoveryProgress(io.Discard, false), "nothing without a terminal")
+	var out testutil.SyncBuffer
+	p := recoveryProgress(&out, true)
+	p(0, 0) // an empty directory: no bar
+	assert.Empty(t, out.String())
+	const total = 4 << 20
+	for done := int64(0); done <= total; done += 1 << 20 {
+		p(done, total)
+		time.Sleep(60 * time.Millisecond) // past the bar's throttle
+	}
+	assert.Regexp(t, `recovering 4MiB +[0-9]+% \|`, out.String(), "a partial bar was drawn")
 }

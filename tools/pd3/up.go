@@ -147,7 +147,8 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics 
 		if cfg.MemnodeTLS.Enabled() {
 			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
 		}
-		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist})
+		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist,
+			Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
 		if err != nil {
 			return err
 		}
@@ -353,7 +354,8 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 				return err
 			}
 			log := logger()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs,
+				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
 			}
@@ -422,6 +424,30 @@ func stageRecorder() *stages.Recorder {
 // writebackProgress draws the shutdown's write-back of dirty pages as a
 // progress bar on w while a person watches it (tty), and returns the
 // function that removes it once the write-back is over.
+// recoveryProgress draws the recovery of a --persist directory (page
+// files and log read back at start) as a bar on w when it is a terminal;
+// nil otherwise.
+func recoveryProgress(w io.Writer, tty bool) memnode.Progress {
+	if !tty {
+		return nil
+	}
+	var bar *progressbar.ProgressBar
+	return func(done, total int64) {
+		if total == 0 {
+			return
+		}
+		if bar == nil {
+			bar = progressbar.NewOptions64(total, progressbar.OptionSetWriter(w), progressbar.OptionShowBytes(true),
+				progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(50*time.Millisecond),
+				progressbar.OptionSetDescription("recovering "+units.FormatSize(uint64(total))))
+		}
+		bar.Set64(done)
+		if done == total {
+			bar.Finish()
+		}
+	}
+}
+
 func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (stop func()) {
 	if dirty == 0 || !tty {
 		return func() {}
