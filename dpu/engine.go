@@ -443,6 +443,13 @@ var _ pagestore.PagesReader = (*Engine)(nil)
 // Trim implements pagestore.Trimmer: like a write-back, it invalidates the
 // pages' Host View entries, Loading Zone records and in-flight prefetches
 // before the TRIM is queued on the shared connection.
+// Fence presents volume vol's fencing token on the engine's memory-node
+// connection (memnode.Client.Fence), so that its write-backs are the
+// lease holder's.
+func (e *Engine) Fence(ctx context.Context, vol uint16, token uint64) error {
+	return e.c.Fence(ctx, vol, token)
+}
+
 func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	e.mu.Lock()
 	for p := off / memnode.PageSize; p < (off+n+memnode.PageSize-1)/memnode.PageSize; p++ {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,9 @@ type Link struct {
 	done chan struct{}
 
 	resident atomic.Pointer[func(yield func(memnode.Key))] // SetResident
+
+	fmu    sync.Mutex
+	fences map[uint16]uint64 // Fence: presented to every agent that attaches
 
 	// Counters. Resynced counts pages reported to attaching agents.
 	Attaches, Deaths, Fallbacks, MirrorDrops, AgentReads, AgentWrites atomic.Uint64
@@ -157,6 +161,17 @@ func (l *Link) tryAttach(deadEpoch uint64) {
 	a := &attachment{region: region, a: ra, b: rb, lz: z, epoch: epoch, beat: beat, done: make(chan struct{}),
 		calls: pipeline.NewTable[linkCall](linkSlots)}
 	go l.readReplies(a)
+	// The agent's connection presents the volumes' fencing tokens before
+	// it carries a write-back: the node would refuse its writes otherwise
+	// (they would be redone directly, correct but twice).
+	l.fmu.Lock()
+	fences := maps.Clone(l.fences)
+	l.fmu.Unlock()
+	for vol, token := range fences {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l.fenceOn(ctx, a, vol, token)
+		cancel()
+	}
 	l.directMu.Lock()
 	l.cur.Store(a)
 	l.directMu.Unlock()
@@ -385,12 +400,51 @@ func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byt
 	l.AgentWrites.Add(uint64(len(keys) - len(redoK)))
 	if len(redoK) > 0 {
 		l.Fallbacks.Add(uint64(len(redoK)))
-		if err := l.writeDirect(ctx, redoK, redoP); err != nil {
+		// Direct, even though the agent is attached: writeDirect would
+		// hand the writes back to it, and an agent that refuses them (one
+		// whose connection lacks the volume's fencing token) would loop.
+		// The invalidation below keeps its Loading Zone from serving the
+		// pages it did not write.
+		l.directMu.RLock()
+		err := l.direct.WritePages(ctx, redoK, redoP)
+		l.directMu.RUnlock()
+		if err != nil {
 			return err
 		}
 		l.invalidate(ctx, a, redoK)
 	}
 	return nil
+}
+
+// Fence presents volume vol's fencing token on the agent's memory-node
+// connection, and on that of every agent that attaches later; the host's
+// own connection (the direct path) is the caller's to fence. An agent that
+// cannot present it only costs speed: its refused write-backs are redone
+// directly. It fails with memnode.ErrFenced when a newer token is there.
+func (l *Link) Fence(ctx context.Context, vol uint16, token uint64) error {
+	l.fmu.Lock()
+	if l.fences == nil {
+		l.fences = make(map[uint16]uint64)
+	}
+	l.fences[vol] = token
+	l.fmu.Unlock()
+	a := l.cur.Load()
+	if a == nil || a.dead.Load() {
+		return nil
+	}
+	if err := l.fenceOn(ctx, a, vol, token); errors.Is(err, memnode.ErrFenced) {
+		return err
+	}
+	return nil
+}
+
+func (l *Link) fenceOn(ctx context.Context, a *attachment, vol uint16, token uint64) error {
+	m := encodeFence(0, vol, token)
+	c := l.startMsg(a, m[:], nil, nil)
+	if c == nil {
+		return ErrAgentGone
+	}
+	return l.wait(ctx, c)
 }
 
 // invalidate tells a live agent about pages written back around it, so a

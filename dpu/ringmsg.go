@@ -30,7 +30,7 @@ import (
 const (
 	// splitMagic names the region and its message format: a host and an
 	// agent of different formats never attach to each other.
-	splitMagic   = 0x5044335350_4c5402 // "PD3SPLT" v2: replies carry a memnode.Status
+	splitMagic   = 0x5044335350_4c5403 // "PD3SPLT" v3: FENCE
 	offSMagic    = 0
 	offSEpoch    = 8
 	offSBeat     = 16
@@ -61,8 +61,8 @@ func layout(ringSize, records int) splitLayout {
 //	1    1     arg: MIRROR the protocol (ProtoPage, ProtoNBD); KERNEL
 //	           kernelAdded or kernelDropped; READAHEAD the source; in a
 //	           reply, the memnode.Status (or statusUnreachable)
-//	2    2     volume (TRIM)
-//	4    4     tag (READ, WRITE, TRIM, INVALIDATE and their replies) or
+//	2    2     volume (TRIM, FENCE)
+//	4    4     tag (READ, WRITE, TRIM, INVALIDATE, FENCE and their replies) or
 //	           connection (MIRROR, CLOSE)
 //
 // Bodies, after the header:
@@ -70,6 +70,7 @@ func layout(ringSize, records int) splitLayout {
 //	READ, INVALIDATE           8 key
 //	WRITE                      8 key, 4096 page
 //	TRIM                       8 zero, 8 byte offset, 8 byte count
+//	FENCE                      8 fencing token
 //	EVICT, RESIDENT            8 per key
 //	KERNEL, READAHEAD, WRITTEN 8 first key, 4 page count, 8 end page
 //	                           (READAHEAD: the file ends before it; 0
@@ -104,12 +105,16 @@ const (
 	// msgWritten: a range of pages a write no parser saw (FUSE WRITE) put
 	// in the host cache.
 	msgWritten = msgType('U')
+	// msgFence: the host holds a volume's lease under this fencing token;
+	// the agent presents it on its own memory-node connection, whose
+	// write-backs the node would refuse otherwise.
+	msgFence = msgType('F')
 )
 
 var msgNames = map[msgType]string{
 	msgMirror: "MIRROR", msgClose: "CLOSE", msgEvict: "EVICT", msgRead: "READ", msgWrite: "WRITE",
 	msgTrim: "TRIM", msgInvalidate: "INVALIDATE", msgResident: "RESIDENT", msgKernel: "KERNEL",
-	msgReadAhead: "READAHEAD", msgWritten: "WRITTEN",
+	msgReadAhead: "READAHEAD", msgWritten: "WRITTEN", msgFence: "FENCE",
 }
 
 func (t msgType) String() string {
@@ -184,6 +189,12 @@ func encodeTrim(tag uint32, vol uint16, off, n uint64) (b [trimMsgLen]byte) {
 	return b
 }
 
+func encodeFence(tag uint32, vol uint16, token uint64) (b [keyMsgLen]byte) {
+	msgHeader{typ: msgFence, vol: vol, tag: tag}.put(b[:])
+	binary.LittleEndian.PutUint64(b[8:], token)
+	return b
+}
+
 func encodeRange(t msgType, arg byte, first memnode.Key, n uint32, end uint64) (b [rangeMsgLen]byte) {
 	msgHeader{typ: t, arg: arg}.put(b[:])
 	binary.LittleEndian.PutUint64(b[8:], uint64(first))
@@ -198,7 +209,7 @@ type ringMsg struct {
 	msgHeader
 	key    memnode.Key // READ, WRITE, INVALIDATE; the first key of a range
 	page   []byte      // WRITE; a READ reply's page
-	off, n uint64      // TRIM bytes; a range's page count (n) and end (off)
+	off, n uint64      // TRIM bytes; a range's page count (n) and end (off); FENCE's token (off)
 	keys   []byte      // EVICT, RESIDENT: 8 bytes per key
 	data   []byte      // MIRROR
 }
@@ -218,7 +229,7 @@ func decodeRequest(m []byte) (ringMsg, error) {
 	r.tag = binary.LittleEndian.Uint32(m[4:])
 	need := msgHeaderLen
 	switch r.typ {
-	case msgRead, msgInvalidate:
+	case msgRead, msgInvalidate, msgFence:
 		need = keyMsgLen
 	case msgWrite:
 		need = writeMsgLen
@@ -242,6 +253,8 @@ func decodeRequest(m []byte) (ringMsg, error) {
 	case msgTrim:
 		r.off = binary.LittleEndian.Uint64(m[16:])
 		r.n = binary.LittleEndian.Uint64(m[24:])
+	case msgFence:
+		r.off = binary.LittleEndian.Uint64(m[8:])
 	case msgKernel, msgReadAhead, msgWritten:
 		r.key = memnode.Key(binary.LittleEndian.Uint64(m[8:]))
 		r.n = uint64(min(binary.LittleEndian.Uint32(m[16:]), maxRangePages))

@@ -26,6 +26,9 @@ func reencode(r ringMsg) []byte {
 	case msgTrim:
 		b := encodeTrim(r.tag, r.vol, r.off, r.n)
 		out = b[:]
+	case msgFence:
+		b := encodeFence(r.tag, r.vol, r.off)
+		out = b[:]
 	case msgKernel, msgReadAhead, msgWritten:
 		b := encodeRange(r.typ, r.arg, r.key, uint32(r.n), r.off)
 		out = b[:]
@@ -54,6 +57,7 @@ func FuzzRingMsg(f *testing.F) {
 			return append(b[:], bytes.Repeat([]byte{7}, memnode.PageSize)...)
 		}(),
 		func() []byte { b := encodeTrim(11, 3, 4096, 8192); return b[:] }(),
+		func() []byte { b := encodeFence(12, 3, 1<<40); return b[:] }(),
 		func() []byte { b := encodeRange(msgReadAhead, SourceFUSE, k, 32, 1000); return b[:] }(),
 		func() []byte {
 			b := encodeHeader(msgHeader{typ: msgMirror, arg: ProtoNBD, tag: 2})

@@ -255,3 +255,75 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 		assert.Zero(t, a.Zone.CheckAndReturn(uint64(k(p)), dst), "page %d, which the host holds, was prefetched", p)
 	}
 }
+
+// agentLink dials the agent's own memory-node connection and opens the
+// host's Link, over the rig's node's connection, on the rig's region; both
+// close when the test ends.
+func (r *splitRig) agentLink(t *testing.T) (*Link, *memnode.Client) {
+	t.Helper()
+	agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { agentConn.Close() })
+	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	t.Cleanup(l.Close)
+	return l, agentConn
+}
+
+// A fenced volume's write-backs go through the agent: the Link presents
+// the host's fencing token on the agent's connection, at Fence and again
+// when an agent attaches later, so the node takes the agent's writes
+// instead of refusing them (and the host redoing each one directly).
+func TestSplitAgentPresentsFencingToken(t *testing.T) {
+	for _, attachFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("agent attached before Fence %v", attachFirst), func(t *testing.T) {
+			r := newSplitRig(t)
+			ctx := r.ctx
+			l, agentConn := r.agentLink(t)
+			fence := func() {
+				require.NoError(t, r.c.Fence(ctx, r.vol.ID, 5))
+				require.NoError(t, l.Fence(ctx, r.vol.ID, 5))
+			}
+			if attachFirst {
+				r.startAgent(t, agentConn)
+				require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
+				fence()
+			} else {
+				fence()
+				r.startAgent(t, agentConn)
+				require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
+			}
+			page := make([]byte, memnode.PageSize)
+			copy(page, "through the agent")
+			require.NoError(t, l.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, 3)}, [][]byte{page}))
+			assert.Equal(t, uint64(1), l.AgentWrites.Load())
+			assert.Zero(t, l.Fallbacks.Load(), "the node refused the agent's write")
+			got := make([]byte, memnode.PageSize)
+			require.NoError(t, r.c.ReadAt(ctx, r.vol.ID, 3*memnode.PageSize, got))
+			assert.Equal(t, page, got)
+		})
+	}
+}
+
+// An agent whose memory-node connection has its write-backs refused (here:
+// it never presented the volume's fencing token) costs a direct redo of
+// each, never a loop: the redo used to hand the writes back to the same
+// agent, recursing until the stack ran out.
+func TestAgentRefusingWritesIsBypassed(t *testing.T) {
+	r := newSplitRig(t)
+	ctx := r.ctx
+	l, agentConn := r.agentLink(t)
+	r.startAgent(t, agentConn)
+	require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, r.c.Fence(ctx, r.vol.ID, 5)) // the host's connection only
+
+	page := make([]byte, memnode.PageSize)
+	copy(page, "redone directly")
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, l.WritePages(wctx, []memnode.Key{memnode.MakeKey(r.vol.ID, 3)}, [][]byte{page}))
+	assert.Equal(t, uint64(1), l.Fallbacks.Load())
+	got := make([]byte, memnode.PageSize)
+	require.NoError(t, r.c.ReadAt(ctx, r.vol.ID, 3*memnode.PageSize, got))
+	assert.Equal(t, page, got)
+	assert.True(t, l.Attached(), "the agent stays: it is only slower")
+}

@@ -181,7 +181,7 @@ func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
 				keys = append(keys, Access{r.keyAt(i), Write})
 			}
 			a.enqueue(keys)
-		case msgTrim, msgInvalidate, msgRead, msgWrite:
+		case msgTrim, msgInvalidate, msgRead, msgWrite, msgFence:
 			j := job{ringMsg: r, free: &bufs}
 			if r.typ == msgWrite {
 				// The ring slot is released below; the job keeps a copy.
@@ -212,6 +212,8 @@ func (j job) run(ctx context.Context, e *Engine, r *replier) {
 		e.Invalidate(j.key)
 	case msgTrim:
 		err = e.Trim(ctx, j.vol, j.off, j.n)
+	case msgFence:
+		err = e.Fence(ctx, j.vol, j.off)
 	case msgWrite:
 		err = e.WritePages(ctx, []memnode.Key{j.key}, [][]byte{j.page})
 		j.free.Put(j.page)

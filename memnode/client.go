@@ -51,6 +51,31 @@ type Client struct {
 	mu     sync.Mutex // guards sess and closed; held while redialling
 	sess   *session
 	closed bool
+
+	fences *fences
+}
+
+// fences are the fencing tokens a client presents, per volume, in the
+// windows it binds (Client.Fence); shared by its sessions, so a redial
+// presents them again.
+type fences struct {
+	mu sync.Mutex
+	m  map[uint16]uint64
+}
+
+func (f *fences) get(vol uint16) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.m[vol]
+}
+
+func (f *fences) set(vol uint16, token uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = make(map[uint16]uint64)
+	}
+	f.m[vol] = token
 }
 
 // session is one connection and the memory windows bound on it: one
@@ -61,6 +86,7 @@ type session struct {
 	*pipeline.Session
 	groups [256]atomic.Pointer[[256]atomic.Uint32] // volume id → window key
 	next   atomic.Uint32
+	fences *fences
 }
 
 // window returns the key of the session's window on volume vol, binding
@@ -68,26 +94,16 @@ type session struct {
 // node executes a connection's requests in order, and the key is published
 // only once the BIND is queued, so every request that uses it follows it.
 func (s *session) window(vol uint16) uint32 {
-	gp := &s.groups[vol>>8]
-	g := gp.Load()
-	if g == nil {
-		gp.CompareAndSwap(nil, new([256]atomic.Uint32))
-		g = gp.Load()
-	}
-	slot := &g[vol&0xff]
+	slot := s.slot(vol)
 	if k := slot.Load(); k != 0 {
 		return k
 	}
 	k := s.next.Add(1)
-	var hdr [ReqHeaderSize]byte
-	(&ReqHeader{Op: OpBind, Volume: vol, Window: k, PayloadLen: bindPayloadSize}).Encode(hdr[:])
-	var p [bindPayloadSize]byte
-	binary.LittleEndian.PutUint32(p[8:], AccessAll)
 	pc := s.Get()
 	// A failed BIND needs no answer of its own: the requests that use
 	// the window fail with the node's reason.
 	pc.Fn = func(*pipeline.Call) {}
-	if s.Send(pc, hdr[:], p[:]) != nil {
+	if s.bind(pc, vol, k) != nil {
 		return k // the session is broken; the request fails with it
 	}
 	if !slot.CompareAndSwap(0, k) {
@@ -95,6 +111,52 @@ func (s *session) window(vol uint16) uint32 {
 		return slot.Load()
 	}
 	return k
+}
+
+func (s *session) slot(vol uint16) *atomic.Uint32 {
+	gp := &s.groups[vol>>8]
+	g := gp.Load()
+	if g == nil {
+		gp.CompareAndSwap(nil, new([256]atomic.Uint32))
+		g = gp.Load()
+	}
+	return &g[vol&0xff]
+}
+
+// bind sends, as call pc, a BIND of window k over all of volume vol, with
+// the client's fencing token for it.
+func (s *session) bind(pc *pipeline.Call, vol uint16, k uint32) error {
+	var hdr [ReqHeaderSize]byte
+	(&ReqHeader{Op: OpBind, Volume: vol, Window: k, PayloadLen: bindPayloadSize}).Encode(hdr[:])
+	var p [bindPayloadSize]byte
+	binary.LittleEndian.PutUint32(p[8:], AccessAll)
+	binary.LittleEndian.PutUint64(p[16:], s.fences.get(vol))
+	return s.Send(pc, hdr[:], p[:])
+}
+
+// Fence makes token the fencing token this client writes volume vol with,
+// and presents it to the node before it returns: from then on the node
+// refuses writes to vol from any holder of an older token. Tokens must
+// grow with each new holder of the volume (the lease's epoch). It fails
+// with ErrFenced if a newer token was presented already.
+func (c *Client) Fence(ctx context.Context, vol uint16, token uint64) error {
+	c.fences.set(vol, token)
+	s, err := c.session(ctx)
+	if err != nil {
+		return fmt.Errorf("memnode %v: %w", OpBind, err)
+	}
+	k := s.next.Add(1)
+	pc := s.Get()
+	if err := s.bind(pc, vol, k); err != nil {
+		return wrapErr(OpBind, err)
+	}
+	if err := pc.WaitFn(ctx, statusCheck); err != nil {
+		return wrapErr(OpBind, err)
+	}
+	// Later requests use the window that carries the token. The one it
+	// replaces stays bound until the connection ends; Fence is rare.
+	s.slot(vol).Store(k)
+	return nil
 }
 
 // stamp puts in a data op's header the key of the session's window on the
@@ -138,7 +200,7 @@ func Dial(ctx context.Context, addr string, opt ClientOptions) (*Client, error) 
 	if opt.MaxInFlight <= 0 {
 		opt.MaxInFlight = 16384
 	}
-	c := &Client{addr: addr, opt: opt}
+	c := &Client{addr: addr, opt: opt, fences: new(fences)}
 	s, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -191,7 +253,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 		s.Close(ErrClosed)
 		return nil, fmt.Errorf("HELLO to %s: %w", c.addr, err)
 	}
-	return &session{Session: s}, nil
+	return &session{Session: s, fences: c.fences}, nil
 }
 
 // startTLS runs the client side of the TLS handshake on nc; it closes nc

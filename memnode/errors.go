@@ -45,6 +45,10 @@ var (
 	// ErrTLSRequired answers a HELLO sent in clear to a node that serves
 	// TLS (Server.TLS); the connection is closed afterwards.
 	ErrTLSRequired = errors.New("memnode: the node requires TLS")
+	// ErrFenced is returned for a write through a window whose fencing
+	// token is older than the newest one presented for its volume: another
+	// host has taken the volume over.
+	ErrFenced = errors.New("memnode: write fenced: a newer holder of the volume's lease has presented its token")
 )
 
 // Connection-level errors.
@@ -75,6 +79,7 @@ var statusErrs = [...]error{
 	StatusMisaligned:   ErrMisaligned,
 	StatusNoWindow:     ErrNoWindow,
 	StatusTLSRequired:  ErrTLSRequired,
+	StatusFenced:       ErrFenced,
 }
 
 // Err returns the sentinel for s, or nil for StatusOK.

@@ -306,7 +306,15 @@ func (p *persister) pageFile(id uint16) (*os.File, error) {
 	return os.OpenFile(p.pagePath(id), os.O_RDWR|os.O_CREATE, 0o600)
 }
 
-func (p *persister) saveVolumes(vs []VolumeInfo) error {
+// volumeRecord is a volume table entry in volumes.json: what the wire
+// says of a volume, and its fencing token (absent in tables written before
+// fencing, which read as 0).
+type volumeRecord struct {
+	VolumeInfo
+	Fence uint64 `json:",omitempty"`
+}
+
+func (p *persister) saveVolumes(vs []volumeRecord) error {
 	b, err := json.Marshal(vs)
 	if err != nil {
 		return err
@@ -342,7 +350,7 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 	// set once replay is done (nothing logs before that).
 	s.persist = p
 	// Volumes and their page files.
-	var vs []VolumeInfo
+	var vs []volumeRecord
 	if b, err := os.ReadFile(filepath.Join(dir, "volumes.json")); err == nil {
 		if err := json.Unmarshal(b, &vs); err != nil {
 			return nil, fmt.Errorf("%w: volumes.json: %v", ErrCorrupt, err)

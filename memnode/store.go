@@ -33,6 +33,9 @@ type volume struct {
 	// deleted is set when the volume is removed, so that requests that
 	// looked it up before the delete do not resurrect chunks.
 	deleted atomic.Bool
+	// fence is the newest fencing token a writer presented (0: none yet);
+	// writes through a window with an older token are refused.
+	fence atomic.Uint64
 }
 
 // chunk is ChunkSize bytes allocated on first write. Its lock makes one
@@ -95,9 +98,9 @@ func (s *Store) saveVolumesLocked() error {
 	if s.persist == nil {
 		return nil
 	}
-	vs := make([]VolumeInfo, 0, len(s.byID))
+	vs := make([]volumeRecord, 0, len(s.byID))
 	for _, v := range s.byID {
-		vs = append(vs, v.current())
+		vs = append(vs, volumeRecord{VolumeInfo: v.current(), Fence: v.fence.Load()})
 	}
 	if err := s.persist.saveVolumes(vs); err != nil {
 		return fmt.Errorf("memnode: saving the volume table: %w", err)
@@ -106,13 +109,15 @@ func (s *Store) saveVolumesLocked() error {
 }
 
 // restoreVolume re-creates a volume read from persistent state.
-func (s *Store) restoreVolume(info VolumeInfo) error {
+func (s *Store) restoreVolume(rec volumeRecord) error {
+	info := rec.VolumeInfo
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.byID[info.ID]; ok || info.ID == 0 || validName(info.Name) != nil {
 		return fmt.Errorf("%w: volume table entry %+v", ErrCorrupt, info)
 	}
 	v := &volume{info: info, chunks: newChunkTable(info.Size)}
+	v.fence.Store(rec.Fence)
 	s.byName[info.Name] = v
 	s.byID[info.ID] = v
 	if info.ID >= s.nextID {
@@ -350,6 +355,47 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 }
 
 // current is v's info with the memory it holds now.
+// raiseFence makes token the volume's fence unless a newer one is there;
+// it reports false for a token older than the fence (its holder has been
+// superseded). A raise is saved with the volume table before it counts, so
+// a persistent node that restarts still refuses the superseded writer.
+func (s *Store) raiseFence(v *volume, token uint64) (bool, error) {
+	for {
+		cur := v.fence.Load()
+		switch {
+		case token < cur:
+			return false, nil
+		case token == cur:
+			return true, nil
+		}
+		if s.persist == nil {
+			if v.fence.CompareAndSwap(cur, token) {
+				return true, nil
+			}
+			continue
+		}
+		s.mu.Lock()
+		ok := v.fence.CompareAndSwap(cur, token)
+		var err error
+		if ok {
+			err = s.saveVolumesLocked()
+		}
+		s.mu.Unlock()
+		if ok {
+			return true, err
+		}
+	}
+}
+
+// Fence returns the volume's fencing token (0: none presented yet).
+func (s *Store) Fence(id uint16) (uint64, error) {
+	v, err := s.volume(id)
+	if err != nil {
+		return 0, err
+	}
+	return v.fence.Load(), nil
+}
+
 func (v *volume) current() VolumeInfo {
 	info := v.info
 	info.Stored = v.stored.Load()

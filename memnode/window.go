@@ -28,6 +28,7 @@ type window struct {
 	vol        uint16
 	start, end uint64 // [start, end)
 	access     uint32
+	fence      uint64 // the writer's fencing token; 0: none
 	v          *volume
 }
 
@@ -92,7 +93,29 @@ func (c *conn) bind(h *ReqHeader, p []byte) Status {
 	if c.windows == nil {
 		c.windows = make(map[uint32]*window)
 	}
-	c.windows[h.Window] = &window{vol: h.Volume, start: h.Offset, end: end, access: access}
+	w := &window{vol: h.Volume, start: h.Offset, end: end, access: access, fence: binary.LittleEndian.Uint64(p[16:])}
+	c.windows[h.Window] = w
+	if w.fence != 0 && access&AccessWrite != 0 {
+		// Presented now, not at the first write: the writes of the host
+		// this token supersedes must stop before the new holder serves.
+		if v, err := c.s.Store.volume(h.Volume); err == nil && c.allowed(v.info.Name) {
+			return c.present(w, v)
+		}
+	}
+	return StatusOK
+}
+
+// present raises w's volume's fence to w's token; a token older than the
+// fence is answered StatusFenced.
+func (c *conn) present(w *window, v *volume) Status {
+	ok, err := c.s.Store.raiseFence(v, w.fence)
+	switch {
+	case err != nil:
+		c.s.log().Error("saving a volume's fencing token", "volume", v.info.Name, "err", err)
+		return StatusNoMemory
+	case !ok:
+		return StatusFenced
+	}
 	return StatusOK
 }
 
@@ -134,6 +157,15 @@ func (c *conn) authorise(h *ReqHeader, vol uint16, off, n uint64, access uint32)
 			return StatusUnauthorised
 		}
 		w.v = v
+		if w.fence != 0 && w.access&AccessWrite != 0 {
+			// Bound before the volume existed: present the token now.
+			if st := c.present(w, v); st != StatusOK && access&AccessWrite != 0 {
+				return st
+			}
+		}
+	}
+	if access&AccessWrite != 0 && w.fence < w.v.fence.Load() {
+		return StatusFenced
 	}
 	return StatusOK
 }

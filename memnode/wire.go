@@ -45,7 +45,8 @@ package memnode
 // connection's windows to itself, so a window key seen on one connection
 // grants nothing on another, and a connection reaches only what its HELLO
 // token was granted (Server.Grants). BIND payload: u64 length (0: to the end
-// of the volume), u32 access (AccessRead|AccessWrite), u32 zero; offset is
+// of the volume), u32 access (AccessRead|AccessWrite), u32 zero, u64
+// fencing token (below); offset is
 // the window's first byte, window its key (non-zero, chosen by the client,
 // unique on the connection). BIND does not look the volume up: every access
 // resolves the window's volume id to the volume that has it now and checks
@@ -54,6 +55,17 @@ package memnode
 // volume deleted and re-created under the same id is checked again). As
 // requests of a connection execute in order, a client sends BIND and the
 // requests that use it back to back without waiting.
+//
+// Fencing (protocol version 3): BIND's payload ends with a u64 fencing
+// token, 0 for none. Each volume keeps the newest token presented with a
+// write window (saved with the volume table on a persistent node). A BIND
+// whose token is newer raises it; older, and the BIND answers FENCED but
+// the window is kept, so the writes that use it fail as FENCED too. A write
+// (WRITE, TRIM, CAS, FAA) through a window whose token is older than the
+// volume's — or 0 once the volume has one — is refused with FENCED; reads
+// are never fenced. A host that took over a volume's lease presents its
+// token before it serves, so the write-backs still in flight from the host
+// it superseded cannot land over the new owner's data.
 
 import (
 	"encoding/binary"
@@ -63,8 +75,9 @@ import (
 )
 
 const (
-	// Version is the protocol version exchanged in HELLO (2: memory windows).
-	Version = 2
+	// Version is the protocol version exchanged in HELLO (2: memory
+	// windows; 3: fencing tokens in BIND).
+	Version = 3
 	// PageSize is the unit of PREFETCH-by-key.
 	PageSize = pageid.Size
 	// ChunkSize is the allocation unit of volume memory: chunks are allocated
@@ -115,7 +128,7 @@ const (
 )
 
 // bindPayloadSize is the length of a BIND payload.
-const bindPayloadSize = 16
+const bindPayloadSize = 24
 
 var opNames = [...]string{
 	OpHello: "HELLO", OpRead: "READ", OpWrite: "WRITE", OpPrefetch: "PREFETCH",
@@ -148,6 +161,7 @@ const (
 	StatusMisaligned   Status = 10
 	StatusNoWindow     Status = 11
 	StatusTLSRequired  Status = 12
+	StatusFenced       Status = 13
 )
 
 // ReqHeader is a decoded request header.

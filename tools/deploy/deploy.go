@@ -391,8 +391,13 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	return h, nil
 }
 
-// leasesVolume holds one lease word per volume id at the memory node.
-const leasesVolume = "pd3.leases"
+// leasesVolume holds one lease word per volume id at the memory node, and
+// epochsVolume one counter per volume id: how many hosts have held it, the
+// next holder's fencing token less one.
+const (
+	leasesVolume = "pd3.leases"
+	epochsVolume = "pd3.epochs"
+)
 
 // leaseVolumes claims every served volume for this host (memnode.Lease on
 // the volume's word of leasesVolume), waiting out a crashed holder's
@@ -408,12 +413,29 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 	if err != nil {
 		return fmt.Errorf("host: volume leases: %w", err)
 	}
+	epochs, err := h.Client.OpenOrCreate(ctx, epochsVolume, 1<<16*8)
+	if err != nil {
+		return fmt.Errorf("host: volume fencing epochs: %w", err)
+	}
 	for _, v := range h.Volumes {
 		l := &memnode.Lease{C: h.Client, Vol: lv.ID, Off: uint64(v.ID) * 8, TTL: ttl}
 		if err := l.Acquire(ctx, ttl+time.Second); err != nil {
 			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
 		}
 		h.leases = append(h.leases, volumeLease{v, l})
+		// Each holder's token is one more than the last holder's: the
+		// node then refuses the write-backs a superseded host (one that
+		// was partitioned past its lease) still has in flight.
+		prev, err := h.Client.FetchAndAdd(ctx, epochs.ID, uint64(v.ID)*8, 1)
+		if err == nil {
+			err = h.Client.Fence(ctx, v.ID, prev+1)
+		}
+		if err == nil && h.Link != nil {
+			err = h.Link.Fence(ctx, v.ID, prev+1) // the split agent's connection
+		}
+		if err != nil {
+			return fmt.Errorf("host: volume %q: presenting the lease's fencing token: %w", v.Name, err)
+		}
 	}
 	log := cfg.Log
 	stop, done := make(chan struct{}), make(chan struct{})

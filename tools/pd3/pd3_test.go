@@ -155,7 +155,7 @@ func TestUsageErrors(t *testing.T) {
 
 func TestServeReopensVolumesAtTheNode(t *testing.T) {
 	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--token", "s3cret",
-		"--grant", "tenant=t1.*,pd3.leases")
+		"--grant", "tenant=t1.*,pd3.leases,pd3.epochs")
 	args := []string{"serve", "--memnode", node.Addrs["memory node"], "--token", "s3cret", "--page", "127.0.0.1:0", "--nbd", "", "--volume", "disk0:16MiB", "--volume", "logs:4MiB"}
 	host := start(t, []string{"page server"}, args...)
 	_, err := run(t, "persisted at the node", "page", "put", "--page", host.Addrs["page server"], "2:3")

@@ -1,0 +1,150 @@
+package deploy
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// partition forwards TCP connections to target and can hold every byte in
+// both directions (Cut) and let them through again (Heal), as a link that
+// goes down and comes back without resetting the connections.
+type partition struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cond   sync.Cond
+	cut    bool
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newPartition(t *testing.T, target string) *partition {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &partition{ln: ln, target: target}
+	p.cond.L = &p.mu
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go p.pipe(u, c)
+			go p.pipe(c, u)
+		}
+	}()
+	t.Cleanup(func() {
+		p.Heal()
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *partition) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer dst.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		p.mu.Lock()
+		for p.cut {
+			p.cond.Wait()
+		}
+		p.mu.Unlock()
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // EOF or a closed connection: the peer goes with it
+		}
+	}
+}
+
+func (p *partition) Addr() string { return p.ln.Addr().String() }
+
+func (p *partition) Cut() {
+	p.mu.Lock()
+	p.cut = true
+	p.mu.Unlock()
+}
+
+func (p *partition) Heal() {
+	p.mu.Lock()
+	p.cut = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// The partition of ARCHITECTURE's Departures, closed by fencing: a host cut
+// off from the memory node past its volume lease still has a write-back in
+// flight; a second host takes the volume over and writes; when the link
+// comes back, the node refuses the first host's late write-back, and the
+// new owner's data stands.
+func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	link := newPartition(t, node.Addr)
+	const lease = time.Second
+	vol := []VolumeSpec{{"disk0", 1 << 20}}
+	old, err := StartHost(ctx, HostConfig{Memnode: link.Addr(), Volumes: vol, CacheBytes: 16 * 4096,
+		VolumeLease: lease, Writeback: -1, OpTimeout: time.Minute})
+	require.NoError(t, err)
+	defer old.Close(ctx)
+	v := old.Volumes[0]
+	page := make([]byte, 4096)
+	copy(page, "the old host's late write")
+	require.NoError(t, old.Store.WriteRange(ctx, v.ID, 0, page))
+
+	link.Cut()
+	flushed := make(chan error, 1)
+	go func() { flushed <- old.Store.Flush(ctx) }() // its WRITE waits in the cut link
+	time.Sleep(lease + 500*time.Millisecond)        // the old host's lease runs out
+
+	next, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: vol, CacheBytes: 16 * 4096, VolumeLease: lease})
+	require.NoError(t, err)
+	defer next.Close(ctx)
+	copy(page, "the new owner's data")
+	require.NoError(t, next.Store.WriteRange(ctx, v.ID, 0, page))
+	require.NoError(t, next.Store.Flush(ctx))
+
+	link.Heal()
+	select {
+	case err := <-flushed:
+		assert.ErrorIs(t, err, memnode.ErrFenced, "the late write-back is refused")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the old host's flush never returned")
+	}
+	got := make([]byte, 4096)
+	require.NoError(t, node.Server.Store.ReadAt(v.ID, 0, got))
+	assert.Equal(t, "the new owner's data", string(got[:20]))
+	require.Eventually(t, func() bool { return old.Store.Fenced(v.ID) }, 5*time.Second, 10*time.Millisecond,
+		"and the old host learns it lost the volume")
+}
