@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
@@ -34,6 +35,7 @@ import (
 	"github.com/pd3-go/pd3/nbd"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // VolumeSpec names a volume and its size.
@@ -96,6 +98,11 @@ type MemnodeConfig struct {
 	// TLS, if enabled, serves TLS with TLS.Cert and TLS.Key; with TLS.CA,
 	// clients must present certificates it signed (mutual TLS).
 	TLS tlsfiles.Files
+	// Etcd, if set, are the control plane's endpoints: the node registers
+	// in cluster Cluster (default "pd3") and stays alive there until it
+	// stops (package cluster). Its id is kept in Persist, if set.
+	Etcd    []string
+	Cluster string
 	// Grants are tokens limited to some volumes (memnode.Grant).
 	Grants   []memnode.Grant
 	Capacity uint64 // bytes of page memory; 0 = unlimited
@@ -115,7 +122,11 @@ type MemnodeConfig struct {
 type Memnode struct {
 	Server *memnode.Server
 	Addr   string
-	done   chan error
+	// ID is the node's id in the cluster ("" without Etcd).
+	ID   string
+	done chan error
+	reg  *cluster.Registration
+	etcd *clientv3.Client
 }
 
 // StartMemnode listens and serves in the background.
@@ -148,15 +159,47 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 		done:   make(chan error, 1),
 	}
 	go func() { m.done <- m.Server.Serve(ctx, ln) }()
+	if len(cfg.Etcd) > 0 {
+		if err := m.register(ctx, cfg); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("memory node: %w", err)
+		}
+	}
 	return m, nil
+}
+
+// register records the node in the cluster; it is up from then on.
+func (m *Memnode) register(ctx context.Context, cfg MemnodeConfig) error {
+	id, err := cluster.NodeID(cfg.Persist)
+	if err != nil {
+		return err
+	}
+	if m.etcd, err = cluster.Dial(ctx, cfg.Etcd); err != nil {
+		return err
+	}
+	store := m.Server.Store
+	m.reg, err = cluster.Register(ctx, m.etcd, cluster.NodeRecord{ID: id, Addr: m.Addr, Capacity: cfg.Capacity},
+		cluster.RegisterOptions{Cluster: cfg.Cluster, Persistent: cfg.Persist != "", Stored: store.Used})
+	if err != nil {
+		return err
+	}
+	m.ID = id
+	return nil
 }
 
 // Close stops the node; without persistence its memory is gone, with it
 // the node checkpoints.
 func (m *Memnode) Close() error {
+	var regErr error
+	if m.reg != nil {
+		regErr = m.reg.Close() // down in the cluster before it stops serving
+	}
+	if m.etcd != nil {
+		m.etcd.Close()
+	}
 	m.Server.Close()
 	err := closedByUs(<-m.done)
-	return errors.Join(err, m.Server.Store.Close())
+	return errors.Join(regErr, err, m.Server.Store.Close())
 }
 
 // closedByUs drops the error a server's Serve returns when Close came

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
@@ -1249,4 +1250,56 @@ func TestMemnodeLinkOverMutualTLS(t *testing.T) {
 	out, err = run(t, "", "serve", "--memnode", addr, "--memnode-tls-cert", cli.Cert, "--page", "127.0.0.1:0", "--nbd", "")
 	require.Error(t, err)
 	assert.Contains(t, out, "connecting needs the CA")
+}
+
+// The control plane with real processes: a standalone etcd member (pd3
+// coord), two memory nodes registered with it; pd3 cluster status shows
+// both up, and one SIGKILLed turns down once its lease runs out. pd3 up
+// starts its own etcd and says where.
+func TestClusterStatus(t *testing.T) {
+	coord := start(t, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", t.TempDir())
+	etcd := coord.Addrs["etcd"]
+	a := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd, "--cluster", "c1")
+	b := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd, "--cluster", "c1", "--capacity", "64MiB")
+	assert.Regexp(t, `node [0-9a-f]{12} of cluster c1`, a.Output())
+
+	status := func() []cluster.Node {
+		out, err := run(t, "", "cluster", "status", "--etcd", etcd, "--cluster", "c1", "--json")
+		require.NoError(t, err, out)
+		var st struct{ Nodes []cluster.Node }
+		require.NoError(t, json.Unmarshal([]byte(out), &st), out)
+		return st.Nodes
+	}
+	nodes := status()
+	require.Len(t, nodes, 2)
+	addrs := map[string]string{}
+	for _, n := range nodes {
+		assert.True(t, n.Up)
+		addrs[n.Addr] = n.ID
+	}
+	require.Contains(t, addrs, a.Addrs["memory node"])
+	require.Contains(t, addrs, b.Addrs["memory node"])
+	out, err := run(t, "", "cluster", "status", "--etcd", etcd, "--cluster", "c1")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^[0-9a-f]{12} +up +`+regexp.QuoteMeta(b.Addrs["memory node"])+` +64MiB +`, out)
+
+	p, _ := os.FindProcess(b.Pid)
+	require.NoError(t, p.Signal(syscall.SIGKILL)) // no goodbye
+	require.Eventually(t, func() bool {
+		for _, n := range status() {
+			if n.Addr == b.Addrs["memory node"] {
+				return !n.Up
+			}
+		}
+		return false
+	}, 15*time.Second, 200*time.Millisecond, "the killed node is down once its lease runs out")
+
+	out, err = run(t, "", "memnode", "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:1")
+	require.Error(t, err)
+	assert.Contains(t, out, "etcd unreachable at 127.0.0.1:1")
+
+	up := start(t, []string{"etcd", "page server"}, "up", "--page", "127.0.0.1:0", "--nbd", "", "--mount", "", "--volume", "disk0:4MiB")
+	out, err = run(t, "", "cluster", "status", "--etcd", up.Addrs["etcd"])
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "cluster pd3: 1 memory nodes")
 }

@@ -10,10 +10,13 @@ import (
 	"os"
 	"os/signal"
 	"path"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/stages"
@@ -25,6 +28,7 @@ import (
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 )
 
@@ -106,7 +110,7 @@ func logger() *slog.Logger { return clilog.New(os.Stderr, slog.LevelInfo) }
 
 func upCmd() *cobra.Command {
 	var f hostFlags
-	var listen, persist string
+	var e embedFlags
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run memory node and host in one process",
@@ -125,14 +129,29 @@ back to the memory node first.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runUp(ctx, cfg, listen, persist, f.metrics)
+			return runUp(ctx, cfg, e, f.metrics)
 		},
 	}
 	f.add(cmd, "use the memory node at ADDR instead of an embedded one")
 	setDefault(cmd, "mount", "./pd3-mnt", &f.mount)
-	cmd.Flags().StringVar(&listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
-	cmd.Flags().StringVar(&persist, "persist", "", "make the embedded memory node durable in DIR (acknowledged writes survive crashes)")
+	e.add(cmd.Flags(), "make the embedded memory node durable in DIR (acknowledged writes survive crashes)")
 	return cmd
+}
+
+// embedFlags configure what pd3 up and pd3 mount start besides the host
+// when no --memnode is given: a memory node and the control plane.
+type embedFlags struct {
+	listen, persist     string
+	etcd                []string
+	etcdListen, cluster string
+}
+
+func (e *embedFlags) add(fl *pflag.FlagSet, persistHelp string) {
+	fl.StringVar(&e.listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
+	fl.StringVar(&e.persist, "persist", "", persistHelp)
+	fl.StringSliceVar(&e.etcd, "etcd", nil, "register the embedded memory node with the etcd at these URLs instead of an embedded etcd")
+	fl.StringVar(&e.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd (data in --persist DIR/etcd, else a temporary directory); none runs without a control plane")
+	fl.StringVar(&e.cluster, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
 }
 
 func setDefault(cmd *cobra.Command, flag, value string, p *string) {
@@ -140,15 +159,35 @@ func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 	*p = value
 }
 
-// runUp runs an embedded memory node (unless cfg names one) and a host.
-func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics string) error {
+// runUp runs an embedded memory node (unless cfg names one), registered
+// with the control plane (an embedded etcd unless e names one), and a host.
+func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics string) error {
 	log := cfg.Log
 	if cfg.Memnode == "" && !cfg.Local {
 		if cfg.MemnodeTLS.Enabled() {
 			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
 		}
-		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: cfg.Token, Log: cfg.Log, Persist: persist,
-			Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
+		etcd := e.etcd
+		if len(etcd) == 0 && e.etcdListen != "none" {
+			dir := filepath.Join(e.persist, "etcd")
+			if e.persist == "" {
+				tmp, err := os.MkdirTemp("", "pd3-etcd-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(tmp)
+				dir = tmp
+			}
+			srv, err := etcdembed.Start(ctx, etcdembed.Config{Dir: dir, ClientListen: e.etcdListen})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			etcd = []string{srv.Endpoint}
+			log.Info(fmt.Sprintf("etcd listening on %s (embedded; try: %s cluster status --etcd %s)", srv.Endpoint, os.Args[0], srv.Endpoint))
+		}
+		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: e.persist,
+			Etcd: etcd, Cluster: e.cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
 		if err != nil {
 			return err
 		}
@@ -161,7 +200,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, listen, persist, metrics 
 
 func mountCmd() *cobra.Command {
 	var f hostFlags
-	var listen, persist string
+	var e embedFlags
 	cmd := &cobra.Command{
 		Use:   "mount DIR",
 		Short: "Mount the remote-memory filesystem at DIR",
@@ -182,15 +221,14 @@ DIR/volumes/NAME.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runUp(ctx, cfg, listen, persist, f.metrics)
+			return runUp(ctx, cfg, e, f.metrics)
 		},
 	}
 	f.add(cmd, "memory node address (default: an embedded one)")
 	cmd.Flags().MarkHidden("mount")
 	setDefault(cmd, "page", "", &f.page)
 	setDefault(cmd, "nbd", "", &f.nbd)
-	cmd.Flags().StringVar(&listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
-	cmd.Flags().StringVar(&persist, "persist", "", "make the embedded memory node durable in DIR")
+	e.add(cmd.Flags(), "make the embedded memory node durable in DIR")
 	return cmd
 }
 
@@ -328,6 +366,8 @@ func memnodeCmd() *cobra.Command {
 	var token *secretFlag
 	var grants []string
 	var tlsFiles tlsfiles.Files
+	var etcd []string
+	var clusterName string
 	cmd := &cobra.Command{
 		Use:   "memnode",
 		Short: "Run a memory node alone",
@@ -354,7 +394,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 				return err
 			}
 			log := logger()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs,
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: etcd, Cluster: clusterName,
 				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
@@ -369,6 +409,9 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 			case tlsFiles.Enabled():
 				mode += ", TLS"
 			}
+			if node.ID != "" {
+				mode += fmt.Sprintf(", node %s of cluster %s", node.ID, clusterName)
+			}
 			log.Info(fmt.Sprintf("memory node listening on %s (%s)", node.Addr, mode))
 			stopping := notifyReady(ctx, log, "memory node listening on "+node.Addr)
 			<-ctx.Done()
@@ -379,6 +422,8 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
 	token = tokenFlag(cmd.Flags(), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
 	tlsFilesVar(cmd.Flags(), &tlsFiles, "", true)
+	cmd.Flags().StringSliceVar(&etcd, "etcd", nil, "register with the control plane: etcd client URLs (comma-separated); the node is up while it renews its lease")
+	cmd.Flags().StringVar(&clusterName, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
 	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")

@@ -1,0 +1,239 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+)
+
+// DefaultName is the cluster name when none is given (--cluster).
+const DefaultName = "pd3"
+
+// ErrUnreachable is returned when etcd does not answer within the dial
+// timeout: the control plane is down or the endpoints are wrong.
+var ErrUnreachable = errors.New("cluster: etcd unreachable")
+
+// Dial connects to etcd at endpoints (URLs or host:port) and checks that
+// it answers, so that a wrong address fails here with ErrUnreachable and
+// not at the first use.
+func Dial(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
+	if len(endpoints) == 0 {
+		return nil, errors.New("cluster: no etcd endpoints")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(endpoints, ","), err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := cli.Get(cctx, "/pd3/"); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(endpoints, ","), err)
+	}
+	return cli, nil
+}
+
+func prefix(cluster string) string { return "/pd3/" + cmp.Or(cluster, DefaultName) + "/" }
+
+// NodeRecord is what a memory node records of itself at start.
+type NodeRecord struct {
+	ID       string `json:"id"`
+	Addr     string `json:"addr"`
+	Capacity uint64 `json:"capacity"` // bytes of page memory; 0 = unlimited
+	Started  string `json:"started"`  // RFC 3339
+}
+
+// Liveness is the value of a node's alive key.
+type Liveness struct {
+	Stored uint64 `json:"stored"` // bytes of page memory in use
+}
+
+// Node is a node as the cluster sees it.
+type Node struct {
+	NodeRecord
+	Up     bool   `json:"up"`
+	Stored uint64 `json:"stored,omitempty"` // while up
+}
+
+// State is "up" or "down".
+func (n Node) State() string {
+	if n.Up {
+		return "up"
+	}
+	return "down"
+}
+
+// NodeID returns the id a memory node keeps across restarts in dir (its
+// --persist directory), making one on first use; with dir "" it makes a
+// fresh one, as a volatile node is a new node each time it starts.
+func NodeID(dir string) (string, error) {
+	fresh := func() string {
+		var b [6]byte
+		rand.Read(b[:])
+		return hex.EncodeToString(b[:])
+	}
+	if dir == "" {
+		return fresh(), nil
+	}
+	p := filepath.Join(dir, "node-id")
+	if b, err := os.ReadFile(p); err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" {
+			return id, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("cluster: node id: %w", err)
+	}
+	id := fresh()
+	if err := os.WriteFile(p, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("cluster: node id: %w", err)
+	}
+	return id, nil
+}
+
+// Registration is a node's presence in the cluster: its record and its
+// alive key, renewed until Close.
+type Registration struct {
+	cli    *clientv3.Client
+	sess   *concurrency.Session
+	pfx    string
+	rec    NodeRecord
+	keep   bool // Close leaves the record (a persistent node comes back)
+	stored func() uint64
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+// RegisterOptions configure Register.
+type RegisterOptions struct {
+	Cluster string
+	// TTL is how long after its last renewal a silent node is down
+	// (default 5s; etcd's granularity is a second).
+	TTL time.Duration
+	// Stored, if set, reports the node's memory in use, refreshed in its
+	// alive key every TTL/2.
+	Stored func() uint64
+	// Persistent nodes keep their record when they stop: they come back
+	// with the same id and data. A volatile node's record is removed.
+	Persistent bool
+}
+
+// Register records node rec in the cluster and keeps it alive until
+// Close; cli stays the caller's.
+func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt RegisterOptions) (*Registration, error) {
+	ttl := cmp.Or(opt.TTL, 5*time.Second)
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(max(1, int(ttl.Round(time.Second)/time.Second))))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: node lease: %w", err)
+	}
+	rec.Started = time.Now().UTC().Format(time.RFC3339)
+	r := &Registration{cli: cli, sess: sess, pfx: prefix(opt.Cluster), rec: rec, keep: opt.Persistent,
+		stored: opt.Stored, stop: make(chan struct{}), done: make(chan struct{})}
+	if r.stored == nil {
+		r.stored = func() uint64 { return 0 }
+	}
+	b, _ := json.Marshal(rec)
+	if _, err := cli.Put(ctx, r.pfx+"nodes/"+rec.ID, string(b)); err != nil {
+		sess.Close()
+		return nil, fmt.Errorf("cluster: recording node %s: %w", rec.ID, err)
+	}
+	if err := r.alive(ctx); err != nil {
+		sess.Close()
+		return nil, err
+	}
+	go r.refresh(ttl / 2)
+	return r, nil
+}
+
+func (r *Registration) alive(ctx context.Context) error {
+	b, _ := json.Marshal(Liveness{Stored: r.stored()})
+	if _, err := r.cli.Put(ctx, r.pfx+"alive/"+r.rec.ID, string(b), clientv3.WithLease(r.sess.Lease())); err != nil {
+		return fmt.Errorf("cluster: node %s alive: %w", r.rec.ID, err)
+	}
+	return nil
+}
+
+func (r *Registration) refresh(every time.Duration) {
+	defer close(r.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.sess.Done():
+			return // the lease is gone: etcd lost us for longer than TTL
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			r.alive(ctx) // a failure shows as the lease running out
+			cancel()
+		}
+	}
+}
+
+// Lost is closed when the node's lease expired (etcd did not hear from it
+// for TTL): the cluster now sees it down.
+func (r *Registration) Lost() <-chan struct{} { return r.sess.Done() }
+
+// Close takes the node out of the cluster: its alive key goes with its
+// lease, and a volatile node's record with it.
+func (r *Registration) Close() error {
+	var err error
+	r.once.Do(func() {
+		close(r.stop)
+		<-r.done
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if !r.keep {
+			_, err = r.cli.Delete(ctx, r.pfx+"nodes/"+r.rec.ID)
+		}
+		err = errors.Join(err, r.sess.Close())
+	})
+	return err
+}
+
+// Nodes lists the cluster's memory nodes, up or down, by id.
+func Nodes(ctx context.Context, cli *clientv3.Client, cluster string) ([]Node, error) {
+	pfx := prefix(cluster)
+	// One revision for both ranges: a node is not seen up without its record.
+	recs, err := cli.Get(ctx, pfx+"nodes/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listing nodes: %w", err)
+	}
+	alive, err := cli.Get(ctx, pfx+"alive/", clientv3.WithPrefix(), clientv3.WithRev(recs.Header.Revision))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listing nodes: %w", err)
+	}
+	live := map[string]Liveness{}
+	for _, kv := range alive.Kvs {
+		var l Liveness
+		json.Unmarshal(kv.Value, &l)
+		live[strings.TrimPrefix(string(kv.Key), pfx+"alive/")] = l
+	}
+	var out []Node
+	for _, kv := range recs.Kvs {
+		var n Node
+		if err := json.Unmarshal(kv.Value, &n.NodeRecord); err != nil {
+			return nil, fmt.Errorf("cluster: node record %s: %w", kv.Key, err)
+		}
+		l, ok := live[n.ID]
+		n.Up, n.Stored = ok, l.Stored
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}

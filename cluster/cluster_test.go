@@ -1,0 +1,115 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/cluster/etcdembed"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// embedded starts an in-process etcd member for the test.
+func embedded(t *testing.T) string {
+	t.Helper()
+	s, err := etcdembed.Start(context.Background(), etcdembed.Config{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s.Endpoint
+}
+
+// external starts Debian's etcd (3.4) as its own process, as an operator's
+// existing control plane would be; skipped where it is not installed.
+func external(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("no etcd binary (Debian: etcd-server)")
+	}
+	port := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	client, peer := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port())
+	cmd := exec.Command(bin, "--data-dir", t.TempDir(), "--name", "ext",
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "ext="+peer,
+		"--log-level", "error")
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return client
+}
+
+// Membership against the embedded etcd and Debian's 3.4 alike: a node is up
+// while it renews its lease, down once a crash stops the renewals for a
+// TTL, and gone when a volatile node stops cleanly.
+func TestMembership(t *testing.T) {
+	for name, start := range map[string]func(*testing.T) string{"embedded": embedded, "etcd 3.4": external} {
+		t.Run(name, func(t *testing.T) {
+			endpoint := start(t)
+			ctx := context.Background()
+			var cli *clientv3.Client
+			require.Eventually(t, func() bool {
+				var err error
+				cli, err = Dial(ctx, []string{endpoint})
+				return err == nil
+			}, 20*time.Second, 100*time.Millisecond)
+			defer cli.Close()
+
+			persistent, err := Register(ctx, cli, NodeRecord{ID: "aaa", Addr: "10.0.0.1:7100", Capacity: 1 << 30},
+				RegisterOptions{Cluster: "t", TTL: time.Second, Persistent: true, Stored: func() uint64 { return 4 << 20 }})
+			require.NoError(t, err)
+			volatile, err := Register(ctx, cli, NodeRecord{ID: "bbb", Addr: "10.0.0.2:7100"}, RegisterOptions{Cluster: "t", TTL: time.Second})
+			require.NoError(t, err)
+			nodes, err := Nodes(ctx, cli, "t")
+			require.NoError(t, err)
+			require.Len(t, nodes, 2)
+			assert.Equal(t, "aaa", nodes[0].ID)
+			assert.Equal(t, "up", nodes[0].State())
+			assert.Equal(t, uint64(4<<20), nodes[0].Stored)
+			assert.Equal(t, "10.0.0.2:7100", nodes[1].Addr)
+			other, err := Nodes(ctx, cli, "another")
+			require.NoError(t, err)
+			assert.Empty(t, other, "clusters do not see each other")
+
+			require.NoError(t, volatile.Close())
+			// A crash: the renewals stop and nobody revokes the lease.
+			close(persistent.stop)
+			<-persistent.done
+			persistent.sess.Orphan()
+			require.Eventually(t, func() bool {
+				nodes, err := Nodes(ctx, cli, "t")
+				return err == nil && len(nodes) == 1 && !nodes[0].Up
+			}, 10*time.Second, 100*time.Millisecond, "the crashed node is down, the stopped volatile one gone")
+		})
+	}
+}
+
+func TestDialUnreachable(t *testing.T) {
+	_, err := Dial(context.Background(), []string{"127.0.0.1:1"})
+	assert.ErrorIs(t, err, ErrUnreachable)
+	assert.Contains(t, err.Error(), "127.0.0.1:1")
+}
+
+func TestNodeIDIsStableInADirectory(t *testing.T) {
+	dir := t.TempDir()
+	a, err := NodeID(dir)
+	require.NoError(t, err)
+	b, err := NodeID(dir)
+	require.NoError(t, err)
+	assert.Equal(t, a, b)
+	c, err := NodeID("")
+	require.NoError(t, err)
+	assert.NotEqual(t, a, c)
+	assert.FileExists(t, filepath.Join(dir, "node-id"))
+}
