@@ -113,3 +113,43 @@ func TestNodeIDIsStableInADirectory(t *testing.T) {
 	assert.NotEqual(t, a, c)
 	assert.FileExists(t, filepath.Join(dir, "node-id"))
 }
+
+// One host holds a volume at a time: a second waits and is refused; it
+// gets the volume once the first releases it, or once the first's session
+// expires after a crash.
+func TestVolumeHolds(t *testing.T) {
+	endpoint := embedded(t)
+	ctx := context.Background()
+	cli, err := Dial(ctx, []string{endpoint})
+	require.NoError(t, err)
+	defer cli.Close()
+	a, err := NewHost(cli, "t", time.Second)
+	require.NoError(t, err)
+	b, err := NewHost(cli, "t", time.Second)
+	require.NoError(t, err)
+	defer b.Close()
+
+	ha, err := a.Hold(ctx, "disk0", time.Second)
+	require.NoError(t, err)
+	_, err = b.Hold(ctx, "disk0", 300*time.Millisecond)
+	assert.ErrorIs(t, err, ErrHeld)
+	_, err = b.Hold(ctx, "disk1", time.Second)
+	require.NoError(t, err, "other volumes are free")
+	require.NoError(t, ha.Release(ctx))
+	hb, err := b.Hold(ctx, "disk0", time.Second)
+	require.NoError(t, err)
+	require.NoError(t, hb.Release(ctx))
+
+	_, err = a.Hold(ctx, "disk0", time.Second)
+	require.NoError(t, err)
+	a.sess.Orphan() // a crash: the renewals stop
+	start := time.Now()
+	_, err = b.Hold(ctx, "disk0", 5*time.Second)
+	require.NoError(t, err, "the crashed holder's session expires")
+	assert.Less(t, time.Since(start), 4*time.Second)
+	select {
+	case <-a.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the crashed host's session is not reported lost")
+	}
+}

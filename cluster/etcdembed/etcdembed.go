@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // Config configures a member.
@@ -47,7 +48,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*client}, []url.URL{*client}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*peer}, []url.URL{*peer}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	ec.LogLevel = "error" // etcd's info lines would drown pd3's own
+	// etcd logs JSON through zap, even at level error for a normal stop
+	// ("use of closed network connection"); pd3's stderr is one format of
+	// lines a user reads. What matters reaches us as errors: StartEtcd's
+	// and the member's Err channel.
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)

@@ -219,6 +219,11 @@ type HostConfig struct {
 	// cache as large as all of them: the "local" baseline of the benchmarks.
 	Local bool
 	Token string
+	// Etcd, if set, is the control plane: volumes are held there (an etcd
+	// mutex per volume under this host's session) instead of by leases at
+	// the memory node; Cluster names the cluster (default "pd3").
+	Etcd    []string
+	Cluster string
 	// MemnodeTLS, if enabled, makes the link to the memory node TLS: CA
 	// verifies the node, Cert and Key are the host's identity.
 	MemnodeTLS tlsfiles.Files
@@ -296,14 +301,15 @@ type Host struct {
 	KernelView *pagecache.View
 	TrackerErr error
 
-	closeOnce  sync.Once
-	done       chan error
-	nbdDone    chan error
-	closers    []func() error
-	leases     []volumeLease
-	stopLeases func()
-	captures   []func() // packet mirrors, stopped before the agent
-	lat        *latencies
+	closeOnce    sync.Once
+	done         chan error
+	nbdDone      chan error
+	closers      []func() error
+	leases       []volumeLease
+	stopLeases   func()
+	closeControl func() error // the etcd session and client, if any
+	captures     []func()     // packet mirrors, stopped before the agent
+	lat          *latencies
 }
 
 // StartHost connects to the memory node, opens the volumes and serves.
@@ -452,32 +458,25 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 	if ttl <= 0 {
 		ttl = 5 * time.Second
 	}
-	lv, err := h.Client.OpenOrCreate(ctx, leasesVolume, 1<<16*8)
-	if err != nil {
-		return fmt.Errorf("host: volume leases: %w", err)
-	}
 	epochs, err := h.Client.OpenOrCreate(ctx, epochsVolume, 1<<16*8)
 	if err != nil {
 		return fmt.Errorf("host: volume fencing epochs: %w", err)
+	}
+	if len(cfg.Etcd) > 0 {
+		return h.holdVolumes(ctx, cfg, ttl, epochs.ID)
+	}
+	lv, err := h.Client.OpenOrCreate(ctx, leasesVolume, 1<<16*8)
+	if err != nil {
+		return fmt.Errorf("host: volume leases: %w", err)
 	}
 	for _, v := range h.Volumes {
 		l := &memnode.Lease{C: h.Client, Vol: lv.ID, Off: uint64(v.ID) * 8, TTL: ttl}
 		if err := l.Acquire(ctx, ttl+time.Second); err != nil {
 			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
 		}
-		h.leases = append(h.leases, volumeLease{v, l})
-		// Each holder's token is one more than the last holder's: the
-		// node then refuses the write-backs a superseded host (one that
-		// was partitioned past its lease) still has in flight.
-		prev, err := h.Client.FetchAndAdd(ctx, epochs.ID, uint64(v.ID)*8, 1)
-		if err == nil {
-			err = h.Client.Fence(ctx, v.ID, prev+1)
-		}
-		if err == nil && h.Link != nil {
-			err = h.Link.Fence(ctx, v.ID, prev+1) // the split agent's connection
-		}
-		if err != nil {
-			return fmt.Errorf("host: volume %q: presenting the lease's fencing token: %w", v.Name, err)
+		h.leases = append(h.leases, volumeLease{v: v, l: l, release: l.Release})
+		if err := h.presentToken(ctx, v, epochs.ID); err != nil {
+			return err
 		}
 	}
 	log := cfg.Log
@@ -517,8 +516,75 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 }
 
 type volumeLease struct {
-	v memnode.VolumeInfo
-	l *memnode.Lease
+	v       memnode.VolumeInfo
+	l       *memnode.Lease // nil when etcd holds the volume
+	release func(context.Context) error
+}
+
+// presentToken takes volume v's next fencing token — one more than the
+// last holder's, counted at the node in epochsVolume, so it survives
+// whatever happens to the lease's own store — and presents it on every
+// connection that writes the volume back. The node then refuses the
+// write-backs a superseded host (one partitioned past its lease) still
+// has in flight.
+func (h *Host) presentToken(ctx context.Context, v memnode.VolumeInfo, epochs uint16) error {
+	prev, err := h.Client.FetchAndAdd(ctx, epochs, uint64(v.ID)*8, 1)
+	if err == nil {
+		err = h.Client.Fence(ctx, v.ID, prev+1)
+	}
+	if err == nil && h.Link != nil {
+		err = h.Link.Fence(ctx, v.ID, prev+1) // the split agent's connection
+	}
+	if err != nil {
+		return fmt.Errorf("host: volume %q: presenting the lease's fencing token: %w", v.Name, err)
+	}
+	return nil
+}
+
+// holdVolumes takes every served volume through the control plane: an
+// etcd mutex per volume under this host's session, waiting out at most
+// one session of a crashed holder. A session that expires (etcd did not
+// hear from this host for ttl) fences every volume: another host may hold
+// them by now.
+func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duration, epochs uint16) error {
+	cli, err := cluster.Dial(ctx, cfg.Etcd)
+	if err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	// Closed by releaseVolumes once the holds are released: ending the
+	// session first would look like losing it.
+	h.closeControl = cli.Close
+	ch, err := cluster.NewHost(cli, cfg.Cluster, ttl)
+	if err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	h.closeControl = func() error { return errors.Join(ch.Close(), cli.Close()) }
+	for _, v := range h.Volumes {
+		// Twice the TTL: an etcd that restarted (pd3 up --persist after a
+		// crash) gives the dead holder's session a whole TTL again.
+		hold, err := ch.Hold(ctx, v.Name, 2*ttl+time.Second)
+		if err != nil {
+			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
+		}
+		h.leases = append(h.leases, volumeLease{v: v, release: hold.Release})
+		if err := h.presentToken(ctx, v, epochs); err != nil {
+			return err
+		}
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	h.stopLeases = func() { close(stop); <-done }
+	go func() {
+		defer close(done)
+		select {
+		case <-stop:
+		case <-ch.Lost():
+			for _, vl := range h.leases {
+				h.Store.FenceVolume(vl.v.ID)
+			}
+			cfg.Log.Error("host: the control plane lost this host's session; no longer serving its volumes", "etcd", strings.Join(cfg.Etcd, ","))
+		}
+	}()
+	return nil
 }
 
 // releaseVolumes stops the renewals and gives the leases up; it runs
@@ -535,9 +601,13 @@ func (h *Host) releaseVolumes() error {
 		if h.Store != nil && h.Store.Fenced(vl.v.ID) {
 			continue
 		}
-		errs = append(errs, vl.l.Release(ctx))
+		errs = append(errs, vl.release(ctx))
 	}
 	h.leases = nil
+	if h.closeControl != nil {
+		errs = append(errs, h.closeControl())
+		h.closeControl = nil
+	}
 	return errors.Join(errs...)
 }
 

@@ -40,6 +40,8 @@ type hostFlags struct {
 	memnode   string
 	token     *secretFlag
 	nodeTLS   tlsfiles.Files
+	etcd      []string
+	cluster   string
 	workers   int
 	opTimeout time.Duration
 	local     bool
@@ -74,6 +76,8 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
 	f.token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
 	tlsFilesVar(fl, &f.nodeTLS, "memnode-", false)
+	fl.StringSliceVar(&f.etcd, "etcd", nil, "the control plane: etcd client URLs (comma-separated); each volume is held there, one host at a time (pd3 up: its embedded etcd unless given; without one, leases at the memory node)")
+	fl.StringVar(&f.cluster, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: GOMAXPROCS, see --procs)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
@@ -92,7 +96,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
-		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Policy: f.policy, PageListen: f.page,
+		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Etcd: f.etcd, Cluster: f.cluster, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
@@ -141,17 +145,13 @@ back to the memory node first.`,
 // embedFlags configure what pd3 up and pd3 mount start besides the host
 // when no --memnode is given: a memory node and the control plane.
 type embedFlags struct {
-	listen, persist     string
-	etcd                []string
-	etcdListen, cluster string
+	listen, persist, etcdListen string
 }
 
 func (e *embedFlags) add(fl *pflag.FlagSet, persistHelp string) {
 	fl.StringVar(&e.listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
 	fl.StringVar(&e.persist, "persist", "", persistHelp)
-	fl.StringSliceVar(&e.etcd, "etcd", nil, "register the embedded memory node with the etcd at these URLs instead of an embedded etcd")
-	fl.StringVar(&e.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd (data in --persist DIR/etcd, else a temporary directory); none runs without a control plane")
-	fl.StringVar(&e.cluster, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
+	fl.StringVar(&e.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd, started unless --etcd names one (data in --persist DIR/etcd, else a temporary directory); none runs without a control plane")
 }
 
 func setDefault(cmd *cobra.Command, flag, value string, p *string) {
@@ -167,8 +167,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 		if cfg.MemnodeTLS.Enabled() {
 			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
 		}
-		etcd := e.etcd
-		if len(etcd) == 0 && e.etcdListen != "none" {
+		if len(cfg.Etcd) == 0 && e.etcdListen != "none" {
 			dir := filepath.Join(e.persist, "etcd")
 			if e.persist == "" {
 				tmp, err := os.MkdirTemp("", "pd3-etcd-")
@@ -183,11 +182,11 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 				return err
 			}
 			defer srv.Close()
-			etcd = []string{srv.Endpoint}
+			cfg.Etcd = []string{srv.Endpoint}
 			log.Info(fmt.Sprintf("etcd listening on %s (embedded; try: %s cluster status --etcd %s)", srv.Endpoint, os.Args[0], srv.Endpoint))
 		}
 		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: e.persist,
-			Etcd: etcd, Cluster: e.cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
+			Etcd: cfg.Etcd, Cluster: cfg.Cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
 		if err != nil {
 			return err
 		}
