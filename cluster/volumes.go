@@ -2,8 +2,11 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,14 +25,66 @@ type Host struct {
 	pfx  string
 }
 
-// NewHost opens a session of ttl for a host of cluster name; cli stays the
+// HostInfo says which host a session is: what pd3 cluster status shows
+// as a volume's holder.
+type HostInfo struct {
+	Hostname string `json:"hostname"`
+	PID      int    `json:"pid"`
+	Started  string `json:"started"` // RFC 3339
+}
+
+func (h HostInfo) String() string { return fmt.Sprintf("%s pid %d", h.Hostname, h.PID) }
+
+// NewHost opens a session of ttl for a host of cluster name, recorded as
+// /pd3/NAME/hosts/LEASE for as long as the session lives; cli stays the
 // caller's.
-func NewHost(cli *clientv3.Client, name string, ttl time.Duration) (*Host, error) {
+func NewHost(ctx context.Context, cli *clientv3.Client, name string, ttl time.Duration) (*Host, error) {
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(max(1, int(ttl.Round(time.Second)/time.Second))))
 	if err != nil {
 		return nil, fmt.Errorf("cluster: host session: %w", err)
 	}
-	return &Host{cli: cli, sess: sess, pfx: prefix(name)}, nil
+	h := &Host{cli: cli, sess: sess, pfx: prefix(name)}
+	hn, _ := os.Hostname()
+	b, _ := json.Marshal(HostInfo{Hostname: hn, PID: os.Getpid(), Started: time.Now().UTC().Format(time.RFC3339)})
+	if _, err := cli.Put(ctx, fmt.Sprintf("%shosts/%x", h.pfx, sess.Lease()), string(b), clientv3.WithLease(sess.Lease())); err != nil {
+		sess.Close()
+		return nil, fmt.Errorf("cluster: recording the host: %w", err)
+	}
+	return h, nil
+}
+
+// Holders maps each volume held in cluster name to its holder (the
+// oldest waiter of the volume's mutex, as etcd's mutex defines it).
+func Holders(ctx context.Context, cli *clientv3.Client, name string) (map[string]HostInfo, error) {
+	pfx := prefix(name)
+	locks, err := cli.Get(ctx, pfx+"holders/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listing holders: %w", err)
+	}
+	hosts, err := cli.Get(ctx, pfx+"hosts/", clientv3.WithPrefix(), clientv3.WithRev(locks.Header.Revision))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listing hosts: %w", err)
+	}
+	byLease := map[string]HostInfo{}
+	for _, kv := range hosts.Kvs {
+		var hi HostInfo
+		json.Unmarshal(kv.Value, &hi)
+		byLease[strings.TrimPrefix(string(kv.Key), pfx+"hosts/")] = hi
+	}
+	out := map[string]HostInfo{}
+	oldest := map[string]int64{}
+	for _, kv := range locks.Kvs {
+		vol, lease, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), pfx+"holders/"), "/")
+		if !ok {
+			continue
+		}
+		if r, seen := oldest[vol]; seen && r < kv.CreateRevision {
+			continue
+		}
+		oldest[vol] = kv.CreateRevision
+		out[vol] = byLease[lease]
+	}
+	return out, nil
 }
 
 // Lost is closed when the host's session expired: etcd did not hear from
@@ -37,10 +92,10 @@ func NewHost(cli *clientv3.Client, name string, ttl time.Duration) (*Host, error
 func (h *Host) Lost() <-chan struct{} { return h.sess.Done() }
 
 // Hold takes volume name for this host alone (an etcd mutex under the
-// host's session, /pd3/NAME/holders/VOLUME/), waiting up to wait for a
+// host's session, /pd3/NAME/holders/VOLUME/LEASE), waiting up to wait for a
 // holder to release it or for a crashed holder's session to expire.
 func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold, error) {
-	m := concurrency.NewMutex(h.sess, h.pfx+"holders/"+name+"/")
+	m := concurrency.NewMutex(h.sess, h.pfx+"holders/"+name) // its keys: .../NAME/LEASE
 	lctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	if err := m.Lock(lctx); err != nil {

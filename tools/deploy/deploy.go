@@ -554,7 +554,7 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 	// Closed by releaseVolumes once the holds are released: ending the
 	// session first would look like losing it.
 	h.closeControl = cli.Close
-	ch, err := cluster.NewHost(cli, cfg.Cluster, ttl)
+	ch, err := cluster.NewHost(ctx, cli, cfg.Cluster, ttl)
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/spf13/cobra"
 )
 
@@ -20,10 +22,11 @@ func clusterCmd() *cobra.Command {
 	var etcd []string
 	var name string
 	var asJSON bool
+	var token *secretFlag
 	cmd := &cobra.Command{Use: "cluster", Short: "The cluster as its control plane (etcd) sees it"}
 	status := &cobra.Command{
 		Use:   "status",
-		Short: "Memory nodes: up or down, address, capacity and memory in use",
+		Short: "Memory nodes (up or down, capacity, memory in use) and volumes (size, holder)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 20*time.Second)
@@ -37,10 +40,15 @@ func clusterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			holders, err := cluster.Holders(ctx, cli, name)
+			if err != nil {
+				return err
+			}
+			vols, files, unreachable := volumesOf(ctx, nodes, token.Value(), holders)
 			if asJSON {
 				e := json.NewEncoder(cmd.OutOrStdout())
 				e.SetIndent("", "  ")
-				return e.Encode(map[string]any{"cluster": name, "nodes": nodes})
+				return e.Encode(map[string]any{"cluster": name, "nodes": nodes, "volumes": vols, "filesystem_volumes": files})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "cluster %s: %d memory nodes\n", name, len(nodes))
@@ -55,15 +63,94 @@ func clusterCmd() *cobra.Command {
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State(), n.Addr, capacity, used, n.Started)
 			}
+			fmt.Fprintf(w, "\n%d volumes\n", len(vols))
+			fmt.Fprintln(w, "VOLUME\tNODE\tSIZE\tSTORED\tHOLDER")
+			for _, v := range vols {
+				holder := "-"
+				if v.Holder != nil {
+					holder = v.Holder.String()
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", v.Name, v.Node, units.FormatSize(v.Size), units.FormatSize(v.Stored), holder)
+			}
+			if files.Count > 0 {
+				fmt.Fprintf(w, "and %d filesystem volumes (files and metadata of pd3 mounts), %s stored\n", files.Count, units.FormatSize(files.Stored))
+			}
+			for _, u := range unreachable {
+				fmt.Fprintf(w, "(node %s did not answer: %v)\n", u.ID, u.Err)
+			}
 			return w.Flush()
 		},
 	}
 	cmd.PersistentFlags().StringSliceVar(&etcd, "etcd", nil, "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
 	cmd.PersistentFlags().StringVar(&name, "cluster", cluster.DefaultName, "cluster name")
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	token = tokenFlag(status.Flags(), "memory-node access token, to list the nodes' volumes (default $PD3_TOKEN)")
 	cmd.MarkPersistentFlagRequired("etcd")
 	cmd.AddCommand(status)
 	return cmd
+}
+
+// volumeStatus is a volume as pd3 cluster status shows it.
+type volumeStatus struct {
+	Name   string            `json:"name"`
+	Node   string            `json:"node"`
+	Size   uint64            `json:"size"`
+	Stored uint64            `json:"stored"`
+	Holder *cluster.HostInfo `json:"holder,omitempty"`
+}
+
+// fsVolumes sums up the volumes that hold pd3 filesystems (one per file,
+// and their metadata): a listing of them would drown the rest.
+type fsVolumes struct {
+	Count  int    `json:"count"`
+	Stored uint64 `json:"stored"`
+}
+
+type nodeErr struct {
+	ID  string
+	Err error
+}
+
+// volumesOf lists the volumes of every node that is up, asking the nodes
+// themselves (volume records move to etcd later); pd3's own bookkeeping
+// volumes (pd3.leases, pd3.epochs) are left out and filesystem volumes
+// (fs.NAME.*) counted.
+func volumesOf(ctx context.Context, nodes []cluster.Node, token string, holders map[string]cluster.HostInfo) ([]volumeStatus, fsVolumes, []nodeErr) {
+	var out []volumeStatus
+	var files fsVolumes
+	var bad []nodeErr
+	for _, n := range nodes {
+		if !n.Up {
+			continue
+		}
+		c, err := memnode.Dial(ctx, n.Addr, memnode.ClientOptions{Token: token, DialTimeout: 3 * time.Second, OpTimeout: 5 * time.Second})
+		if err != nil {
+			bad = append(bad, nodeErr{n.ID, err})
+			continue
+		}
+		vs, err := c.List(ctx)
+		c.Close()
+		if err != nil {
+			bad = append(bad, nodeErr{n.ID, err})
+			continue
+		}
+		for _, v := range vs {
+			if strings.HasPrefix(v.Name, "pd3.") {
+				continue
+			}
+			if strings.HasPrefix(v.Name, "fs.") {
+				files.Count++
+				files.Stored += v.Stored
+				continue
+			}
+			st := volumeStatus{Name: v.Name, Node: n.ID, Size: v.Size, Stored: v.Stored}
+			if h, ok := holders[v.Name]; ok {
+				st.Holder = &h
+			}
+			out = append(out, st)
+		}
+	}
+	return out, files, bad
 }
 
 func coordCmd() *cobra.Command {

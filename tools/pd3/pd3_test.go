@@ -1302,6 +1302,7 @@ func TestClusterStatus(t *testing.T) {
 	out, err = run(t, "", "cluster", "status", "--etcd", up.Addrs["etcd"])
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "cluster pd3: 1 memory nodes")
+	assert.Regexp(t, fmt.Sprintf(`(?m)^disk0 +[0-9a-f]{12} +4MiB +\S+ +\S+ pid %d$`, up.Pid), out, "the volume and the host holding it")
 	up.Stop()
 	for _, line := range strings.Split(strings.TrimSpace(up.Output()), "\n") {
 		assert.True(t, strings.HasPrefix(line, "pd3: "), "etcd's own logging reached stderr: %q", line)
