@@ -172,9 +172,10 @@ func barPlot(r *Report, ylabel string, val func(Result) float64, label func(x, f
 
 // sweep is a set of configurations that differ in one NAME=SIZE field.
 type sweep struct {
-	name string
-	x    map[string]float64 // config → swept value
-	rest map[string]string  // config → the config without the field
+	name  string
+	x     map[string]float64 // config → swept value
+	rest  map[string]string  // config → the config without the field
+	sizes bool               // the values are sizes (lz=1MiB), not counts (threads=4)
 }
 
 // sweepOf finds a sweep: a NAME=SIZE field every configuration has, with
@@ -202,6 +203,9 @@ func sweepOf(rs []Result) (sweep, bool) {
 				if err != nil {
 					break
 				}
+				if _, err := strconv.ParseUint(v, 10, 64); err != nil {
+					sw.sizes = true
+				}
 				sw.x[x.Config], found = float64(n), true
 				values[float64(n)] = true
 			}
@@ -222,7 +226,11 @@ func sweepOf(rs []Result) (sweep, bool) {
 // (and per remaining configuration, if more than one).
 func sweepPlot(r *Report, sw sweep) (*plot.Plot, error) {
 	p := plot.New()
-	p.X.Label.Text = sw.name + " (MiB)"
+	label, scale := sw.name, 1.0
+	if sw.sizes {
+		label, scale = sw.name+" (MiB)", 1<<20
+	}
+	p.X.Label.Text = label
 	p.Y.Label.Text = "throughput (ops/s)"
 	p.Y.Min = 0
 	p.Legend.Top = true
@@ -235,7 +243,7 @@ func sweepPlot(r *Report, sw sweep) (*plot.Plot, error) {
 		if _, ok := lines[k]; !ok {
 			keys = append(keys, k)
 		}
-		lines[k] = append(lines[k], plotter.XY{X: sw.x[x.Config] / (1 << 20), Y: x.OpsPerSec})
+		lines[k] = append(lines[k], plotter.XY{X: sw.x[x.Config] / scale, Y: x.OpsPerSec})
 		rests[k.rest] = true
 	}
 	for i, k := range keys {

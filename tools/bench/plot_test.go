@@ -61,6 +61,11 @@ func TestPlot(t *testing.T) {
 	assert.Equal(t, "dist=uniform T=CPUs load=60/s", sw.rest["dist=uniform T=CPUs lz=1MiB load=60/s"])
 	require.NoError(t, sweep.Plot(filepath.Join(dir, "sweep.png")))
 	checkPNG(t, filepath.Join(dir, "sweep.png"))
+	assert.True(t, sw.sizes, "lz= is a size")
+	counts, ok := sweepOf([]Result{{System: "a", Config: "threads=1"}, {System: "a", Config: "threads=16"}})
+	require.True(t, ok)
+	assert.False(t, counts.sizes, "threads= is a count, not MiB")
+	assert.Equal(t, 16.0, counts.x["threads=16"])
 	_, ok = sweepOf(bars.Results)
 	assert.False(t, ok, "fio jobs are not a sweep")
 
