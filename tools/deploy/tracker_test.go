@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,22 @@ func residency(t *testing.T, p string, size int) []bool {
 	out := make([]bool, (size+4095)/4096)
 	require.NoError(t, shm.Residency(f, int64(size), func(i int64, r bool) { out[i] = r }))
 	return out
+}
+
+// settle waits until mincore's view of p stops changing (read-ahead in
+// flight has landed): two looks 50 ms apart that agree, within 10 s.
+func settle(t *testing.T, p string, size int) {
+	t.Helper()
+	prev := residency(t, p, size)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		cur := residency(t, p, size)
+		if slices.Equal(prev, cur) {
+			return
+		}
+		prev = cur
+	}
+	t.Log("page cache still changing after 10s; comparing anyway")
 }
 
 // TestTrackerFollowsKernelPageCache: reading part of a file through the
@@ -76,6 +93,10 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	_, err = f.ReadAt(buf[:4096], 3<<20)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+	// The reads started asynchronous read-ahead: its pages are in the
+	// page cache (and in the view) at once, but mincore counts a page only
+	// once its read completed. Let the read-ahead land first.
+	settle(t, p, size)
 	// This VM reclaims page cache eagerly, so a page may leave between
 	// any two looks. The view, synced after the first look and read before
 	// the second, must agree with the kernel on every page whose residency
