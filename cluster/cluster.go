@@ -47,6 +47,12 @@ func Dial(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
 	return cli, nil
 }
 
+// newSession opens an etcd session (a lease kept alive) of ttl, in whole
+// seconds as etcd counts them, at least one.
+func newSession(cli *clientv3.Client, ttl time.Duration) (*concurrency.Session, error) {
+	return concurrency.NewSession(cli, concurrency.WithTTL(max(1, int(ttl.Round(time.Second)/time.Second))))
+}
+
 func prefix(cluster string) string { return "/pd3/" + cmp.Or(cluster, DefaultName) + "/" }
 
 // NodeRecord is what a memory node records of itself at start.
@@ -136,7 +142,7 @@ type RegisterOptions struct {
 // Close; cli stays the caller's.
 func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt RegisterOptions) (*Registration, error) {
 	ttl := cmp.Or(opt.TTL, 5*time.Second)
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(max(1, int(ttl.Round(time.Second)/time.Second))))
+	sess, err := newSession(cli, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: node lease: %w", err)
 	}
@@ -184,10 +190,6 @@ func (r *Registration) refresh(every time.Duration) {
 		}
 	}
 }
-
-// Lost is closed when the node's lease expired (etcd did not hear from it
-// for TTL): the cluster now sees it down.
-func (r *Registration) Lost() <-chan struct{} { return r.sess.Done() }
 
 // Close takes the node out of the cluster: its alive key goes with its
 // lease, and a volatile node's record with it.

@@ -39,7 +39,7 @@ func (h HostInfo) String() string { return fmt.Sprintf("%s pid %d", h.Hostname, 
 // /pd3/NAME/hosts/LEASE for as long as the session lives; cli stays the
 // caller's.
 func NewHost(ctx context.Context, cli *clientv3.Client, name string, ttl time.Duration) (*Host, error) {
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(max(1, int(ttl.Round(time.Second)/time.Second))))
+	sess, err := newSession(cli, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: host session: %w", err)
 	}

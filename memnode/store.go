@@ -354,37 +354,22 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 	return nil
 }
 
-// current is v's info with the memory it holds now.
 // raiseFence makes token the volume's fence unless a newer one is there;
 // it reports false for a token older than the fence (its holder has been
-// superseded). A raise is saved with the volume table before it counts, so
-// a persistent node that restarts still refuses the superseded writer.
+// superseded). Raises are rare and serialised under mu; one is saved with
+// the volume table before it counts, so a persistent node that restarts
+// still refuses the superseded writer.
 func (s *Store) raiseFence(v *volume, token uint64) (bool, error) {
-	for {
-		cur := v.fence.Load()
-		switch {
-		case token < cur:
-			return false, nil
-		case token == cur:
-			return true, nil
-		}
-		if s.persist == nil {
-			if v.fence.CompareAndSwap(cur, token) {
-				return true, nil
-			}
-			continue
-		}
-		s.mu.Lock()
-		ok := v.fence.CompareAndSwap(cur, token)
-		var err error
-		if ok {
-			err = s.saveVolumesLocked()
-		}
-		s.mu.Unlock()
-		if ok {
-			return true, err
-		}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch cur := v.fence.Load(); {
+	case token < cur:
+		return false, nil
+	case token == cur:
+		return true, nil
 	}
+	v.fence.Store(token)
+	return true, s.saveVolumesLocked()
 }
 
 // Fence returns the volume's fencing token (0: none presented yet).
@@ -396,6 +381,7 @@ func (s *Store) Fence(id uint16) (uint64, error) {
 	return v.fence.Load(), nil
 }
 
+// current is v's info with the memory it holds now.
 func (v *volume) current() VolumeInfo {
 	info := v.info
 	info.Stored = v.stored.Load()

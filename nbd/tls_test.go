@@ -3,28 +3,24 @@ package nbd
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func loadServerTLS(t *testing.T, dir string, clientAuth tls.ClientAuthType) *tls.Config {
 	t.Helper()
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "server-cert.pem"), filepath.Join(dir, "server-key.pem"))
+	cfg, err := tlsfiles.ServerFiles(dir).Server()
 	require.NoError(t, err)
-	pool := x509.NewCertPool()
-	ca, err := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
-	require.NoError(t, err)
-	require.True(t, pool.AppendCertsFromPEM(ca))
-	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: clientAuth, MinVersion: tls.VersionTLS12}
+	cfg.ClientAuth = clientAuth
+	return cfg
 }
 
 // NBD over TLS with real clients: libnbd (nbdinfo, nbdsh) and qemu. With

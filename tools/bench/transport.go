@@ -67,7 +67,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		opt.Region = 64 << 20
 	}
 	rep := &Report{Bench: "transport", Machine: Machine(), Ratios: map[string]float64{}}
-	plain, err := nodeReads(ctx, opt, nil)
+	plain, err := nodeReads(ctx, opt, "")
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if err := tlsfiles.WriteCA(dir, dir); err != nil {
 		return nil, err
 	}
-	mtls, err := nodeReads(ctx, opt, &dir)
+	mtls, err := nodeReads(ctx, opt, dir)
 	if err != nil {
 		return nil, fmt.Errorf("over mutual TLS: %w", err)
 	}
@@ -114,19 +114,19 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 }
 
 // nodeReads starts a memory node (over mutual TLS with the certificates in
-// *tlsDir, laid out by tlsfiles.WriteCA, when tlsDir is set) and measures
+// tlsDir, laid out by tlsfiles.WriteCA, when it is not "") and measures
 // 4 KiB READs at opt.Depth and one at a time, then, in clear only, 8-byte
 // FAAs.
-func nodeReads(ctx context.Context, opt TransportOptions, tlsDir *string) ([]Result, error) {
+func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string) ([]Result, error) {
 	sys := "memnode"
 	args := []string{"memnode", "--listen", "127.0.0.1:0"}
 	var copt memnode.ClientOptions
-	if tlsDir != nil {
+	if tlsDir != "" {
 		sys = "memnode-mtls"
-		srv := tlsfiles.ServerFiles(*tlsDir)
+		srv := tlsfiles.ServerFiles(tlsDir)
 		args = append(args, "--tls-ca", srv.CA, "--tls-cert", srv.Cert, "--tls-key", srv.Key)
 		var err error
-		if copt.TLS, err = tlsfiles.ClientFiles(*tlsDir).Client(); err != nil {
+		if copt.TLS, err = tlsfiles.ClientFiles(tlsDir).Client(); err != nil {
 			return nil, err
 		}
 	}
@@ -177,7 +177,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir *string) ([]Res
 	}
 	q1 := Result{System: sys, Config: "4KiB READ Q1", Ops: lat.Count(), OpsPerSec: float64(lat.Count()) / time.Since(start).Seconds(),
 		P50us: us(lat.Quantile(0.5)), P99us: us(lat.Quantile(0.99))}
-	if tlsDir != nil {
+	if tlsDir != "" {
 		return []Result{deep, q1}, nil
 	}
 

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -911,24 +910,21 @@ func NBDTLSConfig(mode, dir string, requireClientCert bool) (*tls.Config, error)
 	if dir == "" {
 		return nil, fmt.Errorf("--tls %s needs --tls-certificates DIR (server-cert.pem, server-key.pem, ca-cert.pem)", mode)
 	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "server-cert.pem"), filepath.Join(dir, "server-key.pem"))
+	f := tlsfiles.Files{Cert: filepath.Join(dir, tlsfiles.ServerCert), Key: filepath.Join(dir, tlsfiles.ServerKey)}
+	ca := filepath.Join(dir, tlsfiles.CACert)
+	switch _, err := os.Stat(ca); {
+	case err == nil:
+		f.CA = ca
+	case requireClientCert:
+		return nil, fmt.Errorf("verifying client certificates needs %s: %w", ca, err)
+	}
+	cfg, err := f.Server()
 	if err != nil {
 		return nil, fmt.Errorf("TLS certificates in %s: %w", dir, err)
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	ca, err := os.ReadFile(filepath.Join(dir, "ca-cert.pem"))
-	switch {
-	case err == nil:
-		cfg.ClientCAs = x509.NewCertPool()
-		if !cfg.ClientCAs.AppendCertsFromPEM(ca) {
-			return nil, fmt.Errorf("TLS certificates in %s: ca-cert.pem holds no certificate", dir)
-		}
+	if f.CA != "" && !requireClientCert {
+		// nbdkit's default: a client certificate is checked if given.
 		cfg.ClientAuth = tls.VerifyClientCertIfGiven
-		if requireClientCert {
-			cfg.ClientAuth = tls.RequireAndVerifyClientCert
-		}
-	case requireClientCert:
-		return nil, fmt.Errorf("verifying client certificates needs %s: %w", filepath.Join(dir, "ca-cert.pem"), err)
 	}
 	return cfg, nil
 }

@@ -468,6 +468,15 @@ func stageRecorder() *stages.Recorder {
 // writebackProgress draws the shutdown's write-back of dirty pages as a
 // progress bar on w while a person watches it (tty), and returns the
 // function that removes it once the write-back is over.
+// bytesBar is a progress bar of total bytes on w, described as "what SIZE"
+// and cleared when it finishes.
+func bytesBar(w io.Writer, total int64, what string, more ...progressbar.Option) *progressbar.ProgressBar {
+	opts := []progressbar.Option{progressbar.OptionSetWriter(w), progressbar.OptionShowBytes(true),
+		progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetDescription(what + " " + units.FormatSize(uint64(total)))}
+	return progressbar.NewOptions64(total, append(opts, more...)...)
+}
+
 // recoveryProgress draws the recovery of a --persist directory (page
 // files and log read back at start) as a bar on w when it is a terminal;
 // nil otherwise.
@@ -481,9 +490,7 @@ func recoveryProgress(w io.Writer, tty bool) memnode.Progress {
 			return
 		}
 		if bar == nil {
-			bar = progressbar.NewOptions64(total, progressbar.OptionSetWriter(w), progressbar.OptionShowBytes(true),
-				progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(50*time.Millisecond),
-				progressbar.OptionSetDescription("recovering "+units.FormatSize(uint64(total))))
+			bar = bytesBar(w, total, "recovering", progressbar.OptionThrottle(50*time.Millisecond))
 		}
 		bar.Set64(done)
 		if done == total {
@@ -497,9 +504,7 @@ func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (s
 		return func() {}
 	}
 	total := int64(dirty) * memnode.PageSize
-	bar := progressbar.NewOptions64(total, progressbar.OptionSetWriter(w), progressbar.OptionShowBytes(true),
-		progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(),
-		progressbar.OptionSetDescription("writing back "+units.FormatSize(uint64(total))))
+	bar := bytesBar(w, total, "writing back")
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(exited)
