@@ -406,13 +406,15 @@ func (c *conn) respond(h *ReqHeader, s Status, payload []byte) error {
 }
 
 // respondToken answers a mutation; the answer waits for durability token
-// tok at the writer (see BatchWriter.SetGate).
+// tok at the writer (see BatchWriter.SetGate). Like every answer it is
+// held until the input runs dry (need), so a burst of pipelined writes is
+// acknowledged with one write(2), not one per page.
 func (c *conn) respondToken(h *ReqHeader, err error, tok uint64) error {
 	buf, berr := c.bw.Begin()
 	if berr != nil {
 		return berr
 	}
-	c.bw.EndToken(appendResp(buf, h, statusOf(err), nil), tok)
+	c.bw.EndTokenLater(appendResp(buf, h, statusOf(err), nil), tok)
 	return nil
 }
 

@@ -27,6 +27,10 @@
 // page dirty at its start is at the Remote, and Flushes run one at a time.
 // A dirty page whose write-back fails stays in the cache (it is the only
 // copy of an acknowledged write) and the miss that needed its frame fails.
+// StartWriteback runs Flush rounds in the background: every interval, and
+// at once when half the frames are dirty or a miss had to write back its
+// victim itself, so that writers streaming past the cache find clean
+// victims instead of each waiting for a write-back round trip.
 //
 // # Concurrency and lock order
 //

@@ -318,7 +318,7 @@ func (s *Store) discard(k Key) {
 	s.unindex(k, f)
 	fr.valid = false
 	fr.key = 0
-	fr.dirty.Store(false)
+	s.markClean(fr)
 	fr.ver++
 	s.discards.Add(1)
 	if s.opt.OnEvict != nil {

@@ -288,3 +288,41 @@ func TestConcurrentFlushesCoverTheirWrites(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestWritebackStartsEarly: the background write-back does not wait for
+// its interval (an hour here) when half the cache is dirty, or when a miss
+// had to write back a dirty victim itself; either starts a round that
+// cleans every dirty page, so the misses after it find clean victims.
+func TestWritebackStartsEarly(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		dirty uint64
+		evict bool // read other pages until one miss writes back a victim
+	}{
+		{"half the cache dirty", 40, false},
+		{"a dirty victim", 10, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := NewMemRemote()
+			s := newTestStore(t, mem, 64, "s3fifo", 4096)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s.StartWriteback(ctx, time.Hour)
+			for p := uint64(0); p < tc.dirty; p++ {
+				k := pageid.MakeKey(1, p)
+				require.NoError(t, s.Put(ctx, k, fill(k, 1)))
+			}
+			buf := make([]byte, PageSize)
+			for p := uint64(1000); tc.evict && s.Stats().EvictionWriteBacks == 0; p++ {
+				require.NoError(t, s.Get(ctx, pageid.MakeKey(1, p), buf))
+			}
+			require.Eventually(t, func() bool { return s.Stats().DirtyPages == 0 }, 5*time.Second, 5*time.Millisecond,
+				"no write-back round before the interval")
+			for p := uint64(0); p < tc.dirty; p++ {
+				k := pageid.MakeKey(1, p)
+				require.Equal(t, fill(k, 1), mem.Page(k), "page %d", p)
+			}
+			cancel()
+		})
+	}
+}

@@ -63,18 +63,18 @@ type BatchWriter struct {
 const inlineRounds = 4
 
 // SetGate makes the writer call gate(t) before writing any batch that
-// holds a frame appended with EndToken(…, t), and fail if it errs. Set it
+// holds a frame appended with EndTokenLater(…, t), and fail if it errs. Set it
 // before the first write.
 func (b *BatchWriter) SetGate(gate func(token uint64) error) { b.gate = gate }
 
-// EndToken is End for a frame that may only leave once gate(token) passed.
-// Such a batch is always written by the writer goroutine (the gate may
-// wait for stable storage).
-func (b *BatchWriter) EndToken(buf []byte, token uint64) {
+// EndTokenLater is EndLater for a frame that may only leave once
+// gate(token) passed: the caller's Flush hands such a batch to the writer
+// goroutine (the gate may wait for stable storage).
+func (b *BatchWriter) EndTokenLater(buf []byte, token uint64) {
 	if token > b.token {
 		b.token = token
 	}
-	b.End(buf)
+	b.EndLater(buf)
 }
 
 // NewBatchWriter starts the writer goroutine. onErr (may be nil) is called

@@ -169,3 +169,39 @@ func TestConcurrentProducersKeepOrder(t *testing.T) {
 	}
 	bw.Close()
 }
+
+// Acknowledgements of a burst of mutations (the memory node's WRITE acks)
+// are held until the producer's Flush and leave in one write, behind one
+// gate wait for the newest token: not one syscall per acknowledgement.
+func TestTokenFramesWaitForFlushAndOneGate(t *testing.T) {
+	for _, gated := range []bool{false, true} {
+		a, b := tcpPair(t)
+		bw := NewBatchWriter(a, 1<<20, nil)
+		var gates []uint64
+		var mu sync.Mutex
+		if gated {
+			bw.SetGate(func(tok uint64) error {
+				mu.Lock()
+				gates = append(gates, tok)
+				mu.Unlock()
+				return nil
+			})
+		}
+		for i := 1; i <= 3; i++ {
+			buf, err := bw.Begin()
+			require.NoError(t, err)
+			bw.EndTokenLater(append(buf, byte(i)), uint64(i))
+		}
+		assert.Zero(t, bw.Writes.Load(), "gated=%v: nothing leaves before Flush", gated)
+		bw.Flush()
+		var got [3]byte
+		_, err := io.ReadFull(b, got[:])
+		require.NoError(t, err)
+		assert.Equal(t, [3]byte{1, 2, 3}, got)
+		bw.Close()
+		assert.Equal(t, uint64(1), bw.Writes.Load(), "gated=%v: one write for the burst", gated)
+		if gated {
+			assert.Equal(t, []uint64{3}, gates)
+		}
+	}
+}

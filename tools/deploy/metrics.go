@@ -90,6 +90,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func(s stats) uint64 { return s.PrefetchHits }),
 		counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func(s stats) uint64 { return s.RemoteReads }),
 		counter("cache_async_loads_total", "Remote reads started without blocking (NBD one-page reads run by the connection reader).", func(s stats) uint64 { return s.AsyncLoads }),
+		counter("cache_eviction_writebacks_total", "Write-backs a miss waited for because its victim was dirty (the background write-back fell behind).", func(s stats) uint64 { return s.EvictionWriteBacks }),
 		counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func(s stats) uint64 { return s.WritebackFailures }),
 		gauge("cache_dirty_pages", "Dirty pages in the host cache.", func(s stats) float64 { return float64(s.DirtyPages) }),
 		gauge("cache_resident_pages", "Pages in the host cache.", func(s stats) float64 { return float64(s.ResidentPages) }),
