@@ -201,9 +201,18 @@ func (r *Registration) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if !r.keep {
-			_, err = r.cli.Delete(ctx, r.pfx+"nodes/"+r.rec.ID)
+			if _, derr := r.cli.Delete(ctx, r.pfx+"nodes/"+r.rec.ID); derr != nil {
+				err = fmt.Errorf("cluster: removing node %s's record: %w", r.rec.ID, derr)
+			}
 		}
-		err = errors.Join(err, r.sess.Close())
+		select {
+		case <-r.sess.Done(): // lost already: nothing to revoke
+			r.sess.Orphan()
+		default:
+			if serr := r.sess.Close(); serr != nil {
+				err = errors.Join(err, fmt.Errorf("cluster: ending node %s's session (etcd revokes it after its TTL anyway): %w", r.rec.ID, serr))
+			}
+		}
 	})
 	return err
 }

@@ -107,8 +107,20 @@ func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold
 	return &Hold{m: m}, nil
 }
 
-// Close releases what the host holds and ends its session.
-func (h *Host) Close() error { return h.sess.Close() }
+// Close releases what the host holds and ends its session. A session
+// already lost has nothing left to end.
+func (h *Host) Close() error {
+	select {
+	case <-h.sess.Done():
+		h.sess.Orphan()
+		return nil
+	default:
+	}
+	if err := h.sess.Close(); err != nil {
+		return fmt.Errorf("cluster: ending the host's session (etcd revokes it after its TTL anyway): %w", err)
+	}
+	return nil
+}
 
 // Hold is a host's hold on one volume.
 type Hold struct{ m *concurrency.Mutex }

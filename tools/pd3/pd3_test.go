@@ -932,12 +932,7 @@ func TestFioOverNBDSurvivesMemnodeCrashes(t *testing.T) {
 		} else {
 			args = append(args, "--do_verify=0", "--verify_state_save=1")
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "fio", args...)
-		cmd.Dir = dir
-		out, err := cmd.CombinedOutput()
-		return string(out), err
+		return fioIn(dir, args...)
 	}
 	for round := range rounds {
 		uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
@@ -970,6 +965,17 @@ func TestFioOverNBDSurvivesMemnodeCrashes(t *testing.T) {
 		require.NoError(t, err, "round %d: %s", round, out)
 		require.NotContains(t, out, "verify: bad", "round %d", round)
 	}
+}
+
+// fioIn runs fio in dir (where it keeps its verify state), bounded to two
+// minutes, and returns what it printed.
+func fioIn(dir string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "fio", args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // TestPartitionedMemnodeGivesEIO: the memory node runs in its own network

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// etcdMembers is an etcd cluster of separate etcd processes (Debian's
+// etcd-server, 3.4) on loopback: what an operator's existing control
+// plane looks like.
+type etcdMembers struct {
+	t       *testing.T
+	bin     string
+	dir     string
+	names   []string
+	clients []string // client URL per member
+	peers   []string
+	procs   []*exec.Cmd
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func startEtcdMembers(t *testing.T, n int) *etcdMembers {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("no etcd binary (Debian: etcd-server)")
+	}
+	m := &etcdMembers{t: t, bin: bin, dir: t.TempDir(), procs: make([]*exec.Cmd, n)}
+	for i := range n {
+		m.names = append(m.names, "m"+strconv.Itoa(i))
+		m.clients = append(m.clients, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+		m.peers = append(m.peers, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+	}
+	for i := range n {
+		m.start(i)
+	}
+	t.Cleanup(func() {
+		for i := range m.procs {
+			m.kill(i)
+		}
+	})
+	return m
+}
+
+// start (re)starts member i; a restarted member finds its data directory
+// and rejoins with it.
+func (m *etcdMembers) start(i int) {
+	var initial []string
+	for j, name := range m.names {
+		initial = append(initial, name+"="+m.peers[j])
+	}
+	cmd := exec.Command(m.bin, "--name", m.names[i], "--data-dir", filepath.Join(m.dir, m.names[i]),
+		"--listen-client-urls", m.clients[i], "--advertise-client-urls", m.clients[i],
+		"--listen-peer-urls", m.peers[i], "--initial-advertise-peer-urls", m.peers[i],
+		"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+		"--initial-cluster-token", "pd3-test", "--log-level", "error")
+	require.NoError(m.t, cmd.Start())
+	m.procs[i] = cmd
+}
+
+// kill SIGKILLs member i if it runs.
+func (m *etcdMembers) kill(i int) {
+	if c := m.procs[i]; c != nil {
+		c.Process.Signal(syscall.SIGKILL)
+		c.Wait()
+		m.procs[i] = nil
+	}
+}
+
+// leader returns the index of the member that leads now.
+func (m *etcdMembers) leader(cli *clientv3.Client) int {
+	m.t.Helper()
+	for {
+		for i, ep := range m.clients {
+			if m.procs[i] == nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := cli.Status(ctx, ep)
+			cancel()
+			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+				return i
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestEtcdMemberAndLeaderLoss: a host and a memory node on a three-member
+// etcd (separate processes). fio writes crc32c-verified blocks over NBD
+// (a FLUSH every 16 writes) while a follower is SIGKILLed (and restarted),
+// then while the leader is: no client error, the host's session lives on
+// (it is never fenced), and every block verifies afterwards. Then the
+// whole control plane dies: I/O goes on for the already-open volume
+// within the session's TTL and stops with errors once it has run out, not
+// risking a second writer.
+func TestEtcdMemberAndLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (make deps-system)")
+	}
+	members := startEtcdMembers(t, 3)
+	etcd := strings.Join(members.clients, ",")
+	var cli *clientv3.Client
+	require.Eventually(t, func() bool {
+		var err error
+		cli, err = cluster.Dial(context.Background(), members.clients)
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "the etcd cluster forms")
+	defer cli.Close()
+
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+	const ttl = 3 * time.Second
+	host := start(t, []string{"NBD server", "page server"}, "serve", "--memnode", node.Addrs["memory node"], "--etcd", etcd,
+		"--volume-lease", ttl.String(), "--volume", "disk0:64MiB", "--cache", "2MiB", "--nbd", "127.0.0.1:0",
+		"--page", "127.0.0.1:0", "--mount", "", "--writeback", "100ms")
+	uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
+	dir := t.TempDir()
+	const region = 8 << 20
+	// About four seconds a round (2048 writes at 500 a second): long
+	// enough for a kill and an election to happen under it.
+	fio := func(round int, verify bool) (string, error) {
+		args := []string{"--name=r" + strconv.Itoa(round), "--ioengine=nbd", "--uri=" + uri, "--rw=randwrite", "--bs=4k",
+			"--offset=" + strconv.Itoa(round*region), "--size=" + strconv.Itoa(region), "--iodepth=8", "--fsync=16",
+			"--verify=crc32c", "--verify_fatal=1", "--randseed=" + strconv.Itoa(2000+round)}
+		if verify {
+			args = append(args, "--verify_only", "--verify_state_load=1")
+		} else {
+			args = append(args, "--rate_iops=500", "--do_verify=0", "--verify_state_save=1")
+		}
+		return fioIn(dir, args...)
+	}
+	underFio := func(round int, what string, act func()) {
+		done := make(chan error, 1)
+		var out string
+		go func() {
+			var err error
+			out, err = fio(round, false)
+			done <- err
+		}()
+		time.Sleep(time.Second)
+		act()
+		require.NoError(t, <-done, "%s under fio: %s", what, out)
+	}
+
+	lead := members.leader(cli)
+	follower := (lead + 1) % 3
+	underFio(0, "SIGKILL of a follower", func() { members.kill(follower) })
+	members.start(follower)
+	underFio(1, "SIGKILL of the leader", func() { members.kill(lead) })
+	newLead := members.leader(cli)
+	assert.NotEqual(t, lead, newLead)
+	members.start(lead)
+	underFio(2, "a member back", func() {})
+	time.Sleep(2 * ttl) // renewals through the new leader, past a whole TTL
+	assert.NotContains(t, host.Output(), "lost this host's session", "lease renewals continued through both kills")
+	for round := range 3 {
+		out, err := fio(round, true)
+		require.NoError(t, err, "round %d: %s", round, out)
+		require.NotContains(t, out, "verify: bad", "round %d", round)
+	}
+
+	// The whole control plane gone: within the TTL the open volume is
+	// served; past it, the host gives the volume up and answers errors.
+	page := host.Addrs["page server"]
+	out, err := run(t, "written while etcd is down", "page", "put", "--page", page, "1:5")
+	require.NoError(t, err, out)
+	for i := range members.procs {
+		members.kill(i)
+	}
+	lost := time.Now()
+	out, err = run(t, "", "page", "get", "--page", page, "1:5")
+	require.NoError(t, err, "I/O goes on within the lease: %s", out)
+	assert.True(t, strings.HasPrefix(out, "written while etcd is down\x00"))
+	require.NoError(t, host.WaitOutput("lost this host's session", 3*ttl))
+	assert.Less(t, time.Since(lost), ttl+2*time.Second, "the host stops serving about a TTL after etcd went silent")
+	out, err = run(t, "", "page", "get", "--page", page, "1:5")
+	require.Error(t, err, "a host without its session must not serve the volume: %s", out)
+	assert.Contains(t, out, "I/O error", "EIO, as NBD would answer")
+	assert.Contains(t, host.Output(), "volume taken over by another host", "the host's log says why")
+	// A host whose session is gone stops without complaint about it.
+	p, _ := os.FindProcess(host.Pid)
+	require.NoError(t, p.Signal(syscall.SIGTERM))
+	require.NoError(t, host.WaitOutput("stopped", 10*time.Second))
+	assert.NotContains(t, host.Output(), "ending the host's session")
+}
