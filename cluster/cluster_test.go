@@ -50,6 +50,20 @@ func external(t *testing.T) string {
 	return client
 }
 
+// dialEventually connects to an etcd that may still be starting; the
+// client is closed in cleanup.
+func dialEventually(t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	var cli *clientv3.Client
+	require.Eventually(t, func() bool {
+		var err error
+		cli, err = Dial(context.Background(), []string{endpoint})
+		return err == nil
+	}, 20*time.Second, 100*time.Millisecond)
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
 // Membership against the embedded etcd and Debian's 3.4 alike: a node is up
 // while it renews its lease, down once a crash stops the renewals for a
 // TTL, and gone when a volatile node stops cleanly.
@@ -58,13 +72,7 @@ func TestMembership(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			endpoint := start(t)
 			ctx := context.Background()
-			var cli *clientv3.Client
-			require.Eventually(t, func() bool {
-				var err error
-				cli, err = Dial(ctx, []string{endpoint})
-				return err == nil
-			}, 20*time.Second, 100*time.Millisecond)
-			defer cli.Close()
+			cli := dialEventually(t, endpoint)
 
 			persistent, err := Register(ctx, cli, NodeRecord{ID: "aaa", Addr: "10.0.0.1:7100", Capacity: 1 << 30},
 				RegisterOptions{Cluster: "t", TTL: time.Second, Persistent: true, Stored: func() uint64 { return 4 << 20 }})

@@ -566,6 +566,9 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
 		}
 		h.leases = append(h.leases, volumeLease{v: v, release: hold.Release})
+		if err := recordVolume(ctx, cli, cfg, v); err != nil {
+			return err
+		}
 		if err := h.presentToken(ctx, v, epochs); err != nil {
 			return err
 		}
@@ -583,6 +586,29 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 			cfg.Log.Error("host: the control plane lost this host's session; no longer serving its volumes", "etcd", strings.Join(cfg.Etcd, ","))
 		}
 	}()
+	return nil
+}
+
+// recordVolume makes sure the control plane has a record of volume v,
+// held by this host: one is written for a volume created here (or before
+// the records existed). A volume being removed (pd3 volume rm) is not
+// served.
+func recordVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, v memnode.VolumeInfo) error {
+	rec := cluster.VolumeRecord{Name: v.Name, ID: v.ID, Size: v.Size, PageSize: pagestore.PageSize, NodeAddr: cfg.Memnode}
+	if nodes, err := cluster.Nodes(ctx, cli, cfg.Cluster); err == nil {
+		for _, n := range nodes {
+			if n.Addr == cfg.Memnode {
+				rec.Node = n.ID
+			}
+		}
+	}
+	got, err := cluster.EnsureVolume(ctx, cli, cfg.Cluster, rec)
+	if err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	if got.State == cluster.VolumeDeleting {
+		return fmt.Errorf("host: volume %q is being removed (pd3 volume rm): not serving it", v.Name)
+	}
 	return nil
 }
 

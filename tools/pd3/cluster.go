@@ -112,7 +112,7 @@ type nodeErr struct {
 }
 
 // volumesOf lists the volumes of every node that is up, asking the nodes
-// themselves (volume records move to etcd later); pd3's own bookkeeping
+// themselves (what they store is theirs to say); pd3's own bookkeeping
 // volumes (pd3.leases, pd3.epochs) are left out and filesystem volumes
 // (fs.NAME.*) counted.
 func volumesOf(ctx context.Context, nodes []cluster.Node, token string, holders map[string]cluster.HostInfo) ([]volumeStatus, fsVolumes, []nodeErr) {

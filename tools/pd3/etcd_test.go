@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -206,4 +207,62 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 	require.NoError(t, p.Signal(syscall.SIGTERM))
 	require.NoError(t, host.WaitOutput("stopped", 10*time.Second))
 	assert.NotContains(t, host.Output(), "ending the host's session")
+}
+
+// pd3 volume against real processes: placement by room, records that
+// refuse duplicates and the removal of a held volume, hosts recording the
+// volumes they create, and rm freeing the node's memory.
+func TestVolumeCommands(t *testing.T) {
+	coord := start(t, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", t.TempDir())
+	etcd := coord.Addrs["etcd"]
+	roomy := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+	start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd, "--capacity", "8MiB")
+	vol := func(args ...string) (string, error) {
+		return run(t, "", append(append([]string{"volume"}, args...), "--etcd", etcd)...)
+	}
+	for range 3 { // the small node never fits 16 MiB, whichever two are drawn
+		out, err := vol("create", "big", "--size", "16MiB")
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "volume big: 16MiB on node")
+		assert.Contains(t, out, roomy.Addrs["memory node"])
+		out, err = vol("create", "big", "--size", "1MiB")
+		require.Error(t, err)
+		assert.Contains(t, out, `cluster: volume exists: "big"`)
+		out, err = vol("rm", "big")
+		require.NoError(t, err, out)
+	}
+	out, err := vol("create", "huge", "--size", "1TiB", "--cluster", "empty")
+	require.Error(t, err)
+	assert.Contains(t, out, "no memory node up with room")
+	out, err = vol("create", "x", "--size", "lots")
+	require.Error(t, err)
+	assert.Contains(t, out, `--size "lots"`)
+
+	out, err = vol("create", "big", "--size", "16MiB")
+	require.NoError(t, err, out)
+	host := start(t, []string{"page server"}, "serve", "--memnode", roomy.Addrs["memory node"], "--etcd", etcd,
+		"--page", "127.0.0.1:0", "--nbd", "", "--mount", "", "--volume", "big:16MiB", "--volume", "made-by-host:1MiB")
+	out, err = vol("ls")
+	require.NoError(t, err, out)
+	assert.Regexp(t, `big\s+16MiB\s+\w+\s+ready\s+\S+ pid `+strconv.Itoa(host.Pid), out)
+	assert.Regexp(t, `made-by-host\s+1MiB\s+\w+\s+ready\s+\S+ pid `+strconv.Itoa(host.Pid), out, "a host records the volumes it creates")
+	out, err = vol("rm", "big")
+	require.Error(t, err)
+	assert.Contains(t, out, `cluster: volume is held by a host: "big"`)
+
+	host.Stop()
+	out, err = vol("rm", "big")
+	require.NoError(t, err, out)
+	out, err = vol("ls", "--json")
+	require.NoError(t, err, out)
+	var rows []cluster.VolumeRecord
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.Len(t, rows, 1)
+	assert.Equal(t, "made-by-host", rows[0].Name)
+	out, err = run(t, "", "cluster", "status", "--etcd", etcd)
+	require.NoError(t, err, out)
+	assert.NotContains(t, out, "big", "rm freed the volume at its node")
+	out, err = vol("rm", "big")
+	require.Error(t, err)
+	assert.Contains(t, out, `cluster: no such volume: "big"`)
 }

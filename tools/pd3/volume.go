@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// volumeCmd manages the volume records of the control plane and the
+// volumes they name at the memory nodes.
+func volumeCmd() *cobra.Command {
+	var etcd []string
+	var name string
+	var token *secretFlag
+	cmd := &cobra.Command{Use: "volume", Short: "List, create and remove volumes through the control plane (etcd)"}
+	cmd.PersistentFlags().StringSliceVar(&etcd, "etcd", nil, "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
+	cmd.PersistentFlags().StringVar(&name, "cluster", cluster.DefaultName, "cluster name")
+	token = tokenFlag(cmd.PersistentFlags(), "memory-node access token (default $PD3_TOKEN)")
+	cmd.MarkPersistentFlagRequired("etcd")
+	// with runs fn with a client of the control plane, bounded in time.
+	with := func(cmd *cobra.Command, fn func(ctx context.Context, cli *clientv3.Client) error) error {
+		ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+		defer cancel()
+		cli, err := cluster.Dial(ctx, etcd)
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		return fn(ctx, cli)
+	}
+	node := func(ctx context.Context, addr string) (*memnode.Client, error) {
+		return memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token.Value(), DialTimeout: 3 * time.Second, OpTimeout: 10 * time.Second})
+	}
+
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "Volumes (size, node, state, holder)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+				vols, err := cluster.Volumes(ctx, cli, name)
+				if err != nil {
+					return err
+				}
+				holders, err := cluster.Holders(ctx, cli, name)
+				if err != nil {
+					return err
+				}
+				type row struct {
+					cluster.VolumeRecord
+					Holder *cluster.HostInfo `json:"holder,omitempty"`
+				}
+				rows := make([]row, 0, len(vols))
+				for _, v := range vols {
+					r := row{VolumeRecord: v}
+					if h, ok := holders[v.Name]; ok {
+						r.Holder = &h
+					}
+					rows = append(rows, r)
+				}
+				if asJSON {
+					e := json.NewEncoder(cmd.OutOrStdout())
+					e.SetIndent("", "  ")
+					return e.Encode(rows)
+				}
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "VOLUME\tSIZE\tNODE\tSTATE\tHOLDER")
+				for _, r := range rows {
+					holder, node := "-", r.Node
+					if r.Holder != nil {
+						holder = r.Holder.String()
+					}
+					if node == "" {
+						node = r.NodeAddr
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Name, units.FormatSize(r.Size), node, r.State, holder)
+				}
+				return w.Flush()
+			})
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	var size string
+	create := &cobra.Command{
+		Use:   "create NAME --size SIZE",
+		Short: "Create a volume on the memory node with the most room (of two drawn at random)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := units.ParseSize(size)
+			if err != nil || n == 0 {
+				return usageError{fmt.Errorf("--size %q: want a size such as 64MiB", size)}
+			}
+			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+				nodes, err := cluster.Nodes(ctx, cli, name)
+				if err != nil {
+					return err
+				}
+				target, err := cluster.Place(nodes, n, rand.IntN)
+				if err != nil {
+					return err
+				}
+				rec, err := cluster.ReserveVolume(ctx, cli, name, cluster.VolumeRecord{Name: args[0], Size: n,
+					PageSize: memnode.PageSize, Node: target.ID, NodeAddr: target.Addr})
+				if err != nil {
+					return err
+				}
+				info, err := createAt(ctx, node, target, args[0], n)
+				if err != nil {
+					return errors.Join(err, cluster.DropVolume(ctx, cli, name, rec))
+				}
+				if _, err := cluster.VolumeCreated(ctx, cli, name, rec, info.ID, info.Size); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "volume %s: %s on node %s (%s)\n", args[0], units.FormatSize(info.Size), target.ID, target.Addr)
+				return nil
+			})
+		},
+	}
+	create.Flags().StringVar(&size, "size", "", "volume size (e.g. 1GiB)")
+	create.MarkFlagRequired("size")
+
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove a volume no host holds, and free its memory",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+				rec, err := cluster.GetVolume(ctx, cli, name, args[0])
+				if err != nil {
+					return err
+				}
+				if rec, err = cluster.MarkDeleting(ctx, cli, name, rec); err != nil {
+					return err
+				}
+				addr := rec.NodeAddr
+				if nodes, err := cluster.Nodes(ctx, cli, name); err == nil {
+					for _, n := range nodes {
+						if n.ID == rec.Node && rec.Node != "" {
+							if !n.Up {
+								return fmt.Errorf("volume %s: its node %s is down; it stays marked %s: run pd3 volume rm again once the node is up",
+									args[0], n.ID, cluster.VolumeDeleting)
+							}
+							addr = n.Addr
+						}
+					}
+				}
+				c, err := node(ctx, addr)
+				if err != nil {
+					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
+				}
+				err = c.Delete(ctx, args[0])
+				c.Close()
+				if err != nil && !errors.Is(err, memnode.ErrNoVolume) {
+					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
+				}
+				return cluster.DropVolume(ctx, cli, name, rec)
+			})
+		},
+	}
+	cmd.AddCommand(ls, create, rm)
+	return cmd
+}
+
+// createAt creates the volume at node n; a volume of that name already
+// at the node (left by a host outside the control plane) is an error.
+func createAt(ctx context.Context, dial func(context.Context, string) (*memnode.Client, error), n cluster.Node, vol string, size uint64) (memnode.VolumeInfo, error) {
+	c, err := dial(ctx, n.Addr)
+	if err != nil {
+		return memnode.VolumeInfo{}, fmt.Errorf("node %s: %w", n.ID, err)
+	}
+	defer c.Close()
+	info, err := c.Create(ctx, vol, size)
+	if err != nil {
+		return info, fmt.Errorf("node %s: %w", n.ID, err)
+	}
+	return info, nil
+}
