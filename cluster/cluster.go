@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -114,7 +116,10 @@ func NodeID(dir string) (string, error) {
 // alive key, renewed until Close.
 type Registration struct {
 	cli    *clientv3.Client
+	mu     sync.Mutex // guards sess, replaced when lost
 	sess   *concurrency.Session
+	ttl    time.Duration
+	log    *slog.Logger
 	pfx    string
 	rec    NodeRecord
 	keep   bool // Close leaves the record (a persistent node comes back)
@@ -122,6 +127,9 @@ type Registration struct {
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
+
+	// Rejoined counts the sessions opened after one was lost.
+	Rejoined atomic.Uint64
 }
 
 // RegisterOptions configure Register.
@@ -136,6 +144,9 @@ type RegisterOptions struct {
 	// Persistent nodes keep their record when they stop: they come back
 	// with the same id and data. A volatile node's record is removed.
 	Persistent bool
+	// Log hears of a lost session and of the node rejoining (nil: not
+	// logged).
+	Log *slog.Logger
 }
 
 // Register records node rec in the cluster and keeps it alive until
@@ -147,7 +158,7 @@ func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt Reg
 		return nil, fmt.Errorf("cluster: node lease: %w", err)
 	}
 	rec.Started = time.Now().UTC().Format(time.RFC3339)
-	r := &Registration{cli: cli, sess: sess, pfx: prefix(opt.Cluster), rec: rec, keep: opt.Persistent,
+	r := &Registration{cli: cli, sess: sess, ttl: ttl, log: opt.Log, pfx: prefix(opt.Cluster), rec: rec, keep: opt.Persistent,
 		stored: opt.Stored, stop: make(chan struct{}), done: make(chan struct{})}
 	if r.stored == nil {
 		r.stored = func() uint64 { return 0 }
@@ -167,12 +178,23 @@ func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt Reg
 
 func (r *Registration) alive(ctx context.Context) error {
 	b, _ := json.Marshal(Liveness{Stored: r.stored()})
-	if _, err := r.cli.Put(ctx, r.pfx+"alive/"+r.rec.ID, string(b), clientv3.WithLease(r.sess.Lease())); err != nil {
+	if _, err := r.cli.Put(ctx, r.pfx+"alive/"+r.rec.ID, string(b), clientv3.WithLease(r.session().Lease())); err != nil {
 		return fmt.Errorf("cluster: node %s alive: %w", r.rec.ID, err)
 	}
 	return nil
 }
 
+func (r *Registration) session() *concurrency.Session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sess
+}
+
+// refresh renews the alive key's figures every interval, and when the
+// session is lost (etcd did not hear from the node for a TTL: etcd down,
+// or a partition) opens a new one and says the node is alive again, for
+// as long as it takes: a node that is serving must come back up in the
+// cluster's view once etcd can hear it.
 func (r *Registration) refresh(every time.Duration) {
 	defer close(r.done)
 	t := time.NewTicker(every)
@@ -181,12 +203,43 @@ func (r *Registration) refresh(every time.Duration) {
 		select {
 		case <-r.stop:
 			return
-		case <-r.sess.Done():
-			return // the lease is gone: etcd lost us for longer than TTL
+		case <-r.session().Done():
+			if !r.rejoin(every) {
+				return
+			}
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), every)
 			r.alive(ctx) // a failure shows as the lease running out
 			cancel()
+		}
+	}
+}
+
+// rejoin replaces a lost session, retrying every interval until it
+// succeeds (true) or Close is called (false).
+func (r *Registration) rejoin(every time.Duration) bool {
+	if r.log != nil {
+		r.log.Warn(fmt.Sprintf("memory node %s: etcd did not hear from it for %v: it shows as down; rejoining", r.rec.ID, r.ttl))
+	}
+	for {
+		if sess, err := newSession(r.cli, r.ttl); err == nil {
+			r.mu.Lock()
+			r.sess.Orphan()
+			r.sess = sess
+			r.mu.Unlock()
+			r.Rejoined.Add(1)
+			if r.log != nil {
+				r.log.Info(fmt.Sprintf("memory node %s: back in the cluster", r.rec.ID))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			r.alive(ctx) // if this fails, the next tick says it
+			cancel()
+			return true
+		}
+		select {
+		case <-r.stop:
+			return false
+		case <-time.After(every):
 		}
 	}
 }
@@ -205,11 +258,12 @@ func (r *Registration) Close() error {
 				err = fmt.Errorf("cluster: removing node %s's record: %w", r.rec.ID, derr)
 			}
 		}
+		sess := r.session()
 		select {
-		case <-r.sess.Done(): // lost already: nothing to revoke
-			r.sess.Orphan()
+		case <-sess.Done(): // lost already: nothing to revoke
+			sess.Orphan()
 		default:
-			if serr := r.sess.Close(); serr != nil {
+			if serr := sess.Close(); serr != nil {
 				err = errors.Join(err, fmt.Errorf("cluster: ending node %s's session (etcd revokes it after its TTL anyway): %w", r.rec.ID, serr))
 			}
 		}

@@ -166,3 +166,22 @@ func TestVolumeHolds(t *testing.T) {
 		t.Fatal("the crashed host's session is not reported lost")
 	}
 }
+
+// A node whose session is lost while it keeps running (etcd restarted
+// without its data, or a partition past the TTL) comes back up in the
+// cluster's view by itself.
+func TestNodeRejoinsAfterLosingItsSession(t *testing.T) {
+	cli := dialEventually(t, embedded(t))
+	ctx := context.Background()
+	r, err := Register(ctx, cli, NodeRecord{ID: "n1", Addr: "10.0.0.1:7100"}, RegisterOptions{Cluster: "t", TTL: time.Second})
+	require.NoError(t, err)
+	defer r.Close()
+	// What a partition past the TTL does to the lease, without the wait.
+	_, err = cli.Revoke(ctx, r.session().Lease())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.Rejoined.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		nodes, err := Nodes(ctx, cli, "t")
+		return err == nil && len(nodes) == 1 && nodes[0].Up
+	}, 10*time.Second, 50*time.Millisecond, "the node is up again under a new session")
+}

@@ -178,7 +178,7 @@ func (m *Memnode) register(ctx context.Context, cfg MemnodeConfig) error {
 	}
 	store := m.Server.Store
 	m.reg, err = cluster.Register(ctx, m.etcd, cluster.NodeRecord{ID: id, Addr: m.Addr, Capacity: cfg.Capacity},
-		cluster.RegisterOptions{Cluster: cfg.Cluster, Persistent: cfg.Persist != "", Stored: store.Used})
+		cluster.RegisterOptions{Cluster: cfg.Cluster, Persistent: cfg.Persist != "", Stored: store.Used, Log: cfg.Log})
 	if err != nil {
 		return err
 	}
