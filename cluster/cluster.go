@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -29,24 +31,59 @@ const DefaultName = "pd3"
 // timeout: the control plane is down or the endpoints are wrong.
 var ErrUnreachable = errors.New("cluster: etcd unreachable")
 
-// Dial connects to etcd at endpoints (URLs or host:port) and checks that
-// it answers, so that a wrong address fails here with ErrUnreachable and
-// not at the first use.
-func Dial(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
-	if len(endpoints) == 0 {
+// Access is how to reach the control plane.
+type Access struct {
+	Endpoints []string // URLs or host:port
+	// TLS, if set, secures the connections: RootCAs verifies etcd's
+	// certificate, and Certificates, if any, is this client's (etcd's
+	// --client-cert-auth).
+	TLS *tls.Config
+	// Username and Password authenticate to an etcd with authentication
+	// enabled (etcdctl auth enable).
+	Username, Password string
+}
+
+// Enabled reports whether any endpoint is given, i.e. the control plane
+// is in use.
+func (a Access) Enabled() bool { return len(a.Endpoints) > 0 }
+
+// ErrDenied is returned when etcd refuses the credentials: a wrong user
+// or password, no user, or a user without a role that reaches the
+// cluster's keys. (An etcd without authentication ignores credentials.)
+var ErrDenied = errors.New("cluster: etcd refused access")
+
+// Dial connects to etcd as a says and checks that it answers, so that a
+// wrong address fails here with ErrUnreachable, and wrong credentials
+// with ErrDenied, not at the first use.
+func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
+	if len(a.Endpoints) == 0 {
 		return nil, errors.New("cluster: no etcd endpoints")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	at := strings.Join(a.Endpoints, ",")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: a.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		TLS: a.TLS, Username: a.Username, Password: a.Password})
 	if err != nil {
-		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(endpoints, ","), err)
+		return nil, dialError(at, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := cli.Get(cctx, "/pd3/"); err != nil {
+	if _, err := cli.Get(cctx, "/pd3/", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(endpoints, ","), err)
+		return nil, dialError(at, err)
 	}
 	return cli, nil
+}
+
+// dialError names why etcd at could not be used: credentials refused, or
+// no answer at all.
+func dialError(at string, err error) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrPermissionDenied),
+		errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrAuthNotEnabled),
+		errors.Is(err, rpctypes.ErrInvalidAuthToken):
+		return fmt.Errorf("%w at %s: %w", ErrDenied, at, err)
+	}
+	return fmt.Errorf("%w at %s: %w", ErrUnreachable, at, err)
 }
 
 // newSession opens an etcd session (a lease kept alive) of ttl, in whole

@@ -27,7 +27,11 @@ func embedded(t *testing.T) string {
 
 // external starts Debian's etcd (3.4) as its own process, as an operator's
 // existing control plane would be; skipped where it is not installed.
-func external(t *testing.T) string {
+func external(t *testing.T) string { return externalWith(t, "http") }
+
+// externalWith is external with clients served over scheme (https needs
+// the etcd flags of TLS in args).
+func externalWith(t *testing.T, scheme string, args ...string) string {
 	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
@@ -39,11 +43,11 @@ func external(t *testing.T) string {
 		defer ln.Close()
 		return ln.Addr().(*net.TCPAddr).Port
 	}
-	client, peer := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port())
-	cmd := exec.Command(bin, "--data-dir", t.TempDir(), "--name", "ext",
+	client, peer := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port()), fmt.Sprintf("http://127.0.0.1:%d", port())
+	cmd := exec.Command(bin, append([]string{"--data-dir", t.TempDir(), "--name", "ext",
 		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "ext="+peer,
-		"--log-level", "error")
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "ext=" + peer,
+		"--logger", "zap", "--log-level", "error"}, args...)...)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
@@ -57,7 +61,7 @@ func dialEventually(t *testing.T, endpoint string) *clientv3.Client {
 	var cli *clientv3.Client
 	require.Eventually(t, func() bool {
 		var err error
-		cli, err = Dial(context.Background(), []string{endpoint})
+		cli, err = Dial(context.Background(), Access{Endpoints: []string{endpoint}})
 		return err == nil
 	}, 20*time.Second, 100*time.Millisecond)
 	t.Cleanup(func() { cli.Close() })
@@ -104,7 +108,7 @@ func TestMembership(t *testing.T) {
 }
 
 func TestDialUnreachable(t *testing.T) {
-	_, err := Dial(context.Background(), []string{"127.0.0.1:1"})
+	_, err := Dial(context.Background(), Access{Endpoints: []string{"127.0.0.1:1"}})
 	assert.ErrorIs(t, err, ErrUnreachable)
 	assert.Contains(t, err.Error(), "127.0.0.1:1")
 }
@@ -128,7 +132,7 @@ func TestNodeIDIsStableInADirectory(t *testing.T) {
 func TestVolumeHolds(t *testing.T) {
 	endpoint := embedded(t)
 	ctx := context.Background()
-	cli, err := Dial(ctx, []string{endpoint})
+	cli, err := Dial(ctx, Access{Endpoints: []string{endpoint}})
 	require.NoError(t, err)
 	defer cli.Close()
 	a, err := NewHost(ctx, cli, "t", time.Second)
@@ -155,16 +159,48 @@ func TestVolumeHolds(t *testing.T) {
 
 	_, err = a.Hold(ctx, "disk0", time.Second)
 	require.NoError(t, err)
-	a.sess.Orphan() // a crash: the renewals stop
+	// A crash: the renewals stop, and nothing of the host resumes them.
+	a.once.Do(func() { close(a.stop) })
+	<-a.done
+	a.session().Orphan()
 	start := time.Now()
 	_, err = b.Hold(ctx, "disk0", 5*time.Second)
 	require.NoError(t, err, "the crashed holder's session expires")
 	assert.Less(t, time.Since(start), 4*time.Second)
+}
+
+// The client's "session lost" is checked with etcd before the host gives
+// its volumes up: a lease etcd still keeps (the client missed renewals,
+// e.g. while the etcd leader changed) is resumed, holds and all; one etcd
+// has let go of is lost.
+func TestHostSessionResumedOrLost(t *testing.T) {
+	cli := dialEventually(t, embedded(t))
+	ctx := context.Background()
+	h, err := NewHost(ctx, cli, "t", 2*time.Second)
+	require.NoError(t, err)
+	defer h.Close()
+	_, err = h.Hold(ctx, "disk0", time.Second)
+	require.NoError(t, err)
+	h.session().Orphan() // the client's keepalive gives up; etcd's lease lives on
+	require.Eventually(t, func() bool { return h.Resumed.Load() == 1 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * time.Second) // past the TTL: renewed by the resumed session
 	select {
-	case <-a.Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the crashed host's session is not reported lost")
+	case <-h.Lost():
+		t.Fatal("a lease etcd kept was given up")
+	default:
 	}
+	holders, err := Holders(ctx, cli, "t")
+	require.NoError(t, err)
+	assert.Contains(t, holders, "disk0", "the hold outlived the client's doubt")
+
+	_, err = cli.Revoke(ctx, h.session().Lease()) // what expiry at etcd does
+	require.NoError(t, err)
+	select {
+	case <-h.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a lease etcd let go of is not reported lost")
+	}
+	assert.Equal(t, uint64(1), h.Resumed.Load())
 }
 
 // A node whose session is lost while it keeps running (etcd restarted

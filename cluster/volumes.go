@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,9 +22,20 @@ var ErrHeld = errors.New("cluster: volume held by another host")
 // Host is a host's presence in the control plane: one etcd session (a
 // lease the host keeps renewing) under which it holds its volumes.
 type Host struct {
-	cli  *clientv3.Client
-	sess *concurrency.Session
-	pfx  string
+	cli *clientv3.Client
+	pfx string
+	ttl time.Duration
+
+	mu   sync.Mutex
+	sess *concurrency.Session // replaced when resumed
+
+	lost, stop, done chan struct{}
+	once             sync.Once
+
+	// Resumed counts the times the client gave the lease up for lost
+	// (no renewal answered for a TTL: an etcd leader that died, and a
+	// client slow to find the next one) while etcd still kept it.
+	Resumed atomic.Uint64
 }
 
 // HostInfo says which host a session is: what pd3 cluster status shows
@@ -43,14 +56,71 @@ func NewHost(ctx context.Context, cli *clientv3.Client, name string, ttl time.Du
 	if err != nil {
 		return nil, fmt.Errorf("cluster: host session: %w", err)
 	}
-	h := &Host{cli: cli, sess: sess, pfx: prefix(name)}
+	h := &Host{cli: cli, sess: sess, pfx: prefix(name), ttl: ttl,
+		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	hn, _ := os.Hostname()
 	b, _ := json.Marshal(HostInfo{Hostname: hn, PID: os.Getpid(), Started: time.Now().UTC().Format(time.RFC3339)})
 	if _, err := cli.Put(ctx, fmt.Sprintf("%shosts/%x", h.pfx, sess.Lease()), string(b), clientv3.WithLease(sess.Lease())); err != nil {
 		sess.Close()
 		return nil, fmt.Errorf("cluster: recording the host: %w", err)
 	}
+	go h.watch()
 	return h, nil
+}
+
+func (h *Host) session() *concurrency.Session {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sess
+}
+
+// watch turns the end of the session into Lost, unless etcd says the
+// lease is still alive: the client's view (no renewal answered for a TTL)
+// is a suspicion, and etcd's the answer. A leader's death shows this way
+// when the client takes longer than the TTL to move to another member,
+// while the new leader has extended every lease. If etcd cannot be asked,
+// the lease may have run out and another host may hold the volumes: the
+// host is lost. (Fencing tokens at the memory node keep the late writes
+// of a host that loses its lease out either way.)
+func (h *Host) watch() {
+	defer close(h.done)
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-h.session().Done():
+		}
+		select {
+		case <-h.stop:
+			return
+		default:
+		}
+		if !h.resume() {
+			close(h.lost)
+			return
+		}
+	}
+}
+
+// resume opens a session on the same lease if etcd still keeps it.
+func (h *Host) resume() bool {
+	old := h.session()
+	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, h.ttl/2))
+	defer cancel()
+	ttl, err := h.cli.TimeToLive(ctx, old.Lease())
+	if err != nil || ttl.TTL <= 0 {
+		return false
+	}
+	sess, err := concurrency.NewSession(h.cli, concurrency.WithLease(old.Lease()))
+	if err != nil {
+		return false
+	}
+	h.mu.Lock()
+	h.sess = sess
+	h.mu.Unlock()
+	old.Orphan()
+	h.Resumed.Add(1)
+	return true
 }
 
 // Holders maps each volume held in cluster name to its holder (the
@@ -89,13 +159,13 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) (map[string
 
 // Lost is closed when the host's session expired: etcd did not hear from
 // it for a TTL, and another host may hold its volumes by now.
-func (h *Host) Lost() <-chan struct{} { return h.sess.Done() }
+func (h *Host) Lost() <-chan struct{} { return h.lost }
 
 // Hold takes volume name for this host alone (an etcd mutex under the
 // host's session, /pd3/NAME/holders/VOLUME/LEASE), waiting up to wait for a
 // holder to release it or for a crashed holder's session to expire.
 func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold, error) {
-	m := concurrency.NewMutex(h.sess, h.pfx+"holders/"+name) // its keys: .../NAME/LEASE
+	m := concurrency.NewMutex(h.session(), h.pfx+"holders/"+name) // its keys: .../NAME/LEASE
 	lctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	if err := m.Lock(lctx); err != nil {
@@ -110,13 +180,16 @@ func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold
 // Close releases what the host holds and ends its session. A session
 // already lost has nothing left to end.
 func (h *Host) Close() error {
+	h.once.Do(func() { close(h.stop) })
+	<-h.done
+	sess := h.session()
 	select {
-	case <-h.sess.Done():
-		h.sess.Orphan()
+	case <-h.lost:
+		sess.Orphan()
 		return nil
 	default:
 	}
-	if err := h.sess.Close(); err != nil {
+	if err := sess.Close(); err != nil {
 		return fmt.Errorf("cluster: ending the host's session (etcd revokes it after its TTL anyway): %w", err)
 	}
 	return nil

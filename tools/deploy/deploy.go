@@ -97,10 +97,10 @@ type MemnodeConfig struct {
 	// TLS, if enabled, serves TLS with TLS.Cert and TLS.Key; with TLS.CA,
 	// clients must present certificates it signed (mutual TLS).
 	TLS tlsfiles.Files
-	// Etcd, if set, are the control plane's endpoints: the node registers
-	// in cluster Cluster (default "pd3") and stays alive there until it
+	// Etcd, if enabled, is the control plane: the node registers in
+	// cluster Cluster (default "pd3") and stays alive there until it
 	// stops (package cluster). Its id is kept in Persist, if set.
-	Etcd    []string
+	Etcd    cluster.Access
 	Cluster string
 	// Grants are tokens limited to some volumes (memnode.Grant).
 	Grants   []memnode.Grant
@@ -158,7 +158,7 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 		done:   make(chan error, 1),
 	}
 	go func() { m.done <- m.Server.Serve(ctx, ln) }()
-	if len(cfg.Etcd) > 0 {
+	if cfg.Etcd.Enabled() {
 		if err := m.register(ctx, cfg); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("memory node: %w", err)
@@ -218,10 +218,10 @@ type HostConfig struct {
 	// cache as large as all of them: the "local" baseline of the benchmarks.
 	Local bool
 	Token string
-	// Etcd, if set, is the control plane: volumes are held there (an etcd
-	// mutex per volume under this host's session) instead of by leases at
-	// the memory node; Cluster names the cluster (default "pd3").
-	Etcd    []string
+	// Etcd, if enabled, is the control plane: volumes are held there (an
+	// etcd mutex per volume under this host's session) instead of by
+	// leases at the memory node; Cluster names the cluster (default "pd3").
+	Etcd    cluster.Access
 	Cluster string
 	// MemnodeTLS, if enabled, makes the link to the memory node TLS: CA
 	// verifies the node, Cert and Key are the host's identity.
@@ -461,7 +461,7 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 	if err != nil {
 		return fmt.Errorf("host: volume fencing epochs: %w", err)
 	}
-	if len(cfg.Etcd) > 0 {
+	if cfg.Etcd.Enabled() {
 		return h.holdVolumes(ctx, cfg, ttl, epochs.ID)
 	}
 	lv, err := h.Client.OpenOrCreate(ctx, leasesVolume, 1<<16*8)
@@ -583,7 +583,7 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 			for _, vl := range h.leases {
 				h.Store.FenceVolume(vl.v.ID)
 			}
-			cfg.Log.Error("host: the control plane lost this host's session; no longer serving its volumes", "etcd", strings.Join(cfg.Etcd, ","))
+			cfg.Log.Error("host: the control plane lost this host's session; no longer serving its volumes", "etcd", strings.Join(cfg.Etcd.Endpoints, ","))
 		}
 	}()
 	return nil

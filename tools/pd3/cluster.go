@@ -19,8 +19,7 @@ import (
 )
 
 func clusterCmd() *cobra.Command {
-	var etcd []string
-	var name string
+	var etcd *etcdFlags
 	var asJSON bool
 	var token *secretFlag
 	cmd := &cobra.Command{Use: "cluster", Short: "The cluster as its control plane (etcd) sees it"}
@@ -31,10 +30,15 @@ func clusterCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 20*time.Second)
 			defer cancel()
-			cli, err := cluster.Dial(ctx, etcd)
+			access, err := etcd.access()
 			if err != nil {
 				return err
 			}
+			cli, err := cluster.Dial(ctx, access)
+			if err != nil {
+				return err
+			}
+			name := etcd.cluster
 			defer cli.Close()
 			nodes, err := cluster.Nodes(ctx, cli, name)
 			if err != nil {
@@ -81,8 +85,7 @@ func clusterCmd() *cobra.Command {
 			return w.Flush()
 		},
 	}
-	cmd.PersistentFlags().StringSliceVar(&etcd, "etcd", nil, "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
-	cmd.PersistentFlags().StringVar(&name, "cluster", cluster.DefaultName, "cluster name")
+	etcd = addEtcdFlags(cmd.PersistentFlags(), "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	token = tokenFlag(status.Flags(), "memory-node access token, to list the nodes' volumes (default $PD3_TOKEN)")
 	cmd.MarkPersistentFlagRequired("etcd")

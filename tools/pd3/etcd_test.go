@@ -75,7 +75,7 @@ func (m *etcdMembers) start(i int) {
 		"--listen-client-urls", m.clients[i], "--advertise-client-urls", m.clients[i],
 		"--listen-peer-urls", m.peers[i], "--initial-advertise-peer-urls", m.peers[i],
 		"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-		"--initial-cluster-token", "pd3-test", "--log-level", "error")
+		"--initial-cluster-token", "pd3-test", "--logger", "zap", "--log-level", "error")
 	require.NoError(m.t, cmd.Start())
 	m.procs[i] = cmd
 }
@@ -128,7 +128,7 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 	var cli *clientv3.Client
 	require.Eventually(t, func() bool {
 		var err error
-		cli, err = cluster.Dial(context.Background(), members.clients)
+		cli, err = cluster.Dial(context.Background(), cluster.Access{Endpoints: members.clients})
 		return err == nil
 	}, 30*time.Second, 200*time.Millisecond, "the etcd cluster forms")
 	defer cli.Close()
@@ -234,6 +234,9 @@ func TestVolumeCommands(t *testing.T) {
 	out, err := vol("create", "huge", "--size", "1TiB", "--cluster", "empty")
 	require.Error(t, err)
 	assert.Contains(t, out, "no memory node up with room")
+	out, err = vol("ls", "--etcd-ca", "/nonexistent/ca.pem")
+	require.Error(t, err)
+	assert.Contains(t, out, "--etcd-ca/--etcd-cert/--etcd-key: TLS CA: open /nonexistent/ca.pem")
 	out, err = vol("create", "x", "--size", "lots")
 	require.Error(t, err)
 	assert.Contains(t, out, `--size "lots"`)

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
@@ -120,4 +122,43 @@ func tlsFilesVar(fl *pflag.FlagSet, f *tlsfiles.Files, prefix string, serving bo
 	fl.StringVar(&f.CA, prefix+"tls-ca", "", ca)
 	fl.StringVar(&f.Cert, prefix+"tls-cert", "", cert)
 	fl.StringVar(&f.Key, prefix+"tls-key", "", "private key (PEM) of --"+prefix+"tls-cert")
+}
+
+// etcdFlags are how a command reaches the control plane: --etcd,
+// --cluster, TLS (--etcd-ca, --etcd-cert, --etcd-key) and authentication
+// (--etcd-user, with --etcd-password or $PD3_ETCD_PASSWORD).
+type etcdFlags struct {
+	endpoints []string
+	cluster   string
+	tls       tlsfiles.Files
+	user      string
+	password  *secretFlag
+}
+
+func addEtcdFlags(fl *pflag.FlagSet, usage string) *etcdFlags {
+	f := &etcdFlags{password: &secretFlag{env: "PD3_ETCD_PASSWORD"}}
+	fl.StringSliceVar(&f.endpoints, "etcd", nil, usage)
+	fl.StringVar(&f.cluster, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
+	fl.StringVar(&f.tls.CA, "etcd-ca", "", "CA certificate (PEM) that signed etcd's certificate: TLS to etcd (https:// endpoints)")
+	fl.StringVar(&f.tls.Cert, "etcd-cert", "", "this client's certificate (PEM), for an etcd that verifies clients (--client-cert-auth)")
+	fl.StringVar(&f.tls.Key, "etcd-key", "", "private key (PEM) of --etcd-cert")
+	fl.StringVar(&f.user, "etcd-user", "", "etcd user, for an etcd with authentication enabled (password: --etcd-password, or $PD3_ETCD_PASSWORD)")
+	fl.Var(f.password, "etcd-password", "password of --etcd-user (default $PD3_ETCD_PASSWORD)")
+	return f
+}
+
+// access loads the TLS files, if any are named.
+func (f *etcdFlags) access() (cluster.Access, error) {
+	a := cluster.Access{Endpoints: f.endpoints, Username: f.user}
+	if f.user != "" {
+		a.Password = f.password.Value()
+	}
+	if f.tls.Enabled() {
+		cfg, err := f.tls.Client()
+		if err != nil {
+			return a, fmt.Errorf("--etcd-ca/--etcd-cert/--etcd-key: %w", err)
+		}
+		a.TLS = cfg
+	}
+	return a, nil
 }

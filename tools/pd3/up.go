@@ -40,8 +40,7 @@ type hostFlags struct {
 	memnode   string
 	token     *secretFlag
 	nodeTLS   tlsfiles.Files
-	etcd      []string
-	cluster   string
+	etcd      *etcdFlags
 	workers   int
 	opTimeout time.Duration
 	local     bool
@@ -76,8 +75,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.memnode, "memnode", "", memnodeHelp)
 	f.token = tokenFlag(fl, "memory-node access token (default $PD3_TOKEN)")
 	tlsFilesVar(fl, &f.nodeTLS, "memnode-", false)
-	fl.StringSliceVar(&f.etcd, "etcd", nil, "the control plane: etcd client URLs (comma-separated); each volume is held there, one host at a time (pd3 up: its embedded etcd unless given; without one, leases at the memory node)")
-	fl.StringVar(&f.cluster, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
+	f.etcd = addEtcdFlags(fl, "the control plane: etcd client URLs (comma-separated); each volume is held there, one host at a time (pd3 up: its embedded etcd unless given; without one, leases at the memory node)")
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: GOMAXPROCS, see --procs)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
@@ -95,8 +93,12 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 }
 
 func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
+	etcd, err := f.etcd.access()
+	if err != nil {
+		return deploy.HostConfig{}, err
+	}
 	cfg := deploy.HostConfig{
-		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Etcd: f.etcd, Cluster: f.cluster, Policy: f.policy, PageListen: f.page,
+		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Etcd: etcd, Cluster: f.etcd.cluster, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
@@ -167,7 +169,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 		if cfg.MemnodeTLS.Enabled() {
 			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
 		}
-		if len(cfg.Etcd) == 0 && e.etcdListen != "none" {
+		if !cfg.Etcd.Enabled() && e.etcdListen != "none" {
 			dir := filepath.Join(e.persist, "etcd")
 			if e.persist == "" {
 				tmp, err := os.MkdirTemp("", "pd3-etcd-")
@@ -182,7 +184,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 				return err
 			}
 			defer srv.Close()
-			cfg.Etcd = []string{srv.Endpoint}
+			cfg.Etcd = cluster.Access{Endpoints: []string{srv.Endpoint}}
 			log.Info(fmt.Sprintf("etcd listening on %s (embedded; try: %s cluster status --etcd %s)", srv.Endpoint, os.Args[0], srv.Endpoint))
 		}
 		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: e.persist,
@@ -365,8 +367,7 @@ func memnodeCmd() *cobra.Command {
 	var token *secretFlag
 	var grants []string
 	var tlsFiles tlsfiles.Files
-	var etcd []string
-	var clusterName string
+	var etcd *etcdFlags
 	cmd := &cobra.Command{
 		Use:   "memnode",
 		Short: "Run a memory node alone",
@@ -393,7 +394,11 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 				return err
 			}
 			log := logger()
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: etcd, Cluster: clusterName,
+			access, err := etcd.access()
+			if err != nil {
+				return err
+			}
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: access, Cluster: etcd.cluster,
 				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
 			if err != nil {
 				return err
@@ -409,7 +414,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 				mode += ", TLS"
 			}
 			if node.ID != "" {
-				mode += fmt.Sprintf(", node %s of cluster %s", node.ID, clusterName)
+				mode += fmt.Sprintf(", node %s of cluster %s", node.ID, etcd.cluster)
 			}
 			log.Info(fmt.Sprintf("memory node listening on %s (%s)", node.Addr, mode))
 			stopping := notifyReady(ctx, log, "memory node listening on "+node.Addr)
@@ -421,8 +426,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")
 	token = tokenFlag(cmd.Flags(), "access token clients must present (default $PD3_TOKEN; empty accepts all)")
 	tlsFilesVar(cmd.Flags(), &tlsFiles, "", true)
-	cmd.Flags().StringSliceVar(&etcd, "etcd", nil, "register with the control plane: etcd client URLs (comma-separated); the node is up while it renews its lease")
-	cmd.Flags().StringVar(&clusterName, "cluster", cluster.DefaultName, "cluster name: its state lives under /pd3/NAME/ in etcd")
+	etcd = addEtcdFlags(cmd.Flags(), "register with the control plane: etcd client URLs (comma-separated); the node is up while it renews its lease")
 	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")

@@ -19,19 +19,20 @@ import (
 // volumeCmd manages the volume records of the control plane and the
 // volumes they name at the memory nodes.
 func volumeCmd() *cobra.Command {
-	var etcd []string
-	var name string
 	var token *secretFlag
 	cmd := &cobra.Command{Use: "volume", Short: "List, create and remove volumes through the control plane (etcd)"}
-	cmd.PersistentFlags().StringSliceVar(&etcd, "etcd", nil, "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
-	cmd.PersistentFlags().StringVar(&name, "cluster", cluster.DefaultName, "cluster name")
+	etcd := addEtcdFlags(cmd.PersistentFlags(), "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
 	token = tokenFlag(cmd.PersistentFlags(), "memory-node access token (default $PD3_TOKEN)")
 	cmd.MarkPersistentFlagRequired("etcd")
 	// with runs fn with a client of the control plane, bounded in time.
 	with := func(cmd *cobra.Command, fn func(ctx context.Context, cli *clientv3.Client) error) error {
 		ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 		defer cancel()
-		cli, err := cluster.Dial(ctx, etcd)
+		access, err := etcd.access()
+		if err != nil {
+			return err
+		}
+		cli, err := cluster.Dial(ctx, access)
 		if err != nil {
 			return err
 		}
@@ -49,11 +50,11 @@ func volumeCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
-				vols, err := cluster.Volumes(ctx, cli, name)
+				vols, err := cluster.Volumes(ctx, cli, etcd.cluster)
 				if err != nil {
 					return err
 				}
-				holders, err := cluster.Holders(ctx, cli, name)
+				holders, err := cluster.Holders(ctx, cli, etcd.cluster)
 				if err != nil {
 					return err
 				}
@@ -103,7 +104,7 @@ func volumeCmd() *cobra.Command {
 				return usageError{fmt.Errorf("--size %q: want a size such as 64MiB", size)}
 			}
 			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
-				nodes, err := cluster.Nodes(ctx, cli, name)
+				nodes, err := cluster.Nodes(ctx, cli, etcd.cluster)
 				if err != nil {
 					return err
 				}
@@ -111,16 +112,16 @@ func volumeCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				rec, err := cluster.ReserveVolume(ctx, cli, name, cluster.VolumeRecord{Name: args[0], Size: n,
+				rec, err := cluster.ReserveVolume(ctx, cli, etcd.cluster, cluster.VolumeRecord{Name: args[0], Size: n,
 					PageSize: memnode.PageSize, Node: target.ID, NodeAddr: target.Addr})
 				if err != nil {
 					return err
 				}
 				info, err := createAt(ctx, node, target, args[0], n)
 				if err != nil {
-					return errors.Join(err, cluster.DropVolume(ctx, cli, name, rec))
+					return errors.Join(err, cluster.DropVolume(ctx, cli, etcd.cluster, rec))
 				}
-				if _, err := cluster.VolumeCreated(ctx, cli, name, rec, info.ID, info.Size); err != nil {
+				if _, err := cluster.VolumeCreated(ctx, cli, etcd.cluster, rec, info.ID, info.Size); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "volume %s: %s on node %s (%s)\n", args[0], units.FormatSize(info.Size), target.ID, target.Addr)
@@ -137,15 +138,15 @@ func volumeCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
-				rec, err := cluster.GetVolume(ctx, cli, name, args[0])
+				rec, err := cluster.GetVolume(ctx, cli, etcd.cluster, args[0])
 				if err != nil {
 					return err
 				}
-				if rec, err = cluster.MarkDeleting(ctx, cli, name, rec); err != nil {
+				if rec, err = cluster.MarkDeleting(ctx, cli, etcd.cluster, rec); err != nil {
 					return err
 				}
 				addr := rec.NodeAddr
-				if nodes, err := cluster.Nodes(ctx, cli, name); err == nil {
+				if nodes, err := cluster.Nodes(ctx, cli, etcd.cluster); err == nil {
 					for _, n := range nodes {
 						if n.ID == rec.Node && rec.Node != "" {
 							if !n.Up {
@@ -165,7 +166,7 @@ func volumeCmd() *cobra.Command {
 				if err != nil && !errors.Is(err, memnode.ErrNoVolume) {
 					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
 				}
-				return cluster.DropVolume(ctx, cli, name, rec)
+				return cluster.DropVolume(ctx, cli, etcd.cluster, rec)
 			})
 		},
 	}
