@@ -20,6 +20,11 @@ type Config struct {
 	// single-member cluster never uses but etcd requires.
 	ClientListen, PeerListen string
 	Name                     string // member name (default "pd3")
+	// InitialCluster lists every member of a new multi-member cluster as
+	// NAME=http://HOST:PORT,... (their peer URLs; this member's must be
+	// PeerListen). Empty: this member alone. Ignored by a member whose
+	// data directory already holds the cluster.
+	InitialCluster string
 }
 
 // Server is a running member.
@@ -48,6 +53,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*client}, []url.URL{*client}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*peer}, []url.URL{*peer}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	if cfg.InitialCluster != "" {
+		ec.InitialCluster = cfg.InitialCluster
+		ec.InitialClusterToken = "pd3"
+	}
 	// etcd logs JSON through zap, even at level error for a normal stop
 	// ("use of closed network connection"); pd3's stderr is one format of
 	// lines a user reads. What matters reaches us as errors: StartEtcd's
@@ -67,6 +76,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, ctx.Err()
 	case <-time.After(time.Minute):
 		e.Close()
+		if cfg.InitialCluster != "" {
+			return nil, fmt.Errorf("etcd: not ready after a minute: is a majority of %s running?", cfg.InitialCluster)
+		}
 		return nil, fmt.Errorf("etcd: not ready after a minute")
 	}
 	return &Server{e: e, Endpoint: client.String()}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -157,27 +158,42 @@ func volumesOf(ctx context.Context, nodes []cluster.Node, token string, holders 
 }
 
 func coordCmd() *cobra.Command {
-	var listen, peer, dir string
+	var listen, peer, dir, name, initial string
 	cmd := &cobra.Command{
 		Use:   "coord",
-		Short: "Run a standalone etcd member: the control plane for a cluster without one",
-		Long: `Run a single-member etcd (the same embedded etcd pd3 up starts) for memory
-nodes and hosts to share: pd3 memnode --etcd URL registers with it. Its data
-lives in --dir and survives restarts.`,
+		Short: "Run an etcd member: the control plane for a cluster without one",
+		Long: `Run an etcd member (the same embedded etcd pd3 up starts) for memory nodes
+and hosts to share: pd3 memnode --etcd URL registers with it. Its data lives
+in --dir and survives restarts.
+
+Alone by default. For a control plane that survives the loss of a member,
+run three (or five) on different machines, each with its own --name and
+the same --initial-cluster listing every member's peer URL, e.g.
+  --initial-cluster a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380
+and give clients every member's client URL (--etcd URL1,URL2,URL3). A
+member waits for a majority before it says it listens. A restarted member
+finds the cluster in its --dir.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if initial != "" && !cmd.Flags().Changed("peer-listen") {
+				p, err := memberPeer(initial, name)
+				if err != nil {
+					return usageError{err}
+				}
+				peer = p
+			}
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				return err
 			}
-			srv, err := etcdembed.Start(ctx, etcdembed.Config{Dir: dir, ClientListen: listen, PeerListen: peer})
+			srv, err := etcdembed.Start(ctx, etcdembed.Config{Dir: dir, ClientListen: listen, PeerListen: peer, Name: name, InitialCluster: initial})
 			if err != nil {
 				return err
 			}
 			defer srv.Close()
 			log := logger()
-			log.Info(fmt.Sprintf("etcd listening on %s (data in %s)", srv.Endpoint, dir))
+			log.Info(fmt.Sprintf("etcd listening on %s (member %s, data in %s)", srv.Endpoint, name, dir))
 			stopping := notifyReady(ctx, log, "etcd listening on "+srv.Endpoint)
 			<-ctx.Done()
 			stopping()
@@ -185,7 +201,29 @@ lives in --dir and survives restarts.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:2379", "client address")
-	cmd.Flags().StringVar(&peer, "peer-listen", "127.0.0.1:0", "peer address (a single member never uses it)")
+	cmd.Flags().StringVar(&peer, "peer-listen", "127.0.0.1:0", "peer address (default: this member's in --initial-cluster; a single member never uses it)")
 	cmd.Flags().StringVar(&dir, "dir", "./pd3-coord", "data directory")
+	cmd.Flags().StringVar(&name, "name", "pd3", "member name, unique in the cluster")
+	cmd.Flags().StringVar(&initial, "initial-cluster", "", "every member of a new cluster: NAME=http://HOST:PEERPORT,... (empty: this member alone)")
 	return cmd
+}
+
+// memberPeer returns the host:port of member name in an --initial-cluster
+// list.
+func memberPeer(initial, name string) (string, error) {
+	for _, m := range strings.Split(initial, ",") {
+		n, u, ok := strings.Cut(m, "=")
+		if !ok {
+			return "", fmt.Errorf("--initial-cluster: %q is not NAME=URL", m)
+		}
+		if n != name {
+			continue
+		}
+		pu, err := url.Parse(u)
+		if err != nil || pu.Host == "" {
+			return "", fmt.Errorf("--initial-cluster: member %s: %q is not a peer URL such as http://10.0.0.1:2380", n, u)
+		}
+		return pu.Host, nil
+	}
+	return "", fmt.Errorf("--initial-cluster does not list this member (--name %s)", name)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -268,4 +270,59 @@ func TestVolumeCommands(t *testing.T) {
 	out, err = vol("rm", "big")
 	require.Error(t, err)
 	assert.Contains(t, out, `cluster: no such volume: "big"`)
+}
+
+// pd3 coord as a three-member control plane, real processes: the members
+// form the cluster together, a memory node registers through all of them,
+// and losing one (SIGKILL) leaves the cluster's view working; the member
+// comes back from its data directory.
+func TestCoordThreeMembers(t *testing.T) {
+	dir := t.TempDir()
+	var initial []string
+	peers, clients := make([]string, 3), make([]string, 3)
+	for i := range 3 {
+		peers[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		clients[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		initial = append(initial, fmt.Sprintf("c%d=http://%s", i, peers[i]))
+	}
+	args := func(i int) []string {
+		return []string{"coord", "--name", "c" + strconv.Itoa(i), "--listen", clients[i], "--initial-cluster", strings.Join(initial, ","),
+			"--dir", filepath.Join(dir, strconv.Itoa(i))}
+	}
+	members := make([]*bench.Child, 3)
+	errs := make(chan error, 3)
+	for i := range 3 { // each waits for a majority: start them together
+		go func() {
+			c, err := bench.StartChild(context.Background(), pd3Bin, []string{"etcd"}, args(i)...)
+			members[i] = c
+			errs <- err
+		}()
+	}
+	for range 3 {
+		require.NoError(t, <-errs)
+	}
+	for _, m := range members {
+		t.Cleanup(m.Stop)
+	}
+	etcd := "http://" + strings.Join(clients, ",http://")
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+	status := func() string {
+		out, err := run(t, "", "cluster", "status", "--etcd", etcd)
+		require.NoError(t, err, out)
+		return out
+	}
+	assert.Contains(t, status(), node.Addrs["memory node"])
+
+	require.NoError(t, syscall.Kill(members[1].Pid, syscall.SIGKILL))
+	members[1].Stop()
+	time.Sleep(6 * time.Second) // past the node's 5 s lease: renewed through the others
+	assert.Regexp(t, `\s+up\s+`+regexp.QuoteMeta(node.Addrs["memory node"]), status())
+	members[1] = start(t, []string{"etcd"}, args(1)...)
+	out, err := run(t, "", "cluster", "status", "--etcd", "http://"+clients[1])
+	require.NoError(t, err, "the member is back with the cluster's data: %s", out)
+	assert.Contains(t, out, node.Addrs["memory node"])
+
+	out, err = run(t, "", "coord", "--name", "x", "--initial-cluster", initial[0], "--dir", t.TempDir())
+	require.Error(t, err)
+	assert.Contains(t, out, "--initial-cluster does not list this member (--name x)")
 }
