@@ -39,6 +39,12 @@ type Config struct {
 	// LeaseTTL is how long the mount lease lasts without renewal (default
 	// 5 s): after a host crash, the next Open waits up to this long.
 	LeaseTTL time.Duration
+	// Fencing, if set, replaces the lease at the memory node: the caller
+	// holds the mount elsewhere (the control plane) and calls Fence when
+	// it loses it, and the mount's writes carry a fencing token, so that
+	// the memory node refuses the late writes of a host that held it
+	// before.
+	Fencing *Fencing
 	// OnRead, if set, sees every READ's first page key and page count,
 	// and the file's end in pages, before the read is served: the agent's
 	// request mirror for FUSE.
@@ -47,6 +53,17 @@ type Config struct {
 	// host cache (the agent's Host View adds them).
 	OnWrite func(first pageid.Key, pages int)
 	Log     *slog.Logger
+}
+
+// Fencing is how a mount held outside the memory node takes and shows its
+// fencing token.
+type Fencing struct {
+	// Token takes the mount's token, once it is held: newer than every
+	// token a previous holder took. meta is the metadata volume's id.
+	Token func(ctx context.Context, meta uint16) (uint64, error)
+	// Present presents token for volume vol on every connection the
+	// mount's writes take (the host's, and a split agent's).
+	Present func(ctx context.Context, vol uint16, token uint64) error
 }
 
 // FS is the filesystem model: inodes, directories and their persistence.
@@ -69,6 +86,7 @@ type FS struct {
 
 	syncMu sync.Mutex // serialises snapshots
 	lease  memnode.Lease
+	token  uint64      // with cfg.Fencing: the mount's fencing token
 	fenced atomic.Bool // the lease was lost: write nothing more
 	stop   chan struct{}
 	done   chan struct{}
@@ -109,13 +127,26 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	for _, v := range cfg.Volumes {
 		f.vols[v.ID] = v
 	}
-	f.lease = memnode.Lease{C: cfg.Client, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
-	if err := f.lease.Acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
-		return nil, mountErr(err)
+	if cfg.Fencing != nil {
+		// Before anything is written: the metadata volume first, the data
+		// volumes as they are found below.
+		if f.token, err = cfg.Fencing.Token(ctx, mv.ID); err != nil {
+			return nil, fmt.Errorf("fs: taking the mount's fencing token: %w", err)
+		}
+		if err := f.present(ctx, mv.ID); err != nil {
+			return nil, err
+		}
+	} else {
+		f.lease = memnode.Lease{C: cfg.Client, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
+		if err := f.lease.Acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
+			return nil, mountErr(err)
+		}
 	}
 	snap, err := f.meta.load(ctx)
 	if err != nil {
-		f.lease.Release(ctx)
+		if cfg.Fencing == nil {
+			f.lease.Release(ctx)
+		}
 		return nil, err
 	}
 	if snap == nil {
@@ -150,6 +181,9 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		delete(byName, n.Vol)
 		n.vol = v.ID
 		f.byVol[v.ID] = n
+		if err := f.present(ctx, v.ID); err != nil {
+			return nil, err
+		}
 		cfg.Store.AddVolume(v)
 	}
 	if f.inodes[rootIno] == nil {
@@ -176,7 +210,41 @@ func (f *FS) Close(ctx context.Context) error {
 	if err := f.Sync(ctx); err != nil {
 		return err
 	}
+	if f.cfg.Fencing != nil {
+		return nil // the holder lets the mount go
+	}
 	return f.lease.Release(ctx)
+}
+
+// present shows the mount's fencing token for volume vol (with Fencing).
+func (f *FS) present(ctx context.Context, vol uint16) error {
+	if f.cfg.Fencing == nil {
+		return nil
+	}
+	if err := f.cfg.Fencing.Present(ctx, vol, f.token); err != nil {
+		return fmt.Errorf("fs: presenting the mount's fencing token: %w", err)
+	}
+	return nil
+}
+
+// Fenced reports whether Fence (or a lease lost at the node) stopped
+// the mount.
+func (f *FS) Fenced() bool { return f.fenced.Load() }
+
+// Fence stops the mount for good because its holder lost it (Fencing):
+// changes are refused with EROFS, and the cached pages of its files are
+// dropped unwritten, as another host may own the tree by now.
+func (f *FS) Fence() {
+	f.fenced.Store(true)
+	f.mu.RLock()
+	vols := make([]uint16, 0, len(f.byVol))
+	for v := range f.byVol {
+		vols = append(vols, v)
+	}
+	f.mu.RUnlock()
+	for _, v := range vols {
+		f.cfg.Store.FenceVolume(v)
+	}
 }
 
 // Sync makes everything written so far durable at the memory node: dirty
@@ -240,7 +308,7 @@ func (f *FS) syncLoop() {
 			return
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if !f.fenced.Load() && now.Sub(lastRenew) >= f.cfg.LeaseTTL/3 {
+			if f.cfg.Fencing == nil && !f.fenced.Load() && now.Sub(lastRenew) >= f.cfg.LeaseTTL/3 {
 				err := f.lease.Renew(ctx)
 				if errors.Is(err, memnode.ErrClosed) {
 					cancel()
@@ -317,6 +385,9 @@ func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, err
 	if err != nil {
 		return v, err
 	}
+	if err := f.present(ctx, v.ID); err != nil {
+		return v, err
+	}
 	f.cfg.Store.AddVolume(v)
 	return v, nil
 }
@@ -330,8 +401,8 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	}
 	f.changes++
 	f.mu.Unlock()
-	if n.vol == 0 {
-		return
+	if n.vol == 0 || f.fenced.Load() {
+		return // fenced: the volume may be another holder's file now
 	}
 	f.cfg.Store.RemoveVolume(n.vol)
 	if err := f.cfg.Client.Delete(ctx, n.Vol); err != nil {

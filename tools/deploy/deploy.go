@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
@@ -307,8 +308,16 @@ type Host struct {
 	leases       []volumeLease
 	stopLeases   func()
 	closeControl func() error // the etcd session and client, if any
-	captures     []func()     // packet mirrors, stopped before the agent
-	lat          *latencies
+	// With the control plane: the session the filesystem is held under,
+	// the epochs volume its token comes from, its hold's release, and the
+	// filesystem to fence if the session is lost (set once it is open).
+	control  *cluster.Host
+	ttl      time.Duration
+	epochs   uint16
+	fsHold   func(context.Context) error
+	heldFS   atomic.Pointer[fs.FS]
+	captures []func() // packet mirrors, stopped before the agent
+	lat      *latencies
 }
 
 // StartHost connects to the memory node, opens the volumes and serves.
@@ -527,15 +536,31 @@ type volumeLease struct {
 // write-backs a superseded host (one partitioned past its lease) still
 // has in flight.
 func (h *Host) presentToken(ctx context.Context, v memnode.VolumeInfo, epochs uint16) error {
-	prev, err := h.Client.FetchAndAdd(ctx, epochs, uint64(v.ID)*8, 1)
+	tok, err := h.takeToken(ctx, epochs, v.ID)
 	if err == nil {
-		err = h.Client.Fence(ctx, v.ID, prev+1)
-	}
-	if err == nil && h.Link != nil {
-		err = h.Link.Fence(ctx, v.ID, prev+1) // the split agent's connection
+		err = h.present(ctx, v.ID, tok)
 	}
 	if err != nil {
 		return fmt.Errorf("host: volume %q: presenting the lease's fencing token: %w", v.Name, err)
+	}
+	return nil
+}
+
+// takeToken takes the next fencing token of volume id: one more than the
+// count of its holders so far, kept in the epochs volume.
+func (h *Host) takeToken(ctx context.Context, epochs, id uint16) (uint64, error) {
+	prev, err := h.Client.FetchAndAdd(ctx, epochs, uint64(id)*8, 1)
+	return prev + 1, err
+}
+
+// present presents token for volume vol on every connection this host
+// writes through: its own, and the split agent's.
+func (h *Host) present(ctx context.Context, vol uint16, token uint64) error {
+	if err := h.Client.Fence(ctx, vol, token); err != nil {
+		return err
+	}
+	if h.Link != nil {
+		return h.Link.Fence(ctx, vol, token)
 	}
 	return nil
 }
@@ -558,6 +583,7 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 		return fmt.Errorf("host: %w", err)
 	}
 	h.closeControl = func() error { return errors.Join(ch.Close(), cli.Close()) }
+	h.control, h.ttl, h.epochs = ch, ttl, epochs
 	for _, v := range h.Volumes {
 		// Twice the TTL: an etcd that restarted (pd3 up --persist after a
 		// crash) gives the dead holder's session a whole TTL again.
@@ -583,9 +609,29 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 			for _, vl := range h.leases {
 				h.Store.FenceVolume(vl.v.ID)
 			}
+			if f := h.heldFS.Load(); f != nil {
+				f.Fence()
+			}
 			cfg.Log.Error("host: the control plane lost this host's session; no longer serving its volumes", "etcd", strings.Join(cfg.Etcd.Endpoints, ","))
 		}
 	}()
+	return nil
+}
+
+// holdFS holds filesystem cfg.FSName in the control plane, as volumes
+// are held, and has the mount take a fencing token from the epochs volume
+// and present it on every volume the filesystem writes: the memory node
+// then refuses a superseded mount's late writes, files and metadata alike.
+func (h *Host) holdFS(ctx context.Context, cfg HostConfig, fcfg *fs.Config) error {
+	hold, err := h.control.Hold(ctx, "fs."+cfg.FSName, 2*h.ttl+time.Second)
+	if err != nil {
+		return fmt.Errorf("host: fs %q: %w: %w", cfg.FSName, fs.ErrMounted, err)
+	}
+	h.fsHold = hold.Release
+	fcfg.Fencing = &fs.Fencing{
+		Token:   func(ctx context.Context, meta uint16) (uint64, error) { return h.takeToken(ctx, h.epochs, meta) },
+		Present: h.present,
+	}
 	return nil
 }
 
@@ -629,6 +675,12 @@ func (h *Host) releaseVolumes() error {
 		errs = append(errs, vl.release(ctx))
 	}
 	h.leases = nil
+	if h.fsHold != nil {
+		if f := h.heldFS.Load(); f == nil || !f.Fenced() {
+			errs = append(errs, h.fsHold(ctx))
+		}
+		h.fsHold = nil
+	}
 	if h.closeControl != nil {
 		errs = append(errs, h.closeControl())
 		h.closeControl = nil
@@ -662,9 +714,22 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if readAhead != nil {
 		fcfg.OnRead = func(first memnode.Key, n int, end uint64) { readAhead(dpu.SourceFUSE, first, n, end) }
 	}
+	if h.control != nil {
+		if err := h.holdFS(ctx, cfg, &fcfg); err != nil {
+			return err
+		}
+	}
 	f, err := fs.Open(ctx, fcfg)
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
+	}
+	if h.control != nil {
+		h.heldFS.Store(f)
+		select {
+		case <-h.control.Lost(): // lost while opening: the watcher may have looked already
+			f.Fence()
+		default:
+		}
 	}
 	m, err := fs.Mount(f, cfg.Mount)
 	if err != nil {

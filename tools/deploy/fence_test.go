@@ -3,10 +3,17 @@ package deploy
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/cluster/etcdembed"
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -147,4 +154,85 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	assert.Equal(t, "the new owner's data", string(got[:20]))
 	require.Eventually(t, func() bool { return old.Store.Fenced(v.ID) }, 5*time.Second, 10*time.Millisecond,
 		"and the old host learns it lost the volume")
+}
+
+// The same partition for a mounted filesystem held in the control plane:
+// the old host, cut off from etcd and the memory node, still has a file's
+// write-back in flight; a second host mounts the filesystem once the old
+// hold expired, rewrites the file and syncs. When the links come back, the
+// node refuses the late write-back (the new mount presented a newer token
+// on every file's volume) and the old host has stopped its mount.
+func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
+	if err := fs.Available(); err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
+	require.NoError(t, err)
+	defer etcd.Close()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	nodeLink := newPartition(t, node.Addr)
+	etcdLink := newPartition(t, strings.TrimPrefix(etcd.Endpoint, "http://"))
+	const lease = time.Second
+	cfg := func(memnode, etcd, mount string) HostConfig {
+		return HostConfig{Memnode: memnode, Etcd: cluster.Access{Endpoints: []string{etcd}}, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
+			CacheBytes: 64 * 4096, VolumeLease: lease, Writeback: -1, OpTimeout: time.Minute, Mount: mount}
+	}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	old, err := StartHost(ctx, cfg(nodeLink.Addr(), "http://"+etcdLink.Addr(), dirA))
+	require.NoError(t, err)
+	defer old.Close(ctx)
+	file := "f"
+	write := func(path, data string, sync bool) {
+		t.Helper()
+		// No O_TRUNC: a truncation reaches the node at once (a TRIM).
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644)
+		require.NoError(t, err)
+		_, err = f.WriteString(data)
+		require.NoError(t, err)
+		if sync {
+			require.NoError(t, f.Sync())
+		}
+		require.NoError(t, f.Close())
+	}
+	write(filepath.Join(dirA, file), "synced first", true)
+	// Into the host cache (the kernel's is flushed on close), not synced.
+	write(filepath.Join(dirA, file), "the old host's late write", false)
+
+	nodeLink.Cut()
+	etcdLink.Cut()
+	flushed := make(chan error, 1)
+	go func() { flushed <- old.Store.Flush(ctx) }() // its WRITE waits in the cut link
+
+	next, err := StartHost(ctx, cfg(node.Addr, etcd.Endpoint, dirB)) // waits out the old hold
+	require.NoError(t, err)
+	defer next.Close(ctx)
+	got, err := os.ReadFile(filepath.Join(dirB, file))
+	require.NoError(t, err)
+	assert.Equal(t, "synced first", string(got), "the new mount sees what the old one synced")
+	write(filepath.Join(dirB, file), "the new owner's data", true)
+
+	nodeLink.Heal()
+	etcdLink.Heal()
+	select {
+	case err := <-flushed:
+		assert.ErrorIs(t, err, memnode.ErrFenced, "the late write-back is refused")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the old host's flush never returned")
+	}
+	var data *memnode.VolumeInfo
+	for _, v := range node.Server.Store.List() {
+		if strings.HasPrefix(v.Name, "fs.pd3.") && v.Name != "fs.pd3.meta" {
+			data = &v
+		}
+	}
+	require.NotNil(t, data, "the file's volume")
+	page := make([]byte, 4096)
+	require.NoError(t, node.Server.Store.ReadAt(data.ID, 0, page))
+	assert.Equal(t, "the new owner's data", string(page[:20]))
+	require.Eventually(t, old.FS.Fenced, 10*time.Second, 10*time.Millisecond, "the old host stopped its mount")
+	err = os.WriteFile(filepath.Join(dirA, "g"), []byte("x"), 0o644)
+	assert.ErrorIs(t, err, syscall.EROFS, "and refuses changes")
 }
