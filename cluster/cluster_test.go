@@ -181,8 +181,12 @@ func TestHostSessionResumedOrLost(t *testing.T) {
 	defer h.Close()
 	_, err = h.Hold(ctx, "disk0", time.Second)
 	require.NoError(t, err)
+	doubts := make(chan bool, 4)
+	h.SetDoubt(func(d bool) { doubts <- d })
 	h.session().Orphan() // the client's keepalive gives up; etcd's lease lives on
 	require.Eventually(t, func() bool { return h.Resumed.Load() == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.True(t, <-doubts, "in doubt while etcd is asked")
+	assert.False(t, <-doubts, "and sure again")
 	time.Sleep(3 * time.Second) // past the TTL: renewed by the resumed session
 	select {
 	case <-h.Lost():
@@ -201,6 +205,8 @@ func TestHostSessionResumedOrLost(t *testing.T) {
 		t.Fatal("a lease etcd let go of is not reported lost")
 	}
 	assert.Equal(t, uint64(1), h.Resumed.Load())
+	assert.True(t, <-doubts, "in doubt, then lost")
+	assert.Empty(t, doubts)
 }
 
 // A node whose session is lost while it keeps running (etcd restarted

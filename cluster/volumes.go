@@ -26,8 +26,9 @@ type Host struct {
 	pfx string
 	ttl time.Duration
 
-	mu   sync.Mutex
-	sess *concurrency.Session // replaced when resumed
+	mu    sync.Mutex
+	sess  *concurrency.Session // replaced when resumed
+	doubt func(bool)           // SetDoubt's
 
 	lost, stop, done chan struct{}
 	once             sync.Once
@@ -68,6 +69,26 @@ func NewHost(ctx context.Context, cli *clientv3.Client, name string, ttl time.Du
 	return h, nil
 }
 
+// SetDoubt has fn(true) called when the session ends on the client's
+// side, before etcd is asked whether the lease lives on, and fn(false)
+// when it does: in between the host should serve nothing, as another
+// host may hold its volumes if the answer is no. (A no closes Lost
+// instead, without fn(false).)
+func (h *Host) SetDoubt(fn func(doubting bool)) {
+	h.mu.Lock()
+	h.doubt = fn
+	h.mu.Unlock()
+}
+
+func (h *Host) doubting(d bool) {
+	h.mu.Lock()
+	fn := h.doubt
+	h.mu.Unlock()
+	if fn != nil {
+		fn(d)
+	}
+}
+
 func (h *Host) session() *concurrency.Session {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -95,10 +116,12 @@ func (h *Host) watch() {
 			return
 		default:
 		}
+		h.doubting(true)
 		if !h.resume() {
 			close(h.lost)
 			return
 		}
+		h.doubting(false)
 	}
 }
 

@@ -271,6 +271,7 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 // the page's key, the offset and length within the page, and the offset
 // within the caller's buffer.
 func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at uint64) error) error {
+	s.waitServing()
 	s.vmu.RLock()
 	v, ok := s.volumes[vol]
 	s.vmu.RUnlock()

@@ -116,6 +116,10 @@ type Store struct {
 	flushing  bool
 	nextRound *flushRound
 
+	// held is nil while the store serves; while Suspend holds new
+	// requests back it is the channel Resume closes.
+	held atomic.Pointer[chan struct{}]
+
 	vmu     sync.RWMutex
 	volumes map[uint16]memnode.VolumeInfo
 	fenced  map[uint16]bool // guarded by vmu
@@ -278,8 +282,33 @@ func (s *Store) Volume(name string) (memnode.VolumeInfo, bool) {
 	return memnode.VolumeInfo{}, false
 }
 
+// Suspend holds every new request back (reads and writes, at their
+// validation) until Resume: for a host that is no longer sure it still
+// holds its volumes (its etcd session ended on its side) and asks. Once it
+// knows, it resumes, after FenceVolume if the answer was no, so that what
+// was held back fails instead of being served stale. Requests already
+// admitted run on.
+func (s *Store) Suspend() {
+	ch := make(chan struct{})
+	s.held.CompareAndSwap(nil, &ch)
+}
+
+// Resume lets the requests Suspend held back go on.
+func (s *Store) Resume() {
+	if ch := s.held.Swap(nil); ch != nil {
+		close(*ch)
+	}
+}
+
+func (s *Store) waitServing() {
+	if ch := s.held.Load(); ch != nil {
+		<-*ch
+	}
+}
+
 // CheckKey validates k against the served volumes.
 func (s *Store) CheckKey(k Key) error {
+	s.waitServing()
 	s.vmu.RLock()
 	v, ok := s.volumes[k.Volume()]
 	s.vmu.RUnlock()

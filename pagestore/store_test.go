@@ -326,3 +326,35 @@ func TestWritebackStartsEarly(t *testing.T) {
 		})
 	}
 }
+
+// Suspend holds new requests until Resume; fenced in between, they fail
+// rather than serve what another host may have changed.
+func TestSuspendHoldsRequestsUntilResume(t *testing.T) {
+	for _, fence := range []bool{false, true} {
+		s := newTestStore(t, NewMemRemote(), 16, "s3fifo", 64)
+		ctx := context.Background()
+		k := pageid.MakeKey(1, 3)
+		require.NoError(t, s.Put(ctx, k, fill(k, 1)))
+		s.Suspend()
+		done := make(chan error, 2)
+		go func() { done <- s.Get(ctx, k, make([]byte, PageSize)) }()
+		go func() { done <- s.ReadRange(ctx, 1, 0, make([]byte, 100)) }()
+		select {
+		case err := <-done:
+			t.Fatalf("a request went through a suspended store: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if fence {
+			s.FenceVolume(1)
+		}
+		s.Resume()
+		for range 2 {
+			err := <-done
+			if fence {
+				assert.ErrorIs(t, err, ErrFenced)
+			} else {
+				assert.NoError(t, err)
+			}
+		}
+	}
+}

@@ -584,6 +584,16 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 	}
 	h.closeControl = func() error { return errors.Join(ch.Close(), cli.Close()) }
 	h.control, h.ttl, h.epochs = ch, ttl, epochs
+	// While the host does not know whether it still holds its volumes,
+	// it serves nothing; a no fences them below, then lets the held
+	// requests fail.
+	ch.SetDoubt(func(doubting bool) {
+		if doubting {
+			h.Store.Suspend()
+		} else {
+			h.Store.Resume()
+		}
+	})
 	for _, v := range h.Volumes {
 		// Twice the TTL: an etcd that restarted (pd3 up --persist after a
 		// crash) gives the dead holder's session a whole TTL again.
@@ -612,6 +622,7 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 			if f := h.heldFS.Load(); f != nil {
 				f.Fence()
 			}
+			h.Store.Resume()
 			cfg.Log.Error("host: the control plane lost this host's session; no longer serving its volumes", "etcd", strings.Join(cfg.Etcd.Endpoints, ","))
 		}
 	}()
@@ -664,6 +675,9 @@ func (h *Host) releaseVolumes() error {
 	if h.stopLeases != nil {
 		h.stopLeases()
 		h.stopLeases = nil
+		if h.Store != nil {
+			h.Store.Resume() // a doubt cut short by the stop: nothing serves any more
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
