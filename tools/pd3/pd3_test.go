@@ -978,6 +978,56 @@ func fioIn(dir string, args ...string) (string, error) {
 	return string(out), err
 }
 
+// vethNS is a network namespace joined to the root one by a veth pair:
+// rootIP on the root side (rootSide), nsIP inside. Taking rootSide down
+// partitions the two without resetting connections. Removed in cleanup.
+type vethNS struct {
+	t            *testing.T
+	ns, rootSide string
+	rootIP, nsIP string
+	ipMu         sync.Mutex
+}
+
+func newVethNS(t *testing.T) *vethNS {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	id := strconv.Itoa(os.Getpid()%10000) + strconv.Itoa(int(vethSeq.Add(1)))
+	sub := strconv.Itoa(16 + (os.Getpid()+int(vethSeq.Load())*37)%200)
+	v := &vethNS{t: t, ns: "pd3t" + id, rootSide: "pd3h" + id, rootIP: "10.231." + sub + ".1", nsIP: "10.231." + sub + ".2"}
+	nsSide := "pd3n" + id
+	v.ip("netns", "add", v.ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", v.ns).Run() }) // takes the veth with it
+	v.ip("link", "add", v.rootSide, "type", "veth", "peer", "name", nsSide)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", v.rootSide).Run() })
+	v.ip("link", "set", nsSide, "netns", v.ns)
+	v.ip("addr", "add", v.rootIP+"/30", "dev", v.rootSide)
+	v.ip("link", "set", v.rootSide, "up")
+	v.ip("netns", "exec", v.ns, "ip", "addr", "add", v.nsIP+"/30", "dev", nsSide)
+	v.ip("netns", "exec", v.ns, "ip", "link", "set", nsSide, "up")
+	v.ip("netns", "exec", v.ns, "ip", "link", "set", "lo", "up")
+	return v
+}
+
+// vethSeq tells apart the namespaces of one test process.
+var vethSeq atomic.Int32
+
+func (v *vethNS) ip(args ...string) {
+	v.t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	require.NoError(v.t, err, "ip %v: %s", args, out)
+}
+
+// Cut takes the link down until the returned heal (also run in cleanup).
+func (v *vethNS) Cut() (heal func()) {
+	v.ip("link", "set", v.rootSide, "down")
+	var once sync.Once
+	heal = func() { once.Do(func() { exec.Command("ip", "link", "set", v.rootSide, "up").Run() }) }
+	v.t.Cleanup(heal)
+	return heal
+}
+
 // TestPartitionedMemnodeGivesEIO: the memory node runs in its own network
 // namespace behind a veth pair; with the link taken down (packets vanish,
 // no reset) reads that miss the cache fail with EIO within --op-timeout;
@@ -986,31 +1036,11 @@ func TestPartitionedMemnodeGivesEIO(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
 	if _, err := exec.LookPath("qemu-io"); err != nil {
 		t.Skip("qemu-io is not installed (make deps-system)")
 	}
-	ipCmd := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	id := strconv.Itoa(os.Getpid() % 10000)
-	ns, hostSide, nodeSide := "pd3t"+id, "pd3h"+id, "pd3n"+id
-	sub := strconv.Itoa(16 + os.Getpid()%200)
-	hostIP, nodeIP := "10.231."+sub+".1", "10.231."+sub+".2"
-	ipCmd("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) // takes the veth with it
-	ipCmd("link", "add", hostSide, "type", "veth", "peer", "name", nodeSide)
-	t.Cleanup(func() { exec.Command("ip", "link", "del", hostSide).Run() })
-	ipCmd("link", "set", nodeSide, "netns", ns)
-	ipCmd("addr", "add", hostIP+"/30", "dev", hostSide)
-	ipCmd("link", "set", hostSide, "up")
-	ipCmd("netns", "exec", ns, "ip", "addr", "add", nodeIP+"/30", "dev", nodeSide)
-	ipCmd("netns", "exec", ns, "ip", "link", "set", nodeSide, "up")
-	ipCmd("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+	vn := newVethNS(t)
+	ns, nodeIP := vn.ns, vn.nsIP
 
 	c, err := bench.StartChild(context.Background(), "ip", []string{"memory node"}, "netns", "exec", ns, pd3Bin, "memnode", "--listen", nodeIP+":7100")
 	require.NoError(t, err)
@@ -1023,21 +1053,14 @@ func TestPartitionedMemnodeGivesEIO(t *testing.T) {
 	require.NoError(t, err, out)
 	require.False(t, qemuFailed(out), out)
 
-	ipCmd("link", "set", hostSide, "down")
-	down := true
-	t.Cleanup(func() {
-		if down {
-			exec.Command("ip", "link", "set", hostSide, "up").Run()
-		}
-	})
+	heal := vn.Cut()
 	startT := time.Now()
 	out, _ = qemu("read -P 0x5a 32M 64k") // not cached: must reach the node
 	took := time.Since(startT)
 	assert.Contains(t, out, "Input/output error", "a partitioned memory node is an I/O error")
 	assert.Less(t, took, 15*time.Second, "bounded by --op-timeout, not a hang (took %v)", took)
 
-	ipCmd("link", "set", hostSide, "up")
-	down = false
+	heal()
 	require.Eventually(t, func() bool {
 		out, err := qemu("read -P 0x5a 0 4M", "read -P 0 32M 64k")
 		return err == nil && !qemuFailed(out)
