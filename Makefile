@@ -116,8 +116,11 @@ bench: build
 bench-nbd: build deps-system
 	./$(BIN) bench nbd
 
-# fio on a pd3 mount vs nbdfuse over nbdkit memory and tmpfs (root).
+# fio and dbench on a pd3 mount vs nbdfuse over the nbdkit cache chain and
+# over nbdkit memory, bindfs over tmpfs, and tmpfs (root).
+FUSE_BENCH_PACKAGES := bindfs dbench
 bench-fuse: build deps-system
+	@$(call apt-missing,$(FUSE_BENCH_PACKAGES),bench fuse needs)
 	./$(BIN) bench fuse
 
 # PostgreSQL on ext4 on a loop device over nbdfuse over pd3's NBD export,

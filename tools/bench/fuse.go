@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,25 +32,40 @@ type FUSEOptions struct {
 
 // FUSESystems are the ways to expose memory as a file that FUSE compares:
 // pd3 (memory node, 64 MiB host cache, agent), pd3 without prefetching
-// (--dpu none), nbdfuse over nbdkit's memory plugin, and tmpfs (the local
-// limit: the data in this machine's memory). pd3-cached is pd3 with a host
-// cache larger than the file, which the layout leaves holding all of it:
-// every FUSE READ a host hit, no memory-node hop — the ceiling of pd3's
-// FUSE path at any cache size.
-var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-nbdkit", "tmpfs", "pd3-cached"}
+// (--dpu none), nbdfuse over the nbdkit cache chain (the fair remote peer:
+// a 64 MiB cache in front of a second nbdkit holding the data, no
+// prefetching), nbdfuse over nbdkit's memory plugin (all local), bindfs
+// over tmpfs (a plain passthrough FUSE filesystem: the local ceiling of a
+// FUSE file system) and tmpfs (no FUSE at all). pd3-cached is pd3 with a
+// host cache larger than the file: every FUSE READ a host hit, the
+// ceiling of pd3's FUSE path at any cache size.
+var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs", "pd3-cached"}
 
-// FUSEJobs name fio runs as pattern-engine-depth-direct.
+// fuseDefaultSystems leave out pd3's own variants.
+var fuseDefaultSystems = []string{"pd3", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs"}
+
+// FUSEDefaultSystems is what pd3 bench fuse compares unless told.
+func FUSEDefaultSystems() []string { return slices.Clone(fuseDefaultSystems) }
+
+// FUSEJobs name the runs: fio as PATTERN-ENGINE-DEPTH-direct|buffered
+// with an optional -JOBS (threads), and dbench-CLIENTS.
 var FUSEJobs = []string{
-	"randread-psync-1-direct", "randread-libaio-16-direct",
-	"randread-psync-1-buffered", "randread-libaio-16-buffered",
-	"seqread1m-psync-1-buffered", "seqread1m-psync-1-direct",
+	"seqread1m-psync-1-direct", "seqread1m-psync-1-buffered",
+	"randread-psync-1-direct", "randread-psync-1-direct-4",
+	"seqwrite1m-psync-1-buffered", "dbench-2",
 }
 
-// fuseJobArgs turns a job name into fio options.
+// fuseJobArgs turns a fio job name into fio options (dbench jobs: nil).
 func fuseJobArgs(job string) ([]string, error) {
+	if n, ok := strings.CutPrefix(job, "dbench-"); ok {
+		if c, err := strconv.Atoi(n); err != nil || c < 1 {
+			return nil, fmt.Errorf("bad FUSE job %q (want dbench-CLIENTS)", job)
+		}
+		return nil, nil
+	}
 	f := strings.Split(job, "-")
-	if len(f) != 4 {
-		return nil, fmt.Errorf("bad FUSE job %q (want pattern-engine-depth-direct|buffered)", job)
+	if len(f) != 4 && len(f) != 5 {
+		return nil, fmt.Errorf("bad FUSE job %q (want pattern-engine-depth-direct|buffered[-jobs] or dbench-clients)", job)
 	}
 	args := []string{"--ioengine=" + f[1], "--iodepth=" + f[2]}
 	switch f[0] {
@@ -56,8 +73,11 @@ func fuseJobArgs(job string) ([]string, error) {
 		args = append(args, "--rw=randread", "--bs=4k")
 	case "seqread1m":
 		args = append(args, "--rw=read", "--bs=1M")
+	case "seqwrite1m":
+		// What a writer that wants its data safe does: fsync at the end.
+		args = append(args, "--rw=write", "--bs=1M", "--end_fsync=1")
 	default:
-		return nil, fmt.Errorf("bad FUSE job pattern %q", f[0])
+		return nil, fmt.Errorf("bad FUSE job pattern %q (randread, seqread1m, seqwrite1m)", f[0])
 	}
 	switch f[3] {
 	case "direct":
@@ -66,6 +86,13 @@ func fuseJobArgs(job string) ([]string, error) {
 		args = append(args, "--direct=0")
 	default:
 		return nil, fmt.Errorf("bad FUSE job mode %q", f[3])
+	}
+	if len(f) == 5 {
+		n, err := strconv.Atoi(f[4])
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad FUSE job thread count %q", f[4])
+		}
+		args = append(args, "--numjobs="+f[4], "--group_reporting")
 	}
 	return args, nil
 }
@@ -98,6 +125,12 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 				return err
 			},
 			run: func(job string) (Result, error) {
+				if clients, ok := strings.CutPrefix(job, "dbench-"); ok {
+					if strings.HasPrefix(sys, "nbdfuse") {
+						return Result{}, errSkip // one file, not a filesystem
+					}
+					return runDbench(ctx, filepath.Join(filepath.Dir(file), "dbench"), clients, opt.Runtime)
+				}
 				args, _ := fuseJobArgs(job) // checked above
 				dropCaches()
 				return runFioArgs(ctx, append(append(base, args...), "--time_based", "--runtime="+strconv.Itoa(int(opt.Runtime.Seconds())), "--norandommap", "--randrepeat=0"), nil)
@@ -108,18 +141,48 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 		return nil, err
 	}
 	for _, job := range opt.Jobs {
-		for _, base := range []string{"nbdfuse-nbdkit", "tmpfs", "pd3-noprefetch", "pd3-cached"} {
+		for _, base := range []string{"nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs", "pd3-noprefetch", "pd3-cached"} {
 			if iops["pd3"][job] > 0 && iops[base][job] > 0 {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
 			}
 		}
-		if iops["pd3-cached"][job] > 0 && iops["nbdfuse-nbdkit"][job] > 0 {
-			rep.Ratios["pd3-cached/nbdfuse-nbdkit@"+job] = iops["pd3-cached"][job] / iops["nbdfuse-nbdkit"][job]
-		}
 	}
-	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; nbdkit memory holds the data in its own memory",
-		units.FormatSize(opt.Size), opt.Runtime, units.FormatSize(opt.Cache)))
+	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; the nbdkit cache chain: %s cache in /dev/shm in front of a second nbdkit holding the data; dbench: MB/s in the ops/s column, nbdfuse (one file, no filesystem) skipped",
+		units.FormatSize(opt.Size), opt.Runtime, units.FormatSize(opt.Cache), units.FormatSize(opt.Cache)))
 	return rep, nil
+}
+
+// runDbench runs dbench with clients processes in dir (created) for d and
+// reports its throughput: MB/s as OpsPerSec (what the ratios compare).
+func runDbench(ctx context.Context, dir, clients string, d time.Duration) (Result, error) {
+	if _, err := exec.LookPath("dbench"); err != nil {
+		return Result{}, errors.New("dbench is not installed (make deps-system)")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	cctx, cancel := context.WithTimeout(ctx, d+2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, "dbench", "-D", dir, "-t", strconv.Itoa(max(1, int(d.Seconds()))), clients).CombinedOutput()
+	if err != nil {
+		return Result{}, fmt.Errorf("dbench: %w: %s", err, tail(out))
+	}
+	m := dbenchThroughput.FindSubmatch(out)
+	if m == nil {
+		return Result{}, fmt.Errorf("dbench printed no throughput: %s", tail(out))
+	}
+	mbs, _ := strconv.ParseFloat(string(m[1]), 64)
+	return Result{Ops: uint64(mbs * d.Seconds()), OpsPerSec: mbs, GBytesPerSec: mbs / 1000}, nil
+}
+
+var dbenchThroughput = regexp.MustCompile(`Throughput ([0-9.]+) MB/sec`)
+
+func tail(b []byte) string {
+	if len(b) > 400 {
+		b = b[len(b)-400:]
+	}
+	return string(b)
 }
 
 func dropCaches() {
@@ -184,7 +247,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			return "", nil, nil, nil, err
 		}
 		return filepath.Join(mnt, "bench"), host, node, stop, nil
-	case "nbdfuse-nbdkit":
+	case "nbdfuse-nbdkit", "nbdfuse-cache-nbd":
 		for _, bin := range []string{"nbdkit", "nbdfuse"} {
 			if _, err := exec.LookPath(bin); err != nil {
 				cleanup()
@@ -192,15 +255,28 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			}
 		}
 		// TCP on loopback, as pd3's host reaches its memory node.
-		kitChild, addr, err := startNbdkit(ctx, nil, "memory", strconv.FormatUint(opt.Size, 10))
+		var kitChild, remote *Child
+		var addr string
+		var err error
+		if sys == "nbdfuse-cache-nbd" {
+			kitChild, remote, addr, err = startNbdkitCacheChain(ctx, opt.Size, opt.Cache, false)
+		} else {
+			kitChild, addr, err = startNbdkit(ctx, nil, "memory", strconv.FormatUint(opt.Size, 10))
+		}
 		if err != nil {
 			cleanup()
 			return "", nil, nil, nil, err
 		}
 		fuse := exec.CommandContext(ctx, "nbdfuse", filepath.Join(mnt, "bench"), "nbd://"+addr)
 		fuse.Stderr = os.Stderr
-		if err := fuse.Start(); err != nil {
+		stopKit := func() {
 			kitChild.Stop()
+			if remote != nil {
+				remote.Stop()
+			}
+		}
+		if err := fuse.Start(); err != nil {
+			stopKit()
 			cleanup()
 			return "", nil, nil, nil, err
 		}
@@ -208,14 +284,50 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		stop := func() {
 			exec.Command("fusermount3", "-u", mnt).Run()
 			fuseChild.Stop()
-			kitChild.Stop()
+			stopKit()
 			cleanup()
 		}
 		if err := waitMounted(mnt); err != nil {
 			stop()
 			return "", nil, nil, nil, err
 		}
-		return filepath.Join(mnt, "bench"), kitChild, nil, stop, nil
+		// The server measured is the one the FUSE daemon talks to; the
+		// chain's remote plays the memory node.
+		return filepath.Join(mnt, "bench"), kitChild, remote, stop, nil
+	case "bindfs":
+		if _, err := exec.LookPath("bindfs"); err != nil {
+			cleanup()
+			return "", nil, nil, nil, errors.New("bindfs is not installed (make deps-system)")
+		}
+		src := filepath.Join(dir, "src")
+		if err := os.Mkdir(src, 0o755); err != nil {
+			cleanup()
+			return "", nil, nil, nil, err
+		}
+		size := strconv.FormatUint(opt.Size+256<<20, 10)
+		if err := syscall.Mount("tmpfs", src, "tmpfs", 0, "size="+size); err != nil {
+			cleanup()
+			return "", nil, nil, nil, fmt.Errorf("mounting tmpfs: %w", err)
+		}
+		// -f: in the foreground, so the process is ours to measure and stop.
+		b := exec.CommandContext(ctx, "bindfs", "-f", src, mnt)
+		b.Stderr = os.Stderr
+		stop := func() {
+			exec.Command("fusermount3", "-u", mnt).Run()
+			syscall.Unmount(src, syscall.MNT_DETACH)
+			cleanup()
+		}
+		if err := b.Start(); err != nil {
+			stop()
+			return "", nil, nil, nil, err
+		}
+		bChild := &Child{cmd: b, Pid: b.Process.Pid, Addrs: map[string]string{}}
+		stopAll := func() { exec.Command("fusermount3", "-u", mnt).Run(); bChild.Stop(); stop() }
+		if err := waitMounted(mnt); err != nil {
+			stopAll()
+			return "", nil, nil, nil, err
+		}
+		return filepath.Join(mnt, "bench"), bChild, nil, stopAll, nil
 	case "tmpfs":
 		size := strconv.FormatUint(opt.Size+64<<20, 10)
 		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {

@@ -222,7 +222,7 @@ func benchCmd() *cobra.Command {
 	var fsystems, fjobs string
 	fusec := &cobra.Command{
 		Use:   "fuse",
-		Short: "fio on a file of a pd3 mount, nbdfuse over nbdkit memory and tmpfs (IOPS ratios; root)",
+		Short: "fio and dbench on a pd3 mount against nbdfuse over the nbdkit cache chain and over nbdkit memory, bindfs over tmpfs, tmpfs (ratios; root)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -242,8 +242,8 @@ func benchCmd() *cobra.Command {
 			return emit(rep)
 		},
 	}
-	fusec.Flags().StringVar(&fsystems, "systems", strings.Join(bench.FUSESystems, ","), "what to compare: "+strings.Join(bench.FUSESystems, ","))
-	fusec.Flags().StringVar(&fjobs, "jobs", strings.Join(bench.FUSEJobs, ","), "fio runs: PATTERN-ENGINE-DEPTH-direct|buffered, PATTERN randread (4 KiB) or seqread1m")
+	fusec.Flags().StringVar(&fsystems, "systems", strings.Join(bench.FUSEDefaultSystems(), ","), "what to compare: "+strings.Join(bench.FUSESystems, ","))
+	fusec.Flags().StringVar(&fjobs, "jobs", strings.Join(bench.FUSEJobs, ","), "runs: fio as PATTERN-ENGINE-DEPTH-direct|buffered[-THREADS] (PATTERN randread: 4 KiB, seqread1m, seqwrite1m: then fsync), and dbench-CLIENTS")
 	pagesVar(fusec.Flags(), &fopt.Size, "size", "1GiB", "file size")
 	pagesVar(fusec.Flags(), &fopt.Cache, "cache", "64MiB", "pd3 host cache")
 	fusec.Flags().DurationVar(&fopt.Runtime, "runtime", 10*time.Second, "per job")
