@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -172,7 +173,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 		if !cfg.Etcd.Enabled() && e.etcdListen != "none" {
 			dir := filepath.Join(e.persist, "etcd")
 			if e.persist == "" {
-				tmp, err := os.MkdirTemp("", "pd3-etcd-")
+				tmp, err := scratchDir("pd3-etcd-", log)
 				if err != nil {
 					return err
 				}
@@ -526,4 +527,25 @@ func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (s
 		}
 	}()
 	return func() { close(done); <-exited }
+}
+
+// scratchDir makes a temporary directory named PREFIX<pid>-*, removed by
+// the caller on the way out. A pd3 killed with SIGKILL cannot remove its
+// own, so first it removes those of processes that no longer run (a live
+// pid, even another program's after reuse, keeps its directory).
+func scratchDir(prefix string, log *slog.Logger) (string, error) {
+	old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*-*"))
+	for _, d := range old {
+		pidStr, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(d), prefix), "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			if os.RemoveAll(d) == nil {
+				log.Info(fmt.Sprintf("removed %s, left by pd3 process %d that did not stop cleanly", d, pid))
+			}
+		}
+	}
+	return os.MkdirTemp("", prefix+strconv.Itoa(os.Getpid())+"-")
 }
