@@ -33,10 +33,20 @@ import (
 //
 // Directory layout:
 //
-//	volumes.json       the volume table (written atomically on create/delete)
 //	vol-ID.pages       a volume's bytes, sparse; TRIM punches holes
 //	log-GEN.wal        log segments; GEN increases, never reused
-//	checkpoint         {gen, offset, seq} covered by the page files
+//	checkpoint         {gen, offset, seq} covered by the page files, and
+//	                   the volume table at that position
+//	volumes.json       the volume table of stores written before the table
+//	                   was journaled (read when the checkpoint has none)
+//
+// The volume table is journaled like the data: CREATE, DELETE and a raised
+// fencing token append log entries (ordered with the writes, which is what
+// makes a delete and the re-use of its id replay correctly), and the
+// checkpoint records the whole table together with its log position in
+// one atomic file. Taking the position and the table under the table's
+// lock keeps them consistent, so replay applies exactly the changes made
+// after the table it starts from.
 //
 // Log entry (little-endian, 16-byte aligned):
 //
@@ -45,7 +55,7 @@ import (
 //	4   4    CRC32C of bytes 8..end of payload
 //	8   8    segment generation (an entry from another segment never replays)
 //	16  8    sequence number (consecutive; a gap ends the log)
-//	24  1    op: 1 write, 2 trim
+//	24  1    op: 1 write, 2 trim, 3 create, 4 delete, 5 fence
 //	25  1    reserved
 //	26  2    volume
 //	28  4    payload length
@@ -63,6 +73,9 @@ const (
 	entryHeader = 48
 	opLogWrite  = 1
 	opLogTrim   = 2
+	opLogCreate = 3 // volume id, offset: size, payload: name
+	opLogDelete = 4 // volume id, payload: name
+	opLogFence  = 5 // volume id, count: the new fencing token, payload: name
 
 	defaultLogLimit = 256 << 20 // checkpoint when the log exceeds this
 )
@@ -101,6 +114,9 @@ type checkpoint struct {
 	Gen    uint64 `json:"gen"`
 	Offset int64  `json:"offset"`
 	Seq    uint64 `json:"seq"`
+	// Volumes is the table at the position (nil in checkpoints written
+	// before the table was journaled: then volumes.json has it).
+	Volumes []volumeRecord `json:"volumes"`
 }
 
 func segPath(dir string, gen uint64) string {
@@ -314,14 +330,6 @@ type volumeRecord struct {
 	Fence uint64 `json:",omitempty"`
 }
 
-func (p *persister) saveVolumes(vs []volumeRecord) error {
-	b, err := json.Marshal(vs)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(filepath.Join(p.dir, "volumes.json"), b)
-}
-
 // OpenPersistent opens (or creates) a persistent store in dir: it loads
 // the page files, replays the log from the last checkpoint up to the first
 // torn entry, and starts the group-commit syncer.
@@ -349,21 +357,21 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 	// Attached before replay so replayed trims mark their chunks; p.log is
 	// set once replay is done (nothing logs before that).
 	s.persist = p
-	// Volumes and their page files.
-	var vs []volumeRecord
-	if b, err := os.ReadFile(filepath.Join(dir, "volumes.json")); err == nil {
-		if err := json.Unmarshal(b, &vs); err != nil {
-			return nil, fmt.Errorf("%w: volumes.json: %v", ErrCorrupt, err)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("memnode: %w", err)
-	}
-	// Log segments to replay, read before the page files so that the
-	// total is known from the start.
+	// The checkpoint: the log position and the volume table there.
 	var cp checkpoint
 	if b, err := os.ReadFile(filepath.Join(dir, "checkpoint")); err == nil {
 		if err := json.Unmarshal(b, &cp); err != nil {
 			return nil, fmt.Errorf("%w: checkpoint: %v", ErrCorrupt, err)
+		}
+	}
+	vs := cp.Volumes
+	if vs == nil {
+		if b, err := os.ReadFile(filepath.Join(dir, "volumes.json")); err == nil {
+			if err := json.Unmarshal(b, &vs); err != nil {
+				return nil, fmt.Errorf("%w: volumes.json: %v", ErrCorrupt, err)
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("memnode: %w", err)
 		}
 	}
 	gens, err := segments(dir)
@@ -402,9 +410,10 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 			return nil, err
 		}
 	}
-	// Page files of volumes the table no longer lists (a crash between a
-	// delete's table update and the file's removal) must not show through
-	// when their id is reused.
+	// Page files of volumes the table does not list (deleted before the
+	// checkpoint, or created after it and written by a checkpoint that did
+	// not complete: the log has all of theirs) must not show through when
+	// their id is reused.
 	if olds, err := filepath.Glob(filepath.Join(dir, "vol-*.pages")); err == nil {
 		listed := map[string]bool{}
 		for _, v := range vs {
@@ -516,11 +525,18 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report 
 		}
 		vol := binary.LittleEndian.Uint16(e[26:])
 		at := binary.LittleEndian.Uint64(e[32:])
+		payload := e[entryHeader : entryHeader+n]
 		switch e[24] {
 		case opLogWrite:
-			err = s.apply(vol, at, e[entryHeader:entryHeader+n], true)
+			err = s.apply(vol, at, payload, true)
 		case opLogTrim:
 			err = s.applyTrim(vol, at, binary.LittleEndian.Uint64(e[40:]))
+		case opLogCreate:
+			err = s.restoreVolume(volumeRecord{VolumeInfo: VolumeInfo{ID: vol, Size: at, Name: string(payload)}})
+		case opLogDelete:
+			err = s.replayDelete(vol, string(payload))
+		case opLogFence:
+			err = s.replayFence(vol, string(payload), binary.LittleEndian.Uint64(e[40:]))
 		default:
 			return off, seq, true, nil
 		}
@@ -531,6 +547,44 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report 
 		off += int64(pad16(entryHeader + n))
 	}
 	return off, seq, false, nil
+}
+
+// replayDelete applies a logged DELETE: the volume must be the one named
+// (an id re-used by a later CREATE replays after it).
+func (s *Store) replayDelete(id uint16, name string) error {
+	s.mu.Lock()
+	v, ok := s.byID[id]
+	if ok && v.info.Name != name {
+		s.mu.Unlock()
+		return fmt.Errorf("deleting volume %d %q: the table has %q", id, name, v.info.Name)
+	}
+	if ok {
+		delete(s.byName, name)
+		delete(s.byID, id)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("deleting volume %d %q: %w", id, name, ErrNoVolume)
+	}
+	s.dropVolume(v)
+	return nil
+}
+
+// replayFence applies a logged fencing token.
+func (s *Store) replayFence(id uint16, name string, token uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.byID[id]
+	if !ok {
+		return fmt.Errorf("fencing volume %d %q: %w", id, name, ErrNoVolume)
+	}
+	if v.info.Name != name {
+		return fmt.Errorf("fencing volume %d %q: the table has %q", id, name, v.info.Name)
+	}
+	if token > v.fence.Load() {
+		v.fence.Store(token)
+	}
+	return nil
 }
 
 // storedBytes is how much of a sparse page file holds data (what
@@ -588,17 +642,20 @@ func (s *Store) checkpointLocked() error {
 	// Everything appended so far is reflected in memory (mutations apply
 	// before they log), so the position taken now is covered by what the
 	// chunks hold from here on. Later entries replay idempotently.
+	// The table is taken at the same position: table changes log under
+	// s.mu, so none falls between the two.
+	s.mu.Lock()
 	gen, seq, err := p.log.roll()
 	if err != nil {
+		s.mu.Unlock()
 		return err
 	}
-	cp := checkpoint{Gen: gen, Offset: 0, Seq: seq}
-	s.mu.RLock()
+	cp := checkpoint{Gen: gen, Offset: 0, Seq: seq, Volumes: s.recordsLocked()}
 	vols := make([]*volume, 0, len(s.byID))
 	for _, v := range s.byID {
 		vols = append(vols, v)
 	}
-	s.mu.RUnlock()
+	s.mu.Unlock()
 	buf := make([]byte, ChunkSize)
 	for _, v := range vols {
 		dirty := false
@@ -644,6 +701,7 @@ func (s *Store) checkpointLocked() error {
 	if err := writeFileAtomic(filepath.Join(p.dir, "checkpoint"), b); err != nil {
 		return fmt.Errorf("memnode: checkpoint: %w", err)
 	}
+	os.Remove(filepath.Join(p.dir, "volumes.json")) // the older layout's table: superseded
 	gens, err := segments(p.dir)
 	if err != nil {
 		return err

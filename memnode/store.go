@@ -71,41 +71,61 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if _, ok := s.byName[name]; ok {
+		s.mu.Unlock()
 		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, ErrExists)
 	}
 	id, ok := s.freeID()
 	if !ok {
+		s.mu.Unlock()
 		return VolumeInfo{}, fmt.Errorf("creating %q: %w: all volume ids in use", name, ErrNoMemory)
 	}
 	v := &volume{
 		info:   VolumeInfo{ID: id, Size: size, Name: name},
 		chunks: newChunkTable(size),
 	}
+	tok, err := s.logTableLocked(opLogCreate, id, size, 0, name)
+	if err != nil {
+		s.mu.Unlock()
+		return VolumeInfo{}, err
+	}
 	s.byName[name] = v
 	s.byID[id] = v
-	if err := s.saveVolumesLocked(); err != nil {
-		delete(s.byName, name)
-		delete(s.byID, id)
-		return VolumeInfo{}, err
+	s.mu.Unlock()
+	// Like a write, the new volume is visible before it is durable; what
+	// is written to it is logged after it, so never durable before it.
+	if err := s.Durable(tok); err != nil {
+		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, err)
 	}
 	return v.current(), nil
 }
 
-// saveVolumesLocked persists the volume table; s.mu must be held.
-func (s *Store) saveVolumesLocked() error {
-	if s.persist == nil {
-		return nil
+// logTableLocked appends a change of the volume table to the log (s.mu
+// held, so the log orders table changes as the table does) and returns
+// the durability token to wait for after unlocking. A journal entry costs
+// a share of one group-committed fdatasync, where rewriting the whole
+// table cost an fsync of a file and of the directory per change (a
+// persistent node under a filesystem's creates and deletes spent most of
+// its time there).
+func (s *Store) logTableLocked(op byte, id uint16, off, count uint64, name string) (uint64, error) {
+	if s.persist == nil || s.persist.log == nil {
+		return 0, nil
 	}
+	tok, err := s.persist.log.append(op, id, off, count, []byte(name))
+	if err != nil {
+		return 0, fmt.Errorf("memnode: recording the volume table: %w", err)
+	}
+	return tok, nil
+}
+
+// records is the volume table as the checkpoint saves it; s.mu held.
+func (s *Store) recordsLocked() []volumeRecord {
 	vs := make([]volumeRecord, 0, len(s.byID))
 	for _, v := range s.byID {
 		vs = append(vs, volumeRecord{VolumeInfo: v.current(), Fence: v.fence.Load()})
 	}
-	if err := s.persist.saveVolumes(vs); err != nil {
-		return fmt.Errorf("memnode: saving the volume table: %w", err)
-	}
-	return nil
+	sort.Slice(vs, func(i, j int) bool { return vs[i].ID < vs[j].ID })
+	return vs
 }
 
 // restoreVolume re-creates a volume read from persistent state.
@@ -186,25 +206,35 @@ func (s *Store) Delete(name string) error {
 	}
 	s.mu.Lock()
 	v, ok := s.byName[name]
+	var tok uint64
 	if ok {
-		delete(s.byName, name)
-		delete(s.byID, v.info.ID)
-		if err := s.saveVolumesLocked(); err != nil {
-			s.byName[name], s.byID[v.info.ID] = v, v
+		var err error
+		if tok, err = s.logTableLocked(opLogDelete, v.info.ID, 0, 0, name); err != nil {
 			s.mu.Unlock()
 			return err
 		}
+		delete(s.byName, name)
+		delete(s.byID, v.info.ID)
 	}
 	s.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("deleting %q: %w", name, ErrNoVolume)
 	}
+	if err := s.Durable(tok); err != nil {
+		return fmt.Errorf("deleting %q: %w", name, err)
+	}
+	s.dropVolume(v)
+	return nil
+}
+
+// dropVolume frees a volume taken out of the table: its page file, its
+// chunks.
+func (s *Store) dropVolume(v *volume) {
 	if s.persist != nil {
 		os.Remove(s.persist.pagePath(v.info.ID))
 	}
 	v.deleted.Store(true)
 	v.chunks.each(func(_ uint64, c *chunk) { s.freeChunk(c) })
-	return nil
 }
 
 func (s *Store) volume(id uint16) (*volume, error) {
@@ -361,15 +391,21 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 // still refuses the superseded writer.
 func (s *Store) raiseFence(v *volume, token uint64) (bool, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	switch cur := v.fence.Load(); {
 	case token < cur:
+		s.mu.Unlock()
 		return false, nil
 	case token == cur:
+		s.mu.Unlock()
 		return true, nil
 	}
 	v.fence.Store(token)
-	return true, s.saveVolumesLocked()
+	tok, err := s.logTableLocked(opLogFence, v.info.ID, 0, token, v.info.Name)
+	s.mu.Unlock()
+	if err == nil {
+		err = s.Durable(tok)
+	}
+	return true, err
 }
 
 // Fence returns the volume's fencing token (0: none presented yet).
