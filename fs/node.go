@@ -614,6 +614,11 @@ func (n *node) file() (c *inode, vol uint16, size uint64, e syscall.Errno) {
 	return c, c.vol, c.Size, 0
 }
 
+// streamRead is the size from which a FUSE read bypasses the host cache
+// (pagestore.Store.ReadStream): the kernel's read-ahead of a sequential
+// reader, or a large direct read.
+const streamRead = 256 << 10
+
 func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	c, vol, size, e := n.file()
 	if e != 0 {
@@ -632,7 +637,12 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 		n.f.cfg.OnRead(pageid.MakeKey(vol, first), int(last-first+1), (size+pageid.Size-1)/pageid.Size)
 	}
 	c.io.RLock()
-	err := n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
+	var err error
+	if len(dest) >= streamRead {
+		err = n.f.cfg.Store.ReadStream(ctx, vol, uint64(off), dest)
+	} else {
+		err = n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
+	}
 	c.io.RUnlock()
 	if err != nil {
 		return nil, n.f.errno("read", err)

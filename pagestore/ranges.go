@@ -50,6 +50,80 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 	})
 }
 
+// ReadStream is ReadRange for a large read that is not worth caching
+// (a FUSE read of a stream: the kernel keeps its own copy, and a scan
+// through the cache would evict what is worth keeping). Pages the cache
+// holds are copied from it, pages the Loading Zone holds are taken from
+// it, and the rest are read from the remote straight into p, runs of
+// consecutive pages in one request each, concurrently, without claiming
+// frames. A page that is not resident is at the remote (an eviction
+// unindexes a page only once its write-back is acknowledged), so nothing
+// newer than what a concurrent reader may see is missed. Unaligned reads,
+// and remotes that cannot read runs, take ReadRange.
+func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	pr, ok := s.remote.(PagesReader)
+	if !ok || off%PageSize != 0 || len(p)%PageSize != 0 || len(p) < 2*PageSize {
+		return s.ReadRange(ctx, vol, off, p)
+	}
+	if err := s.eachPage(vol, off, uint64(len(p)), func(Key, int, int, uint64) error { return nil }); err != nil {
+		return err // out of range, or a volume not served
+	}
+	first, pages := off/PageSize, len(p)/PageSize
+	var (
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, maxParallelMisses)
+		errMu sync.Mutex
+		ferr  error
+	)
+	runStart := -1
+	flush := func(end int) {
+		if runStart < 0 {
+			return
+		}
+		a := runStart
+		runStart = -1
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s.remoteReads.Add(uint64(end - a))
+			s.misses.Add(uint64(end - a))
+			if err := pr.ReadPages(ctx, pageid.MakeKey(vol, first+uint64(a)), p[a*PageSize:end*PageSize]); err != nil {
+				errMu.Lock()
+				ferr = cmp.Or(ferr, fmt.Errorf("reading pages from %v: %w", pageid.MakeKey(vol, first+uint64(a)), err))
+				errMu.Unlock()
+			}
+		}()
+	}
+	lz := s.opt.Prefetched
+	var err error
+	for i := 0; i < pages && err == nil; i++ {
+		k := pageid.MakeKey(vol, first+uint64(i))
+		dst := p[i*PageSize : (i+1)*PageSize]
+		switch {
+		case s.Resident(k):
+			flush(i)
+			err = s.Get(ctx, k, dst)
+		case lz != nil && lz.CheckAndReturn(k, dst) == PageSize:
+			flush(i)
+			s.lzHits.Add(1)
+		default:
+			if runStart < 0 {
+				runStart = i
+			} else if i-runStart == maxRun {
+				flush(i)
+				runStart = i
+			}
+		}
+	}
+	if err == nil {
+		flush(pages)
+	}
+	wg.Wait()
+	return cmp.Or(err, ferr)
+}
+
 // maxParallelMisses bounds the concurrent loads of one ReadRange.
 const maxParallelMisses = 64
 

@@ -121,3 +121,65 @@ func TestConcurrentRunsDoNotStarve(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// oneZone is a Loading Zone holding one page.
+type oneZone struct {
+	k    Key
+	page []byte
+}
+
+func (z oneZone) CheckAndReturn(k Key, dst []byte) int {
+	if k != z.k {
+		return 0
+	}
+	return copy(dst, z.page)
+}
+
+// ReadStream serves each page from the newest place — the cache (dirty
+// pages included), the Loading Zone, the remote — without taking frames;
+// unaligned reads fall back to ReadRange; a range past the volume fails.
+func TestReadStream(t *testing.T) {
+	mem := NewMemRemote()
+	const vol, pages = 1, 256
+	var keys []Key
+	var bufs [][]byte
+	for p := uint64(0); p < pages; p++ {
+		k := pageid.MakeKey(vol, p)
+		keys, bufs = append(keys, k), append(bufs, fill(k, 1))
+	}
+	require.NoError(t, mem.WritePages(context.Background(), keys, bufs))
+	lzKey := pageid.MakeKey(vol, 9)
+	s, err := New(mem, Options{CacheBytes: 16 * PageSize, Prefetched: oneZone{lzKey, fill(lzKey, 3)}})
+	require.NoError(t, err)
+	s.AddVolume(memnode.VolumeInfo{ID: vol, Name: "v", Size: pages * PageSize})
+	ctx := context.Background()
+	for _, p := range []uint64{5, 70} {
+		k := pageid.MakeKey(vol, p)
+		require.NoError(t, s.Put(ctx, k, fill(k, 2))) // dirty, newer than the remote
+	}
+	resident := s.Stats().ResidentPages
+
+	buf := make([]byte, 128*PageSize)
+	require.NoError(t, s.ReadStream(ctx, vol, 0, buf))
+	for p := uint64(0); p < 128; p++ {
+		k := pageid.MakeKey(vol, p)
+		want := fill(k, 1)
+		switch p {
+		case 5, 70:
+			want = fill(k, 2)
+		case 9:
+			want = fill(k, 3)
+		}
+		require.Equal(t, want, buf[p*PageSize:(p+1)*PageSize], "page %d", p)
+	}
+	assert.Equal(t, resident, s.Stats().ResidentPages, "a stream takes no frames")
+
+	odd := make([]byte, 3*PageSize)
+	require.NoError(t, s.ReadStream(ctx, vol, 4*PageSize+100, odd))
+	assert.Equal(t, fill(pageid.MakeKey(vol, 4), 1)[100:], odd[:PageSize-100], "unaligned: through the cache")
+	assert.Equal(t, fill(pageid.MakeKey(vol, 5), 2), odd[PageSize-100:2*PageSize-100])
+	err = s.ReadStream(ctx, vol, (pages-1)*PageSize, make([]byte, 2*PageSize))
+	assert.ErrorIs(t, err, pageid.ErrOutOfRange)
+	require.NoError(t, s.Flush(ctx))
+	require.NoError(t, s.Check())
+}
