@@ -8,6 +8,7 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -110,6 +111,11 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("nbd_requests_total", "NBD transmission-phase requests received.", func(s *nbd.Server) uint64 { return s.Requests.Load() }),
 			counter("nbd_errors_total", "NBD requests answered with an error by the backend.", func(s *nbd.Server) uint64 { return s.Errors.Load() }),
 			counter("nbd_protocol_violations_total", "NBD connections closed for a protocol violation.", func(s *nbd.Server) uint64 { return s.ProtocolViolations.Load() }),
+		))
+	}
+	if c := h.control; c != nil {
+		m.R.MustRegister(newCollector(atomics(c),
+			counter("control_sessions_resumed_total", "Times the host's etcd session ended on its side while etcd still kept the lease: resumed, with requests held while it asked.", func(s *cluster.Host) uint64 { return s.Resumed.Load() }),
 		))
 	}
 	m.RegisterAgent(h.Agent, h.Engine, h.Zone, h.HostView)

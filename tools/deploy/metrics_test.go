@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/scrape"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -132,4 +134,21 @@ func TestDashboardQueriesExist(t *testing.T) {
 		}
 	}
 	assert.Equal(t, uint64(1), reads, "one NBD READ observed")
+}
+
+// A host on the control plane reports how often it resumed its session.
+func TestControlMetrics(t *testing.T) {
+	ctx := context.Background()
+	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
+	require.NoError(t, err)
+	defer etcd.Close()
+	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+		Etcd: cluster.Access{Endpoints: []string{etcd.Endpoint}}})
+	mfs, err := h.Registry().Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	assert.Contains(t, names, "pd3_control_sessions_resumed_total")
 }
