@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -296,16 +297,38 @@ func (r *Registration) Close() error {
 			}
 		}
 		sess := r.session()
-		select {
-		case <-sess.Done(): // lost already: nothing to revoke
-			sess.Orphan()
-		default:
-			if serr := sess.Close(); serr != nil {
-				err = errors.Join(err, fmt.Errorf("cluster: ending node %s's session (etcd revokes it after its TTL anyway): %w", r.rec.ID, serr))
-			}
-		}
+		err = errors.Join(err, endSession(sess, sess.Done(), "node "+r.rec.ID+"'s"))
 	})
 	return err
+}
+
+// endSession ends sess: revoked, so that what it holds goes at once, or
+// only let go if lost is closed (etcd let go of it already: nothing to
+// revoke). whose names the session in the error.
+func endSession(sess *concurrency.Session, lost <-chan struct{}, whose string) error {
+	select {
+	case <-lost:
+		sess.Orphan()
+		return nil
+	default:
+	}
+	if err := sess.Close(); err != nil {
+		return fmt.Errorf("cluster: ending %s session (etcd revokes it after its TTL anyway): %w", whose, err)
+	}
+	return nil
+}
+
+// bySuffix decodes the JSON values of kvs into a map keyed by what
+// follows pfx in each key; a value that does not decode reads as zero
+// (the keys are the cluster's own, and a reader should not fail on one).
+func bySuffix[T any](kvs []*mvccpb.KeyValue, pfx string) map[string]T {
+	out := make(map[string]T, len(kvs))
+	for _, kv := range kvs {
+		var v T
+		json.Unmarshal(kv.Value, &v)
+		out[strings.TrimPrefix(string(kv.Key), pfx)] = v
+	}
+	return out
 }
 
 // Nodes lists the cluster's memory nodes, up or down, by id.
@@ -320,12 +343,7 @@ func Nodes(ctx context.Context, cli *clientv3.Client, cluster string) ([]Node, e
 	if err != nil {
 		return nil, fmt.Errorf("cluster: listing nodes: %w", err)
 	}
-	live := map[string]Liveness{}
-	for _, kv := range alive.Kvs {
-		var l Liveness
-		json.Unmarshal(kv.Value, &l)
-		live[strings.TrimPrefix(string(kv.Key), pfx+"alive/")] = l
-	}
+	live := bySuffix[Liveness](alive.Kvs, pfx+"alive/")
 	var out []Node
 	for _, kv := range recs.Kvs {
 		var n Node

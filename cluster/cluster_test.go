@@ -2,15 +2,13 @@ package cluster
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/pd3-go/pd3/cluster/etcdembed"
+	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,26 +30,7 @@ func external(t *testing.T) string { return externalWith(t, "http") }
 // externalWith is external with clients served over scheme (https needs
 // the etcd flags of TLS in args).
 func externalWith(t *testing.T, scheme string, args ...string) string {
-	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("no etcd binary (Debian: etcd-server)")
-	}
-	port := func() int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port
-	}
-	client, peer := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port()), fmt.Sprintf("http://127.0.0.1:%d", port())
-	cmd := exec.Command(bin, append([]string{"--data-dir", t.TempDir(), "--name", "ext",
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "ext=" + peer,
-		"--logger", "zap", "--log-level", "error"}, args...)...)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return client
+	return testetcd.Start(t, 1, scheme, args...).Clients[0]
 }
 
 // dialEventually connects to an etcd that may still be starting; the

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -180,16 +181,12 @@ func update(ctx context.Context, cli *clientv3.Client, cluster string, rec *Volu
 	return nil
 }
 
-func decodeVolume(kv interface {
-	GetValue() []byte
-	GetKey() []byte
-	GetModRevision() int64
-}) (VolumeRecord, error) {
+func decodeVolume(kv *mvccpb.KeyValue) (VolumeRecord, error) {
 	var rec VolumeRecord
-	if err := json.Unmarshal(kv.GetValue(), &rec); err != nil {
-		return rec, fmt.Errorf("cluster: volume record %s: %w", kv.GetKey(), err)
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		return rec, fmt.Errorf("cluster: volume record %s: %w", kv.Key, err)
 	}
-	rec.rev = kv.GetModRevision()
+	rec.rev = kv.ModRevision
 	return rec, nil
 }
 

@@ -158,12 +158,7 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) (map[string
 	if err != nil {
 		return nil, fmt.Errorf("cluster: listing hosts: %w", err)
 	}
-	byLease := map[string]HostInfo{}
-	for _, kv := range hosts.Kvs {
-		var hi HostInfo
-		json.Unmarshal(kv.Value, &hi)
-		byLease[strings.TrimPrefix(string(kv.Key), pfx+"hosts/")] = hi
-	}
+	byLease := bySuffix[HostInfo](hosts.Kvs, pfx+"hosts/")
 	out := map[string]HostInfo{}
 	oldest := map[string]int64{}
 	for _, kv := range locks.Kvs {
@@ -205,17 +200,7 @@ func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold
 func (h *Host) Close() error {
 	h.once.Do(func() { close(h.stop) })
 	<-h.done
-	sess := h.session()
-	select {
-	case <-h.lost:
-		sess.Orphan()
-		return nil
-	default:
-	}
-	if err := sess.Close(); err != nil {
-		return fmt.Errorf("cluster: ending the host's session (etcd revokes it after its TTL anyway): %w", err)
-	}
-	return nil
+	return endSession(h.session(), h.lost, "the host's")
 }
 
 // Hold is a host's hold on one volume.

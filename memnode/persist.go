@@ -322,9 +322,9 @@ func (p *persister) pageFile(id uint16) (*os.File, error) {
 	return os.OpenFile(p.pagePath(id), os.O_RDWR|os.O_CREATE, 0o600)
 }
 
-// volumeRecord is a volume table entry in volumes.json: what the wire
-// says of a volume, and its fencing token (absent in tables written before
-// fencing, which read as 0).
+// volumeRecord is a volume table entry of the checkpoint (and of the older
+// volumes.json): what the wire says of a volume, and its fencing token
+// (absent in tables written before fencing, which read as 0).
 type volumeRecord struct {
 	VolumeInfo
 	Fence uint64 `json:",omitempty"`

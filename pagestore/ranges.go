@@ -65,8 +65,8 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 	if !ok || off%PageSize != 0 || len(p)%PageSize != 0 || len(p) < 2*PageSize {
 		return s.ReadRange(ctx, vol, off, p)
 	}
-	if err := s.eachPage(vol, off, uint64(len(p)), func(Key, int, int, uint64) error { return nil }); err != nil {
-		return err // out of range, or a volume not served
+	if err := s.checkRange(vol, off, uint64(len(p))); err != nil {
+		return err
 	}
 	first, pages := off/PageSize, len(p)/PageSize
 	var (
@@ -345,15 +345,8 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 // the page's key, the offset and length within the page, and the offset
 // within the caller's buffer.
 func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at uint64) error) error {
-	s.waitServing()
-	s.vmu.RLock()
-	v, ok := s.volumes[vol]
-	s.vmu.RUnlock()
-	if !ok {
-		return fmt.Errorf("volume %d: %w", vol, s.missing(vol))
-	}
-	if off > v.Size || n > v.Size-off {
-		return fmt.Errorf("%d bytes at %d of %q (%d bytes): %w", n, off, v.Name, v.Size, pageid.ErrOutOfRange)
+	if err := s.checkRange(vol, off, n); err != nil {
+		return err
 	}
 	var at uint64
 	for n > 0 {
@@ -363,6 +356,22 @@ func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at
 			return err
 		}
 		off, n, at = off+m, n-m, at+m
+	}
+	return nil
+}
+
+// checkRange validates n bytes at off of volume vol against the served
+// volumes (after a Suspend has let requests go).
+func (s *Store) checkRange(vol uint16, off, n uint64) error {
+	s.waitServing()
+	s.vmu.RLock()
+	v, ok := s.volumes[vol]
+	s.vmu.RUnlock()
+	if !ok {
+		return fmt.Errorf("volume %d: %w", vol, s.missing(vol))
+	}
+	if off > v.Size || n > v.Size-off {
+		return fmt.Errorf("%d bytes at %d of %q (%d bytes): %w", n, off, v.Name, v.Size, pageid.ErrOutOfRange)
 	}
 	return nil
 }

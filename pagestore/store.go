@@ -806,11 +806,7 @@ func (s *Store) Stats() Stats {
 		WritebackFailures: s.wbFailures.Load(), EvictionWriteBacks: s.evictWBs.Load(),
 		Frames: len(s.frames),
 	}
-	for i := range s.frames {
-		if s.frames[i].dirty.Load() {
-			st.DirtyPages++
-		}
-	}
+	st.DirtyPages = s.dirtyCount()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -846,10 +842,17 @@ func (s *Store) Check() error {
 		}
 		sh.mu.Unlock()
 	}
+	dirty := 0
 	for i := range s.frames {
 		if s.frames[i].wb.Load() {
 			return fmt.Errorf("pagestore: frame %d still marked as being flushed", i)
 		}
+		if s.frames[i].dirty.Load() {
+			dirty++
+		}
+	}
+	if n := s.dirtyCount(); n != dirty {
+		return fmt.Errorf("pagestore: %d dirty frames counted, %d marked", n, dirty)
 	}
 	for _, f := range s.free {
 		if seen[f] {

@@ -36,13 +36,16 @@ func Exchange(t testing.TB, addr string, chunks ...[]byte) []byte {
 	return out
 }
 
-// Gate is a TCP proxy whose answers (server → client bytes) can be held
-// back, so a test can line up requests that a fast server would otherwise
-// answer before the next is sent.
+// Gate is a TCP proxy that can hold bytes back: the answers (server →
+// client) alone, so a test can line up requests that a fast server would
+// otherwise answer before the next is sent (Hold); or both directions, a
+// link that goes down and comes back without resetting its connections
+// (Cut). Held bytes are delivered in order after Release.
 type Gate struct {
 	Addr string // where clients connect
-	open chan struct{}
-	mu   chan struct{} // a one-slot lock over open
+	// answers and requests are closed while bytes flow that way.
+	answers, requests chan struct{}
+	mu                chan struct{} // a one-slot lock over both
 }
 
 // NewGate proxies to target until the test ends; it starts open.
@@ -52,8 +55,9 @@ func NewGate(t testing.TB, target string) *Gate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Gate{Addr: ln.Addr().String(), open: make(chan struct{}), mu: make(chan struct{}, 1)}
-	close(g.open)
+	g := &Gate{Addr: ln.Addr().String(), answers: make(chan struct{}), requests: make(chan struct{}), mu: make(chan struct{}, 1)}
+	close(g.answers)
+	close(g.requests)
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -66,49 +70,64 @@ func NewGate(t testing.TB, target string) *Gate {
 				c.Close()
 				continue
 			}
-			t.Cleanup(func() { c.Close(); s.Close() })
-			go io.Copy(s, c)
-			go g.answer(c, s)
+			// Released first, so no copier stays blocked on a held gate.
+			t.Cleanup(func() { g.Release(); c.Close(); s.Close() })
+			go g.pipe(s, c, &g.requests)
+			go g.pipe(c, s, &g.answers)
 		}
 	}()
 	return g
 }
 
-func (g *Gate) answer(c, s net.Conn) {
+// pipe copies src to dst, waiting at *gate before each write; the end of
+// src ends dst.
+func (g *Gate) pipe(dst, src net.Conn, gate *chan struct{}) {
+	defer dst.Close()
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := s.Read(buf)
+		n, err := src.Read(buf)
 		if n > 0 {
 			g.mu <- struct{}{}
-			open := g.open
+			open := *gate
 			<-g.mu
 			<-open
-			if _, err := c.Write(buf[:n]); err != nil {
+			if _, err := dst.Write(buf[:n]); err != nil {
 				return
 			}
 		}
 		if err != nil {
-			c.Close()
 			return
 		}
 	}
 }
 
-// Hold makes answers wait until Release. Bytes the server sends meanwhile
-// are delivered in order after it.
-func (g *Gate) Hold() {
+// Hold makes answers wait until Release.
+func (g *Gate) Hold() { g.hold(&g.answers) }
+
+// Cut makes bytes wait both ways until Release: a link that is down.
+func (g *Gate) Cut() { g.hold(&g.answers, &g.requests) }
+
+func (g *Gate) hold(gates ...*chan struct{}) {
 	g.mu <- struct{}{}
-	g.open = make(chan struct{})
+	for _, gate := range gates {
+		select {
+		case <-*gate: // open: close it
+			*gate = make(chan struct{})
+		default: // held already
+		}
+	}
 	<-g.mu
 }
 
-// Release delivers held answers and lets later ones through.
+// Release delivers held bytes and lets later ones through.
 func (g *Gate) Release() {
 	g.mu <- struct{}{}
-	select {
-	case <-g.open:
-	default:
-		close(g.open)
+	for _, gate := range []chan struct{}{g.answers, g.requests} {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
 	}
 	<-g.mu
 }

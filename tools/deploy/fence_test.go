@@ -2,11 +2,9 @@ package deploy
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,99 +12,11 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// partition forwards TCP connections to target and can hold every byte in
-// both directions (Cut) and let them through again (Heal), as a link that
-// goes down and comes back without resetting the connections.
-type partition struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cond   sync.Cond
-	cut    bool
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newPartition(t *testing.T, target string) *partition {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &partition{ln: ln, target: target}
-	p.cond.L = &p.mu
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, u)
-			p.mu.Unlock()
-			p.wg.Add(2)
-			go p.pipe(u, c)
-			go p.pipe(c, u)
-		}
-	}()
-	t.Cleanup(func() {
-		p.Heal()
-		ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *partition) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	defer dst.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := src.Read(buf)
-		p.mu.Lock()
-		for p.cut {
-			p.cond.Wait()
-		}
-		p.mu.Unlock()
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return // EOF or a closed connection: the peer goes with it
-		}
-	}
-}
-
-func (p *partition) Addr() string { return p.ln.Addr().String() }
-
-func (p *partition) Cut() {
-	p.mu.Lock()
-	p.cut = true
-	p.mu.Unlock()
-}
-
-func (p *partition) Heal() {
-	p.mu.Lock()
-	p.cut = false
-	p.cond.Broadcast()
-	p.mu.Unlock()
-}
 
 // The partition of ARCHITECTURE's Departures, closed by fencing: a host cut
 // off from the memory node past its volume lease still has a write-back in
@@ -118,10 +28,10 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	node, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
 	defer node.Close()
-	link := newPartition(t, node.Addr)
+	link := testnet.NewGate(t, node.Addr) // Cut: the link goes down, nothing is reset
 	const lease = time.Second
 	vol := []VolumeSpec{{"disk0", 1 << 20}}
-	old, err := StartHost(ctx, HostConfig{Memnode: link.Addr(), Volumes: vol, CacheBytes: 16 * 4096,
+	old, err := StartHost(ctx, HostConfig{Memnode: link.Addr, Volumes: vol, CacheBytes: 16 * 4096,
 		VolumeLease: lease, Writeback: -1, OpTimeout: time.Minute})
 	require.NoError(t, err)
 	defer old.Close(ctx)
@@ -142,7 +52,7 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	require.NoError(t, next.Store.WriteRange(ctx, v.ID, 0, page))
 	require.NoError(t, next.Store.Flush(ctx))
 
-	link.Heal()
+	link.Release()
 	select {
 	case err := <-flushed:
 		assert.ErrorIs(t, err, memnode.ErrFenced, "the late write-back is refused")
@@ -173,15 +83,15 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	node, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
 	defer node.Close()
-	nodeLink := newPartition(t, node.Addr)
-	etcdLink := newPartition(t, strings.TrimPrefix(etcd.Endpoint, "http://"))
+	nodeLink := testnet.NewGate(t, node.Addr)
+	etcdLink := testnet.NewGate(t, strings.TrimPrefix(etcd.Endpoint, "http://"))
 	const lease = time.Second
 	cfg := func(memnode, etcd, mount string) HostConfig {
 		return HostConfig{Memnode: memnode, Etcd: cluster.Access{Endpoints: []string{etcd}}, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
 			CacheBytes: 64 * 4096, VolumeLease: lease, Writeback: -1, OpTimeout: time.Minute, Mount: mount}
 	}
 	dirA, dirB := t.TempDir(), t.TempDir()
-	old, err := StartHost(ctx, cfg(nodeLink.Addr(), "http://"+etcdLink.Addr(), dirA))
+	old, err := StartHost(ctx, cfg(nodeLink.Addr, "http://"+etcdLink.Addr, dirA))
 	require.NoError(t, err)
 	defer old.Close(ctx)
 	file := "f"
@@ -214,8 +124,8 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	assert.Equal(t, "synced first", string(got), "the new mount sees what the old one synced")
 	write(filepath.Join(dirB, file), "the new owner's data", true)
 
-	nodeLink.Heal()
-	etcdLink.Heal()
+	nodeLink.Release()
+	etcdLink.Release()
 	select {
 	case err := <-flushed:
 		assert.ErrorIs(t, err, memnode.ErrFenced, "the late write-back is refused")

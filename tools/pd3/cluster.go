@@ -31,11 +31,7 @@ func clusterCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 20*time.Second)
 			defer cancel()
-			access, err := etcd.access()
-			if err != nil {
-				return err
-			}
-			cli, err := cluster.Dial(ctx, access)
+			cli, err := etcd.dial(ctx)
 			if err != nil {
 				return err
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,99 +15,12 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// etcdMembers is an etcd cluster of separate etcd processes (Debian's
-// etcd-server, 3.4) on loopback: what an operator's existing control
-// plane looks like.
-type etcdMembers struct {
-	t       *testing.T
-	bin     string
-	dir     string
-	names   []string
-	clients []string // client URL per member
-	peers   []string
-	procs   []*exec.Cmd
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func startEtcdMembers(t *testing.T, n int) *etcdMembers {
-	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("no etcd binary (Debian: etcd-server)")
-	}
-	m := &etcdMembers{t: t, bin: bin, dir: t.TempDir(), procs: make([]*exec.Cmd, n)}
-	for i := range n {
-		m.names = append(m.names, "m"+strconv.Itoa(i))
-		m.clients = append(m.clients, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
-		m.peers = append(m.peers, fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
-	}
-	for i := range n {
-		m.start(i)
-	}
-	t.Cleanup(func() {
-		for i := range m.procs {
-			m.kill(i)
-		}
-	})
-	return m
-}
-
-// start (re)starts member i; a restarted member finds its data directory
-// and rejoins with it.
-func (m *etcdMembers) start(i int) {
-	var initial []string
-	for j, name := range m.names {
-		initial = append(initial, name+"="+m.peers[j])
-	}
-	cmd := exec.Command(m.bin, "--name", m.names[i], "--data-dir", filepath.Join(m.dir, m.names[i]),
-		"--listen-client-urls", m.clients[i], "--advertise-client-urls", m.clients[i],
-		"--listen-peer-urls", m.peers[i], "--initial-advertise-peer-urls", m.peers[i],
-		"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-		"--initial-cluster-token", "pd3-test", "--logger", "zap", "--log-level", "error")
-	require.NoError(m.t, cmd.Start())
-	m.procs[i] = cmd
-}
-
-// kill SIGKILLs member i if it runs.
-func (m *etcdMembers) kill(i int) {
-	if c := m.procs[i]; c != nil {
-		c.Process.Signal(syscall.SIGKILL)
-		c.Wait()
-		m.procs[i] = nil
-	}
-}
-
-// leader returns the index of the member that leads now.
-func (m *etcdMembers) leader(cli *clientv3.Client) int {
-	m.t.Helper()
-	for {
-		for i, ep := range m.clients {
-			if m.procs[i] == nil {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			st, err := cli.Status(ctx, ep)
-			cancel()
-			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
-				return i
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // TestEtcdMemberAndLeaderLoss: a host and a memory node on a three-member
 // etcd (separate processes). fio writes crc32c-verified blocks over NBD
@@ -125,12 +37,12 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		t.Skip("fio is not installed (make deps-system)")
 	}
-	members := startEtcdMembers(t, 3)
-	etcd := strings.Join(members.clients, ",")
+	members := testetcd.Start(t, 3, "http")
+	etcd := strings.Join(members.Clients, ",")
 	var cli *clientv3.Client
 	require.Eventually(t, func() bool {
 		var err error
-		cli, err = cluster.Dial(context.Background(), cluster.Access{Endpoints: members.clients})
+		cli, err = cluster.Dial(context.Background(), cluster.Access{Endpoints: members.Clients})
 		return err == nil
 	}, 30*time.Second, 200*time.Millisecond, "the etcd cluster forms")
 	defer cli.Close()
@@ -169,14 +81,14 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 		require.NoError(t, <-done, "%s under fio: %s", what, out)
 	}
 
-	lead := members.leader(cli)
+	lead := members.Leader(cli)
 	follower := (lead + 1) % 3
-	underFio(0, "SIGKILL of a follower", func() { members.kill(follower) })
-	members.start(follower)
-	underFio(1, "SIGKILL of the leader", func() { members.kill(lead) })
-	newLead := members.leader(cli)
+	underFio(0, "SIGKILL of a follower", func() { members.Kill(follower) })
+	members.Start(follower)
+	underFio(1, "SIGKILL of the leader", func() { members.Kill(lead) })
+	newLead := members.Leader(cli)
 	assert.NotEqual(t, lead, newLead)
-	members.start(lead)
+	members.Start(lead)
 	underFio(2, "a member back", func() {})
 	time.Sleep(2 * ttl) // renewals through the new leader, past a whole TTL
 	assert.NotContains(t, host.Output(), "lost this host's session", "lease renewals continued through both kills")
@@ -191,8 +103,8 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 	page := host.Addrs["page server"]
 	out, err := run(t, "written while etcd is down", "page", "put", "--page", page, "1:5")
 	require.NoError(t, err, out)
-	for i := range members.procs {
-		members.kill(i)
+	for i := range members.Clients {
+		members.Kill(i)
 	}
 	lost := time.Now()
 	out, err = run(t, "", "page", "get", "--page", page, "1:5")
@@ -284,8 +196,8 @@ func TestCoordThreeMembers(t *testing.T) {
 	var initial []string
 	peers, clients := make([]string, 3), make([]string, 3)
 	for i := range 3 {
-		peers[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		clients[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		peers[i] = fmt.Sprintf("127.0.0.1:%d", testetcd.FreePort(t))
+		clients[i] = fmt.Sprintf("127.0.0.1:%d", testetcd.FreePort(t))
 		initial = append(initial, fmt.Sprintf("c%d=http://%s", i, peers[i]))
 	}
 	args := func(i int) []string {

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
 
 	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
@@ -145,6 +147,15 @@ func addEtcdFlags(fl *pflag.FlagSet, usage string) *etcdFlags {
 	fl.StringVar(&f.user, "etcd-user", "", "etcd user, for an etcd with authentication enabled (password: --etcd-password, or $PD3_ETCD_PASSWORD)")
 	fl.Var(f.password, "etcd-password", "password of --etcd-user (default $PD3_ETCD_PASSWORD)")
 	return f
+}
+
+// dial connects to the control plane the flags name (cluster.Dial).
+func (f *etcdFlags) dial(ctx context.Context) (*clientv3.Client, error) {
+	a, err := f.access()
+	if err != nil {
+		return nil, err
+	}
+	return cluster.Dial(ctx, a)
 }
 
 // access loads the TLS files, if any are named.

@@ -28,11 +28,7 @@ func volumeCmd() *cobra.Command {
 	with := func(cmd *cobra.Command, fn func(ctx context.Context, cli *clientv3.Client) error) error {
 		ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 		defer cancel()
-		access, err := etcd.access()
-		if err != nil {
-			return err
-		}
-		cli, err := cluster.Dial(ctx, access)
+		cli, err := etcd.dial(ctx)
 		if err != nil {
 			return err
 		}
