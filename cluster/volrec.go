@@ -27,13 +27,16 @@ var (
 )
 
 // Volume states: a record is "creating" between its reservation and the
-// memory node's answer, "deleting" between the decision and the node's,
-// "ready" otherwise. A command that died half-way leaves its state for
-// the next one to see and finish (pd3 volume rm removes either).
+// memory node's answer, "deleting" or "resizing" between the decision and
+// the node's, "ready" otherwise. A command that died half-way leaves its
+// state for the next one to see and finish (pd3 volume rm removes any;
+// pd3 volume resize takes up a "resizing" one). No host takes a volume
+// that is not ready.
 const (
 	VolumeCreating = "creating"
 	VolumeReady    = "ready"
 	VolumeDeleting = "deleting"
+	VolumeResizing = "resizing"
 )
 
 // VolumeRecord is a volume as the control plane knows it,
@@ -101,7 +104,35 @@ func putIfAbsent(ctx context.Context, cli *clientv3.Client, cluster string, rec 
 // MarkDeleting moves a record to "deleting" unless a host holds the
 // volume (ErrVolumeHeld): from then on no host may take it.
 func MarkDeleting(ctx context.Context, cli *clientv3.Client, cluster string, rec VolumeRecord) (VolumeRecord, error) {
-	rec.State = VolumeDeleting
+	return markUnheld(ctx, cli, cluster, rec, VolumeDeleting, "removing")
+}
+
+// ErrNotReady: the volume is being created or removed, so it cannot be
+// resized.
+var ErrNotReady = errors.New("cluster: volume is not ready")
+
+// MarkResizing moves a ready (or half-resized) record to "resizing"
+// unless a host holds the volume (ErrVolumeHeld): a served volume keeps
+// its size, since an NBD client learns the size once, when it connects.
+// The caller grows the volume at the node and calls VolumeResized.
+func MarkResizing(ctx context.Context, cli *clientv3.Client, cluster string, rec VolumeRecord) (VolumeRecord, error) {
+	if rec.State != VolumeReady && rec.State != VolumeResizing {
+		return rec, fmt.Errorf("%w: %q is %s", ErrNotReady, rec.Name, rec.State)
+	}
+	return markUnheld(ctx, cli, cluster, rec, VolumeResizing, "resizing")
+}
+
+// VolumeResized marks a record ready at size, the node's answer.
+func VolumeResized(ctx context.Context, cli *clientv3.Client, cluster string, rec VolumeRecord, size uint64) (VolumeRecord, error) {
+	rec.Size, rec.State = size, VolumeReady
+	return rec, update(ctx, cli, cluster, &rec)
+}
+
+// markUnheld moves rec to state in a transaction that also finds no
+// holder of the volume, so no host can take it between the check and the
+// change.
+func markUnheld(ctx context.Context, cli *clientv3.Client, cluster string, rec VolumeRecord, state, doing string) (VolumeRecord, error) {
+	rec.State = state
 	key := volumeKey(cluster, rec.Name)
 	b, _ := json.Marshal(rec)
 	held := prefix(cluster) + "holders/" + rec.Name + "/"
@@ -110,7 +141,7 @@ func MarkDeleting(ctx context.Context, cli *clientv3.Client, cluster string, rec
 		clientv3.Compare(clientv3.CreateRevision(held), "=", 0).WithPrefix(),
 	).Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
-		return rec, fmt.Errorf("cluster: removing volume %q: %w", rec.Name, err)
+		return rec, fmt.Errorf("cluster: %s volume %q: %w", doing, rec.Name, err)
 	}
 	if !resp.Succeeded {
 		if h, err := cli.Get(ctx, held, clientv3.WithPrefix(), clientv3.WithCountOnly()); err == nil && h.Count > 0 {

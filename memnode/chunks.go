@@ -1,75 +1,154 @@
 package memnode
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // segChunks is the number of chunk slots in one segment of a sparse
 // table: 1 GiB of volume per segment.
 const segChunks = 1024
 
 // denseChunks is the largest volume, in chunks, whose slots are allocated
-// up front (64 GiB: 3 MiB of slots). Larger volumes are sparse files of up
-// to terabytes, mostly empty, whose slots come in segments on first write.
+// up front (64 GiB: 512 KiB of slots). Larger volumes are sparse files of
+// up to terabytes, mostly empty, whose slots come in segments on first
+// write.
 const denseChunks = 1 << 16
 
-// chunkTable maps a chunk index of a volume to its chunk. Dense tables are
-// a slice indexed without a lock; sparse ones add a map lookup under a
-// read lock, paid only by volumes too large for a slice.
+// chunkTable maps a chunk index of a volume to its chunk. A chunk is
+// allocated on first write and then stays where it is for the life of the
+// volume, so a table can grow (RESIZE) by publishing a new view that
+// points at the same chunks: a request that loaded the old view still
+// reaches the chunk every later request does.
+//
+// Lookups in a dense table load two pointers and take no lock; a sparse
+// table adds a map lookup under a read lock, paid only by volumes too
+// large for a slice.
 type chunkTable struct {
-	dense []chunk
-
-	mu   sync.RWMutex // guards segs
-	segs map[uint64]*[segChunks]chunk
+	view atomic.Pointer[chunkView]
+	// mu guards the sparse map and serialises allocation of slots with
+	// growth, so a chunk allocated while the table grows lands in the
+	// view that survives.
+	mu sync.RWMutex
 }
 
-func newChunkTable(size uint64) chunkTable {
+// chunkView is one generation of a table: dense (slots) or sparse (segs).
+type chunkView struct {
+	slots []atomic.Pointer[chunk]
+	segs  map[uint64]*segment // nil for dense views; guarded by chunkTable.mu
+}
+
+type segment [segChunks]atomic.Pointer[chunk]
+
+func newChunkTable(size uint64) *chunkTable {
+	t := new(chunkTable)
+	t.view.Store(newView(size))
+	return t
+}
+
+func newView(size uint64) *chunkView {
 	n := (size + ChunkSize - 1) / ChunkSize
 	if n <= denseChunks {
-		return chunkTable{dense: make([]chunk, n)}
+		return &chunkView{slots: make([]atomic.Pointer[chunk], n)}
 	}
-	return chunkTable{segs: make(map[uint64]*[segChunks]chunk)}
+	return &chunkView{segs: make(map[uint64]*segment)}
 }
 
-// get returns chunk i. In a sparse table a chunk whose segment was never
-// written is nil unless alloc is set, so reads of holes allocate nothing.
+// get returns chunk i, which the caller checked lies within the volume's
+// size as published after the table grew to it. A chunk never written is
+// nil unless alloc is set, so reads of holes allocate nothing.
 func (t *chunkTable) get(i uint64, alloc bool) *chunk {
-	if t.segs == nil {
-		return &t.dense[i]
+	v := t.view.Load()
+	var c *chunk
+	if v.segs == nil {
+		c = v.slots[i].Load()
+	} else {
+		t.mu.RLock()
+		if seg := v.segs[i/segChunks]; seg != nil {
+			c = seg[i%segChunks].Load()
+		}
+		t.mu.RUnlock()
 	}
-	t.mu.RLock()
-	seg := t.segs[i/segChunks]
-	t.mu.RUnlock()
+	if c != nil || !alloc {
+		return c
+	}
+	return t.alloc(i)
+}
+
+// alloc makes chunk i, once per chunk of a volume's life: a lock here
+// costs nothing that matters.
+func (t *chunkTable) alloc(i uint64) *chunk {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	slot := t.view.Load().slot(i)
+	c := slot.Load()
+	if c == nil {
+		c = new(chunk)
+		slot.Store(c)
+	}
+	return c
+}
+
+// slot returns the slot of chunk i, adding its segment in a sparse view;
+// chunkTable.mu held for writing.
+func (v *chunkView) slot(i uint64) *atomic.Pointer[chunk] {
+	if v.segs == nil {
+		return &v.slots[i]
+	}
+	seg := v.segs[i/segChunks]
 	if seg == nil {
-		if !alloc {
-			return nil
-		}
-		t.mu.Lock()
-		if seg = t.segs[i/segChunks]; seg == nil {
-			seg = new([segChunks]chunk)
-			t.segs[i/segChunks] = seg
-		}
-		t.mu.Unlock()
+		seg = new(segment)
+		v.segs[i/segChunks] = seg
 	}
 	return &seg[i%segChunks]
 }
 
-// each calls fn on every chunk slot that exists, in no particular order
-// for sparse tables.
+// grow makes the table cover size bytes; the caller publishes the new
+// size only after grow returns, so no request indexes past the view it
+// loads. Shrinking is not a table operation (chunks past the end would
+// need freeing); callers refuse it.
+func (t *chunkTable) grow(size uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.view.Load()
+	if old.segs != nil {
+		return // a sparse table covers any size
+	}
+	nv := newView(size)
+	if nv.segs == nil && len(nv.slots) <= len(old.slots) {
+		return
+	}
+	for i := range old.slots {
+		if c := old.slots[i].Load(); c != nil {
+			nv.slot(uint64(i)).Store(c)
+		}
+	}
+	t.view.Store(nv)
+}
+
+// each calls fn on every chunk that exists, in no particular order for
+// sparse tables.
 func (t *chunkTable) each(fn func(i uint64, c *chunk)) {
-	if t.segs == nil {
-		for i := range t.dense {
-			fn(uint64(i), &t.dense[i])
+	v := t.view.Load()
+	if v.segs == nil {
+		for i := range v.slots {
+			if c := v.slots[i].Load(); c != nil {
+				fn(uint64(i), c)
+			}
 		}
 		return
 	}
 	t.mu.RLock()
-	segs := make(map[uint64]*[segChunks]chunk, len(t.segs))
-	for k, v := range t.segs {
-		segs[k] = v
+	segs := make(map[uint64]*segment, len(v.segs))
+	for k, s := range v.segs {
+		segs[k] = s
 	}
 	t.mu.RUnlock()
 	for k, seg := range segs {
 		for j := range seg {
-			fn(k*segChunks+uint64(j), &seg[j])
+			if c := seg[j].Load(); c != nil {
+				fn(k*segChunks+uint64(j), c)
+			}
 		}
 	}
 }

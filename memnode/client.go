@@ -571,6 +571,12 @@ func (c *Client) Create(ctx context.Context, name string, size uint64) (VolumeIn
 	return c.info(ctx, OpCreate, name, size)
 }
 
+// Resize grows volume name to size bytes. A node older than RESIZE
+// answers ErrUnknownOp.
+func (c *Client) Resize(ctx context.Context, name string, size uint64) (VolumeInfo, error) {
+	return c.info(ctx, OpResize, name, size)
+}
+
 // Open looks up volume name.
 func (c *Client) Open(ctx context.Context, name string) (VolumeInfo, error) {
 	return c.info(ctx, OpOpen, name, 0)

@@ -376,3 +376,80 @@ func TestSilentNodeTimesOut(t *testing.T) {
 	assert.ErrorIs(t, err, pipeline.ErrTimeout)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
+
+// TestResize grows volumes of every table shape over the wire while
+// another connection reads and writes them: what was written stays, the
+// new bytes read as zeroes and take writes, and shrinking is refused.
+func TestResize(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		from, to uint64
+	}{
+		{"within a chunk", 2 * PageSize, 8 * PageSize},
+		{"more chunks", 3 * ChunkSize, 7*ChunkSize + PageSize},
+		{"dense to sparse", 2 * ChunkSize, denseChunks*ChunkSize + 5*ChunkSize},
+		{"sparse", (denseChunks + 1) * ChunkSize, 1 << 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, addr := startNode(t, "", 0)
+			c, busy := dialT(t, addr, ""), dialT(t, addr, "")
+			ctx := context.Background()
+			v, err := c.Create(ctx, "v", tc.from)
+			require.NoError(t, err)
+			first := pattern(1, PageSize)
+			require.NoError(t, c.WriteAt(ctx, v.ID, 0, first))
+
+			// Reads and writes of the old range go on through the resize.
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got := make([]byte, PageSize)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := busy.WriteAt(ctx, v.ID, tc.from-PageSize, pattern(byte(i), PageSize)); err != nil {
+						t.Error(err)
+						return
+					}
+					if err := busy.ReadAt(ctx, v.ID, 0, got); err != nil || !bytes.Equal(got, first) {
+						t.Errorf("first page during the resize: %v", err)
+						return
+					}
+				}
+			}()
+			_, err = c.Resize(ctx, "v", tc.from-PageSize)
+			assert.ErrorIs(t, err, ErrBadRequest, "shrinking")
+			info, err := c.Resize(ctx, "v", tc.to)
+			close(stop)
+			wg.Wait()
+			require.NoError(t, err)
+			assert.Equal(t, tc.to, info.Size)
+			o, err := c.Open(ctx, "v")
+			require.NoError(t, err)
+			assert.Equal(t, tc.to, o.Size)
+
+			got := make([]byte, PageSize)
+			require.NoError(t, c.ReadAt(ctx, v.ID, 0, got))
+			assert.Equal(t, first, got)
+			last := tc.to - PageSize
+			require.NoError(t, c.ReadAt(ctx, v.ID, tc.from, got))
+			assert.Equal(t, make([]byte, PageSize), got, "the new bytes")
+			require.NoError(t, c.WriteAt(ctx, v.ID, last, pattern(9, PageSize)))
+			require.NoError(t, c.ReadAt(ctx, v.ID, last, got))
+			assert.Equal(t, pattern(9, PageSize), got)
+			assert.ErrorIs(t, c.ReadAt(ctx, v.ID, tc.to, got), ErrOutOfRange)
+			_, err = c.Resize(ctx, "v", tc.to) // the same size: nothing to do
+			require.NoError(t, err)
+		})
+	}
+	t.Run("no such volume", func(t *testing.T) {
+		_, addr := startNode(t, "", 0)
+		_, err := dialT(t, addr, "").Resize(context.Background(), "nope", PageSize)
+		assert.ErrorIs(t, err, ErrNoVolume)
+	})
+}

@@ -76,6 +76,7 @@ const (
 	opLogCreate = 3 // volume id, offset: size, payload: name
 	opLogDelete = 4 // volume id, payload: name
 	opLogFence  = 5 // volume id, count: the new fencing token, payload: name
+	opLogResize = 6 // volume id, offset: the new size, payload: name
 
 	defaultLogLimit = 256 << 20 // checkpoint when the log exceeds this
 )
@@ -310,6 +311,9 @@ type persister struct {
 	// removing a page file (and freeing its volume id) while a checkpoint
 	// may still write it. Lock order: cpMu, then Store.mu.
 	cpMu sync.Mutex
+	// afterTable, set by tests, runs in a checkpoint between taking the
+	// table and writing the chunks: where a RESIZE may fall.
+	afterTable func()
 }
 
 func (p *persister) pagePath(id uint16) string {
@@ -537,6 +541,8 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report 
 			err = s.replayDelete(vol, string(payload))
 		case opLogFence:
 			err = s.replayFence(vol, string(payload), binary.LittleEndian.Uint64(e[40:]))
+		case opLogResize:
+			err = s.replayResize(vol, string(payload), at)
 		default:
 			return off, seq, true, nil
 		}
@@ -570,21 +576,40 @@ func (s *Store) replayDelete(id uint16, name string) error {
 	return nil
 }
 
+// replayResize applies a logged RESIZE; one the checkpoint already holds
+// (its table has the size or more) changes nothing.
+func (s *Store) replayResize(id uint16, name string, size uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.loggedLocked(id, name, "resizing")
+	if err == nil {
+		v.grow(size)
+	}
+	return err
+}
+
 // replayFence applies a logged fencing token.
 func (s *Store) replayFence(id uint16, name string, token uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, ok := s.byID[id]
-	if !ok {
-		return fmt.Errorf("fencing volume %d %q: %w", id, name, ErrNoVolume)
-	}
-	if v.info.Name != name {
-		return fmt.Errorf("fencing volume %d %q: the table has %q", id, name, v.info.Name)
-	}
-	if token > v.fence.Load() {
+	v, err := s.loggedLocked(id, name, "fencing")
+	if err == nil && token > v.fence.Load() {
 		v.fence.Store(token)
 	}
-	return nil
+	return err
+}
+
+// loggedLocked is the volume a table entry of the log names: it must have
+// the id and the name (an id re-used by a later CREATE replays after it).
+func (s *Store) loggedLocked(id uint16, name, doing string) (*volume, error) {
+	v, ok := s.byID[id]
+	if !ok {
+		return nil, fmt.Errorf("%s volume %d %q: %w", doing, id, name, ErrNoVolume)
+	}
+	if v.info.Name != name {
+		return nil, fmt.Errorf("%s volume %d %q: the table has %q", doing, id, name, v.info.Name)
+	}
+	return v, nil
 }
 
 // storedBytes is how much of a sparse page file holds data (what
@@ -656,6 +681,17 @@ func (s *Store) checkpointLocked() error {
 		vols = append(vols, v)
 	}
 	s.mu.Unlock()
+	// A page file holds no more than the size its table record says: a
+	// volume grown after the roll has its new bytes in the log, which
+	// replays the RESIZE before them; written here, they would be past
+	// the end of the volume that loads.
+	sizes := make(map[uint16]uint64, len(cp.Volumes))
+	for _, r := range cp.Volumes {
+		sizes[r.ID] = r.Size
+	}
+	if p.afterTable != nil {
+		p.afterTable()
+	}
 	buf := make([]byte, ChunkSize)
 	for _, v := range vols {
 		dirty := false
@@ -667,11 +703,12 @@ func (s *Store) checkpointLocked() error {
 		if err != nil {
 			return err
 		}
+		size := int64(sizes[v.info.ID])
 		v.chunks.each(func(i uint64, c *chunk) {
-			if err != nil || !c.dirty.Swap(false) {
+			at := int64(i) * ChunkSize
+			if err != nil || at >= size || !c.dirty.Swap(false) {
 				return
 			}
-			at := int64(i) * ChunkSize
 			c.mu.RLock()
 			present := c.data != nil
 			if present {
@@ -679,13 +716,17 @@ func (s *Store) checkpointLocked() error {
 			}
 			c.mu.RUnlock()
 			if present {
-				n := min(int64(ChunkSize), int64(v.info.Size)-at)
+				n := min(int64(ChunkSize), size-at)
 				_, err = f.WriteAt(buf[:n], at)
 			} else {
 				err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, at, ChunkSize)
 			}
-			if err != nil {
+			if err != nil || (at+ChunkSize > size && int64(v.size.Load()) > size) {
+				// Failed, or the chunk goes on past the recorded end of a
+				// volume grown meanwhile: the next checkpoint writes it.
 				c.dirty.Store(true)
+			}
+			if err != nil {
 				err = fmt.Errorf("memnode: checkpoint of volume %d: %w", v.info.ID, err)
 			}
 		})

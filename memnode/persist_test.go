@@ -298,7 +298,7 @@ func TestSparseVolume(t *testing.T) {
 	got := make([]byte, len(data))
 	require.NoError(t, s.ReadAt(v.ID, 2<<40, got))
 	assert.Equal(t, make([]byte, len(data)), got, "hole")
-	assert.Len(t, s.byID[v.ID].chunks.segs, 2, "reading a hole allocated a segment")
+	assert.Len(t, s.byID[v.ID].chunks.view.Load().segs, 2, "reading a hole allocated a segment")
 	require.NoError(t, s.ReadAt(v.ID, far, got))
 	assert.Equal(t, data, got)
 	require.NoError(t, s.Trim(v.ID, 1<<40, 1<<40)) // all hole
@@ -525,4 +525,65 @@ func TestPersistOlderLayout(t *testing.T) {
 	_, err = s.Open("old")
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
+}
+
+// TestPersistResize: a grown volume keeps its size and the bytes written
+// past its old end across a crash, wherever the checkpoints fall; one
+// that grows while a checkpoint writes chunks (between the table it took
+// and the chunks) keeps the new bytes in the log until a checkpoint whose
+// table has the new size writes them.
+func TestPersistResize(t *testing.T) {
+	old, grown := uint64(PageSize), uint64(3*ChunkSize)
+	// in the first chunk past the old end, in the next chunk
+	near, far := uint64(2*PageSize), uint64(ChunkSize+PageSize)
+	for _, cpAt := range []string{"never", "after the resize", "after the writes", "during the checkpoint"} {
+		t.Run(cpAt, func(t *testing.T) {
+			dir := t.TempDir()
+			s, err := OpenPersistent(dir, 0)
+			require.NoError(t, err)
+			v, err := s.Create("v", old)
+			require.NoError(t, err)
+			require.NoError(t, s.WriteAt(v.ID, 0, pattern(1, PageSize)))
+			grow := func() {
+				info, err := s.Resize("v", grown)
+				require.NoError(t, err)
+				require.Equal(t, grown, info.Size)
+				require.NoError(t, s.WriteAt(v.ID, near, pattern(2, PageSize)))
+				require.NoError(t, s.WriteAt(v.ID, far, pattern(3, PageSize)))
+			}
+			switch cpAt {
+			case "during the checkpoint":
+				s.persist.afterTable = grow
+				require.NoError(t, s.Checkpoint())
+				s.persist.afterTable = nil
+				// This one deletes the log that holds the new bytes.
+				require.NoError(t, s.Checkpoint())
+			case "after the resize":
+				_, err := s.Resize("v", grown)
+				require.NoError(t, err)
+				require.NoError(t, s.Checkpoint())
+				grow()
+			default:
+				grow()
+				if cpAt == "after the writes" {
+					require.NoError(t, s.Checkpoint())
+				}
+			}
+			crash(s)
+
+			s, err = OpenPersistent(dir, 0)
+			require.NoError(t, err)
+			defer s.Close()
+			info, err := s.Open("v")
+			require.NoError(t, err)
+			assert.Equal(t, grown, info.Size)
+			got := make([]byte, PageSize)
+			for at, want := range map[uint64][]byte{0: pattern(1, PageSize), near: pattern(2, PageSize),
+				far: pattern(3, PageSize), 2 * ChunkSize: make([]byte, PageSize)} {
+				require.NoError(t, s.ReadAt(v.ID, at, got))
+				assert.Equal(t, want, got, "at %d", at)
+			}
+			require.NoError(t, s.Check())
+		})
+	}
 }

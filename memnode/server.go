@@ -336,6 +336,12 @@ func (c *conn) execute(h *ReqHeader) error {
 		}
 		info, err := st.Create(string(p), h.Offset)
 		c.respondInfo(h, info, err)
+	case OpResize:
+		if err := c.checkName(string(p)); err != nil {
+			return c.respondErr(h, err)
+		}
+		info, err := st.Resize(string(p), h.Offset)
+		c.respondInfo(h, info, err)
 	case OpOpen:
 		if err := c.checkName(string(p)); err != nil {
 			return c.respondErr(h, err)

@@ -26,8 +26,11 @@ type Store struct {
 }
 
 type volume struct {
-	info   VolumeInfo
-	chunks chunkTable
+	info   VolumeInfo // ID and Name; Size is in size
+	chunks *chunkTable
+	// size is the volume's size in bytes; RESIZE grows it after the
+	// chunk table, so a request checked against it indexes the table.
+	size atomic.Uint64
 	// stored is the bytes of chunk memory the volume holds (VolumeInfo.Stored).
 	stored atomic.Uint64
 	// deleted is set when the volume is removed, so that requests that
@@ -80,10 +83,7 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 		s.mu.Unlock()
 		return VolumeInfo{}, fmt.Errorf("creating %q: %w: all volume ids in use", name, ErrNoMemory)
 	}
-	v := &volume{
-		info:   VolumeInfo{ID: id, Size: size, Name: name},
-		chunks: newChunkTable(size),
-	}
+	v := newVolume(VolumeInfo{ID: id, Size: size, Name: name})
 	tok, err := s.logTableLocked(opLogCreate, id, size, 0, name)
 	if err != nil {
 		s.mu.Unlock()
@@ -136,7 +136,7 @@ func (s *Store) restoreVolume(rec volumeRecord) error {
 	if _, ok := s.byID[info.ID]; ok || info.ID == 0 || validName(info.Name) != nil {
 		return fmt.Errorf("%w: volume table entry %+v", ErrCorrupt, info)
 	}
-	v := &volume{info: info, chunks: newChunkTable(info.Size)}
+	v := newVolume(info)
 	v.fence.Store(rec.Fence)
 	s.byName[info.Name] = v
 	s.byID[info.ID] = v
@@ -171,6 +171,42 @@ func validName(name string) error {
 		}
 	}
 	return nil
+}
+
+// Resize grows volume name to size bytes (rounded up to a page); the new
+// bytes read as zeroes. Shrinking is refused: it would drop data a host
+// may still hold in its cache, and no client of a volume learns of it.
+// A size equal to the current one changes nothing.
+func (s *Store) Resize(name string, size uint64) (VolumeInfo, error) {
+	size = (size + PageSize - 1) &^ (PageSize - 1)
+	if size == 0 || size/PageSize >= 1<<PageBits {
+		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
+	}
+	s.mu.Lock()
+	v, ok := s.byName[name]
+	if !ok {
+		s.mu.Unlock()
+		return VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, ErrNoVolume)
+	}
+	cur := v.size.Load()
+	if size < cur {
+		s.mu.Unlock()
+		return VolumeInfo{}, fmt.Errorf("resizing %q: %w: %d bytes is smaller than its %d (volumes only grow)", name, ErrBadRequest, size, cur)
+	}
+	var tok uint64
+	if size > cur {
+		var err error
+		if tok, err = s.logTableLocked(opLogResize, v.info.ID, size, 0, name); err != nil {
+			s.mu.Unlock()
+			return VolumeInfo{}, err
+		}
+		v.grow(size)
+	}
+	s.mu.Unlock()
+	if err := s.Durable(tok); err != nil {
+		return VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, err)
+	}
+	return v.current(), nil
 }
 
 // Open returns the volume called name.
@@ -247,12 +283,31 @@ func (s *Store) volume(id uint16) (*volume, error) {
 	return v, nil
 }
 
+func newVolume(info VolumeInfo) *volume {
+	v := &volume{info: info, chunks: newChunkTable(info.Size)}
+	v.size.Store(info.Size)
+	return v
+}
+
+// grow makes the volume size bytes long, if that is longer: the table
+// first, then the size requests check against.
+func (v *volume) grow(size uint64) {
+	if size > v.size.Load() {
+		v.chunks.grow(size)
+		v.size.Store(size)
+	}
+}
+
 func (v *volume) check(off, n uint64) error {
 	if n > MaxIO {
 		return fmt.Errorf("%w: %d bytes", ErrTooLarge, n)
 	}
-	if off > v.info.Size || n > v.info.Size-off {
-		return fmt.Errorf("%w: %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, v.info.Size)
+	return v.checkRange(off, n)
+}
+
+func (v *volume) checkRange(off, n uint64) error {
+	if size := v.size.Load(); off > size || n > size-off {
+		return fmt.Errorf("%w: %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, size)
 	}
 	return nil
 }
@@ -420,6 +475,7 @@ func (s *Store) Fence(id uint16) (uint64, error) {
 // current is v's info with the memory it holds now.
 func (v *volume) current() VolumeInfo {
 	info := v.info
+	info.Size = v.size.Load()
 	info.Stored = v.stored.Load()
 	return info
 }
@@ -453,9 +509,10 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if off > v.info.Size || n > v.info.Size-off {
-		return 0, fmt.Errorf("%w: trim %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, v.info.Size)
+	if err := v.checkRange(off, n); err != nil {
+		return 0, fmt.Errorf("trim: %w", err)
 	}
+	size := v.size.Load()
 	var seq uint64
 	end := off + n
 	for off < end {
@@ -468,7 +525,7 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 		}
 		// The last chunk of a volume may be short; covering up to the
 		// volume's end counts as covering the chunk.
-		chunkEnd := min(ChunkSize, v.info.Size-(off-co))
+		chunkEnd := min(ChunkSize, size-(off-co))
 		c.mu.Lock()
 		if co == 0 && m >= chunkEnd {
 			if c.data != nil {

@@ -12,7 +12,8 @@ package memnode
 //	2   2    volume      volume id (0 for volume-management ops)
 //	4   4    payloadLen  bytes that follow the header
 //	8   8    tag         chosen by the client, echoed in the response
-//	16  8    offset      byte offset; PREFETCH: page key; CREATE: volume size
+//	16  8    offset      byte offset; PREFETCH: page key; CREATE, RESIZE:
+//	                     volume size
 //	24  4    count       READ/PREFETCH/TRIM: bytes concerned
 //	28  4    window      data ops: the key of the memory window that grants
 //	                     the access; BIND and UNBIND: the window's key
@@ -118,6 +119,7 @@ const (
 	OpDelete   Op = 11
 	OpBind     Op = 12
 	OpUnbind   Op = 13
+	OpResize   Op = 14
 )
 
 // Access rights of a memory window (BIND).
@@ -134,6 +136,7 @@ var opNames = [...]string{
 	OpHello: "HELLO", OpRead: "READ", OpWrite: "WRITE", OpPrefetch: "PREFETCH",
 	OpCAS: "CAS", OpFAA: "FAA", OpTrim: "TRIM", OpCreate: "CREATE",
 	OpOpen: "OPEN", OpList: "LIST", OpDelete: "DELETE", OpBind: "BIND", OpUnbind: "UNBIND",
+	OpResize: "RESIZE",
 }
 
 func (o Op) String() string {

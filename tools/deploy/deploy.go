@@ -663,8 +663,16 @@ func recordVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, v m
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
-	if got.State == cluster.VolumeDeleting {
+	switch {
+	case got.State == cluster.VolumeDeleting:
 		return fmt.Errorf("host: volume %q is being removed (pd3 volume rm): not serving it", v.Name)
+	case got.State == cluster.VolumeResizing:
+		return fmt.Errorf("host: volume %q is being resized (pd3 volume resize): not serving it; start again once that is done", v.Name)
+	case got.Size > v.Size:
+		// Grown between this host's open and its hold: what it serves is
+		// a prefix of the volume, so nothing is wrong, only smaller.
+		cfg.Log.Warn(fmt.Sprintf("volume %s was resized to %s while this host opened it: serving %s until restarted",
+			v.Name, units.FormatSize(got.Size), units.FormatSize(v.Size)))
 	}
 	return nil
 }

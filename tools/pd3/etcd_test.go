@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/stretchr/testify/assert"
@@ -169,8 +170,46 @@ func TestVolumeCommands(t *testing.T) {
 	out, err = vol("rm", "big")
 	require.Error(t, err)
 	assert.Contains(t, out, `cluster: volume is held by a host: "big"`)
+	out, err = vol("resize", "big", "--size", "32MiB")
+	require.Error(t, err)
+	assert.Contains(t, out, `cluster: volume is held by a host: "big"`)
+	recs := func() map[string]cluster.VolumeRecord {
+		out, err := vol("ls", "--json")
+		require.NoError(t, err, out)
+		var rows []cluster.VolumeRecord
+		require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+		m := map[string]cluster.VolumeRecord{}
+		for _, r := range rows {
+			m[r.Name] = r
+		}
+		return m
+	}
+	big := strconv.Itoa(int(recs()["big"].ID))
+	_, err = run(t, "before the resize", "page", "put", "--page", host.Addrs["page server"], big+":3")
+	require.NoError(t, err)
 
 	host.Stop()
+	out, err = vol("resize", "big", "--size", "32MiB")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "volume big: 16MiB -> 32MiB")
+	assert.Equal(t, uint64(32<<20), recs()["big"].Size)
+	out, err = vol("resize", "big", "--size", "8MiB")
+	require.Error(t, err)
+	assert.Contains(t, out, "volume big is 32MiB: it cannot shrink to 8MiB")
+	// A host started with the old size serves the volume's.
+	host = start(t, []string{"page server", "NBD server"}, "serve", "--memnode", roomy.Addrs["memory node"], "--etcd", etcd,
+		"--page", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--mount", "", "--volume", "big:16MiB")
+	nc, err := nbdclient.Dial(host.Addrs["NBD server"], "big")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(32<<20), nc.Size)
+	got := make([]byte, 4096)
+	require.NoError(t, nc.Read(3*4096, got))
+	assert.True(t, strings.HasPrefix(string(got), "before the resize\x00"))
+	require.NoError(t, nc.Read(32<<20-4096, got))
+	assert.Equal(t, make([]byte, 4096), got, "the new bytes")
+	nc.Close()
+	host.Stop()
+
 	out, err = vol("rm", "big")
 	require.NoError(t, err, out)
 	out, err = vol("ls", "--json")

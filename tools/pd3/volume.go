@@ -141,17 +141,9 @@ func volumeCmd() *cobra.Command {
 				if rec, err = cluster.MarkDeleting(ctx, cli, etcd.cluster, rec); err != nil {
 					return err
 				}
-				addr := rec.NodeAddr
-				if nodes, err := cluster.Nodes(ctx, cli, etcd.cluster); err == nil {
-					for _, n := range nodes {
-						if n.ID == rec.Node && rec.Node != "" {
-							if !n.Up {
-								return fmt.Errorf("volume %s: its node %s is down; it stays marked %s: run pd3 volume rm again once the node is up",
-									args[0], n.ID, cluster.VolumeDeleting)
-							}
-							addr = n.Addr
-						}
-					}
+				addr, err := nodeAddr(ctx, cli, etcd.cluster, rec)
+				if err != nil {
+					return fmt.Errorf("volume %s stays marked %s: %w: run pd3 volume rm again once it is up", args[0], cluster.VolumeDeleting, err)
 				}
 				c, err := node(ctx, addr)
 				if err != nil {
@@ -166,7 +158,69 @@ func volumeCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(ls, create, rm)
+	var newSize string
+	resize := &cobra.Command{
+		Use:   "resize NAME --size SIZE",
+		Short: "Grow a volume no host holds (volumes only grow; the new bytes read as zeroes)",
+		Long: `Grow a volume no host holds. A served volume keeps its size: an NBD
+client learns the size once, when it connects, so stop the host serving
+the volume, resize, and start it again. Volumes only grow: shrinking would
+drop data. A resize cut short (the command killed, the node down) leaves
+the volume "resizing", and no host takes it until resize runs again.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := units.ParseSize(newSize)
+			if err != nil || n == 0 {
+				return usageError{fmt.Errorf("--size %q: want a size such as 2GiB", newSize)}
+			}
+			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
+				rec, err := cluster.GetVolume(ctx, cli, etcd.cluster, args[0])
+				if err != nil {
+					return err
+				}
+				if n < rec.Size {
+					return fmt.Errorf("volume %s is %s: it cannot shrink to %s (volumes only grow)", args[0], units.FormatSize(rec.Size), units.FormatSize(n))
+				}
+				from := rec.Size
+				if rec, err = cluster.MarkResizing(ctx, cli, etcd.cluster, rec); err != nil {
+					if errors.Is(err, cluster.ErrVolumeHeld) {
+						err = fmt.Errorf("%w; stop the host serving it, resize, and start it again (an NBD client learns the size when it connects)", err)
+					}
+					return err
+				}
+				addr, err := nodeAddr(ctx, cli, etcd.cluster, rec)
+				if err != nil {
+					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeResizing, err)
+				}
+				c, err := node(ctx, addr)
+				if err != nil {
+					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeResizing, err)
+				}
+				info, err := c.Resize(ctx, args[0], n)
+				c.Close()
+				if errors.Is(err, memnode.ErrUnknownOp) {
+					err = fmt.Errorf("%w (the memory node predates RESIZE: upgrade it)", err)
+				}
+				if err != nil {
+					// The node refused (too large, shrinking after a
+					// half-done larger resize): the volume is as it was.
+					if cur, oerr := openAt(ctx, node, addr, args[0]); oerr == nil {
+						_, uerr := cluster.VolumeResized(ctx, cli, etcd.cluster, rec, cur.Size)
+						return errors.Join(err, uerr)
+					}
+					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeResizing, err)
+				}
+				if _, err := cluster.VolumeResized(ctx, cli, etcd.cluster, rec, info.Size); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "volume %s: %s -> %s\n", args[0], units.FormatSize(from), units.FormatSize(info.Size))
+				return nil
+			})
+		},
+	}
+	resize.Flags().StringVar(&newSize, "size", "", "the new size (e.g. 2GiB)")
+	resize.MarkFlagRequired("size")
+	cmd.AddCommand(ls, create, rm, resize)
 	return cmd
 }
 
@@ -183,4 +237,36 @@ func createAt(ctx context.Context, dial func(context.Context, string) (*memnode.
 		return info, fmt.Errorf("node %s: %w", n.ID, err)
 	}
 	return info, nil
+}
+
+// nodeAddr is where the node holding rec listens now (it may have moved
+// since the volume was placed), or the address recorded then for a node
+// outside the control plane. A node that is down is an error.
+func nodeAddr(ctx context.Context, cli *clientv3.Client, clusterName string, rec cluster.VolumeRecord) (string, error) {
+	if rec.Node == "" {
+		return rec.NodeAddr, nil
+	}
+	nodes, err := cluster.Nodes(ctx, cli, clusterName)
+	if err != nil {
+		return rec.NodeAddr, nil
+	}
+	for _, n := range nodes {
+		if n.ID == rec.Node {
+			if !n.Up {
+				return "", fmt.Errorf("its memory node %s is down", n.ID)
+			}
+			return n.Addr, nil
+		}
+	}
+	return rec.NodeAddr, nil
+}
+
+// openAt reads what the node at addr has of volume name.
+func openAt(ctx context.Context, dial func(context.Context, string) (*memnode.Client, error), addr, name string) (memnode.VolumeInfo, error) {
+	c, err := dial(ctx, addr)
+	if err != nil {
+		return memnode.VolumeInfo{}, err
+	}
+	defer c.Close()
+	return c.Open(ctx, name)
 }
