@@ -193,7 +193,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	for name := range byName {
 		if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "meta" {
 			cfg.Log.Info("fs: deleting a data volume no snapshot refers to", "volume", name)
-			if err := cfg.Client.Delete(ctx, name); err != nil {
+			if err := f.deleteVolume(ctx, name); err != nil {
 				return nil, fmt.Errorf("fs: deleting orphan %q: %w", name, err)
 			}
 		}
@@ -225,6 +225,17 @@ func (f *FS) present(ctx context.Context, vol uint16) error {
 		return fmt.Errorf("fs: presenting the mount's fencing token: %w", err)
 	}
 	return nil
+}
+
+// deleteVolume frees a volume of the filesystem; with Fencing, the
+// mount's token goes with it, so that a DELETE from a mount superseded
+// while it was on the way cannot free a file of the mount that replaced
+// it.
+func (f *FS) deleteVolume(ctx context.Context, name string) error {
+	if f.cfg.Fencing == nil {
+		return f.cfg.Client.Delete(ctx, name)
+	}
+	return f.cfg.Client.DeleteFenced(ctx, name, f.token)
 }
 
 // Fenced reports whether Fence (or a lease lost at the node) stopped
@@ -378,7 +389,7 @@ func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, err
 	name := "fs." + f.cfg.Name + "." + strconv.FormatUint(ino, 10)
 	v, err := f.cfg.Client.Create(ctx, name, MaxFileSize)
 	if errors.Is(err, memnode.ErrExists) {
-		if err = f.cfg.Client.Delete(ctx, name); err == nil {
+		if err = f.deleteVolume(ctx, name); err == nil {
 			v, err = f.cfg.Client.Create(ctx, name, MaxFileSize)
 		}
 	}
@@ -405,7 +416,7 @@ func (f *FS) release(ctx context.Context, n *inode) {
 		return // fenced: the volume may be another holder's file now
 	}
 	f.cfg.Store.RemoveVolume(n.vol)
-	if err := f.cfg.Client.Delete(ctx, n.Vol); err != nil {
+	if err := f.deleteVolume(ctx, n.Vol); err != nil {
 		// The next mount deletes it as an orphan.
 		f.cfg.Log.Warn("fs: freeing a deleted file's volume", "volume", n.Vol, "err", err)
 	}

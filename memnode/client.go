@@ -613,7 +613,14 @@ func (c *Client) List(ctx context.Context) ([]VolumeInfo, error) {
 
 // Delete removes volume name.
 func (c *Client) Delete(ctx context.Context, name string) error {
-	if _, err := c.control(ctx, &ReqHeader{Op: OpDelete}, []byte(name)); err != nil {
+	return c.DeleteFenced(ctx, name, 0)
+}
+
+// DeleteFenced removes volume name unless a holder newer than token has
+// presented its token for it (ErrFenced). A node older than fencing of
+// DELETE ignores the token.
+func (c *Client) DeleteFenced(ctx context.Context, name string, token uint64) error {
+	if _, err := c.control(ctx, &ReqHeader{Op: OpDelete, Offset: token}, []byte(name)); err != nil {
 		return fmt.Errorf("volume %q: %w", name, err)
 	}
 	return nil

@@ -9,8 +9,8 @@ import (
 )
 
 // Fencing: once a newer holder presents its token, the older holder's
-// writes (and those of a client with no token) are refused while reads go
-// on; a stale token cannot be presented again.
+// writes and deletes (and writes of a client with no token) are refused
+// while reads go on; a stale token cannot be presented again.
 func TestFencing(t *testing.T) {
 	_, addr := startNode(t, "", 0)
 	ctx := context.Background()
@@ -42,6 +42,16 @@ func TestFencing(t *testing.T) {
 	require.NoError(t, next.WriteAt(ctx, v.ID, 0, page))
 	require.NoError(t, plain.ReadAt(ctx, v.ID, 0, got))
 	assert.Equal(t, "new holder", string(got[:10]))
+
+	// The superseded holder's DELETE does not free the new holder's volume;
+	// the holder's own does, and an operator's (token 0) is not fenced.
+	assert.ErrorIs(t, old.DeleteFenced(ctx, "disk0", 1), ErrFenced)
+	_, err = plain.Open(ctx, "disk0")
+	require.NoError(t, err, "still there")
+	require.NoError(t, next.DeleteFenced(ctx, "disk0", 2))
+	_, err = plain.Create(ctx, "scratch", ChunkSize)
+	require.NoError(t, err)
+	require.NoError(t, plain.Delete(ctx, "scratch"))
 }
 
 // A persistent node keeps its volumes' fences across a restart: the

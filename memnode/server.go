@@ -360,7 +360,7 @@ func (c *conn) execute(h *ReqHeader) error {
 		if err := c.checkName(string(p)); err != nil {
 			return c.respondErr(h, err)
 		}
-		c.respondErr(h, st.Delete(string(p)))
+		c.respondErr(h, st.DeleteFenced(string(p), h.Offset))
 	case OpHello:
 		c.respond(h, StatusBadRequest, nil)
 	default:

@@ -233,7 +233,14 @@ func (s *Store) List() []VolumeInfo {
 }
 
 // Delete removes a volume and frees its memory.
-func (s *Store) Delete(name string) error {
+func (s *Store) Delete(name string) error { return s.DeleteFenced(name, 0) }
+
+// DeleteFenced removes a volume unless token is older than the newest
+// fencing token presented for it (ErrFenced): a holder superseded while
+// its DELETE was on the way cannot free the volume of the one that
+// replaced it. Token 0 is an operator's delete, which the control plane
+// allows only for volumes no host holds.
+func (s *Store) DeleteFenced(name string, token uint64) error {
 	if s.persist != nil {
 		// Wait out any checkpoint: it may be writing this volume's page
 		// file, which must be gone before the volume's id is reused.
@@ -243,6 +250,10 @@ func (s *Store) Delete(name string) error {
 	s.mu.Lock()
 	v, ok := s.byName[name]
 	var tok uint64
+	if ok && token != 0 && token < v.fence.Load() {
+		s.mu.Unlock()
+		return fmt.Errorf("deleting %q with token %d: %w", name, token, ErrFenced)
+	}
 	if ok {
 		var err error
 		if tok, err = s.logTableLocked(opLogDelete, v.info.ID, 0, 0, name); err != nil {

@@ -13,7 +13,7 @@ package memnode
 //	4   4    payloadLen  bytes that follow the header
 //	8   8    tag         chosen by the client, echoed in the response
 //	16  8    offset      byte offset; PREFETCH: page key; CREATE, RESIZE:
-//	                     volume size
+//	                     volume size; DELETE: fencing token (0: none)
 //	24  4    count       READ/PREFETCH/TRIM: bytes concerned
 //	28  4    window      data ops: the key of the memory window that grants
 //	                     the access; BIND and UNBIND: the window's key
@@ -66,7 +66,10 @@ package memnode
 // volume's — or 0 once the volume has one — is refused with FENCED; reads
 // are never fenced. A host that took over a volume's lease presents its
 // token before it serves, so the write-backs still in flight from the host
-// it superseded cannot land over the new owner's data.
+// it superseded cannot land over the new owner's data. A DELETE that
+// carries a token older than the volume's is refused with FENCED too (a
+// superseded filesystem mount freeing a file the new one kept); one with
+// token 0 is an operator's and is not fenced.
 
 import (
 	"encoding/binary"

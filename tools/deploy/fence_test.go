@@ -70,7 +70,8 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 // the old host, cut off from etcd and the memory node, still has a file's
 // write-back in flight; a second host mounts the filesystem once the old
 // hold expired, rewrites the file and syncs. When the links come back, the
-// node refuses the late write-back (the new mount presented a newer token
+// node refuses the late write-back and the late DELETE of a file the old
+// mount unlinked (the new mount presented a newer token
 // on every file's volume) and the old host has stopped its mount.
 func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	if err := fs.Available(); err != nil {
@@ -107,6 +108,22 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 		}
 		require.NoError(t, f.Close())
 	}
+	dataVolumes := func() map[string]memnode.VolumeInfo {
+		m := map[string]memnode.VolumeInfo{}
+		for _, v := range node.Server.Store.List() {
+			if strings.HasPrefix(v.Name, "fs.pd3.") && v.Name != "fs.pd3.meta" {
+				m[v.Name] = v
+			}
+		}
+		return m
+	}
+	write(filepath.Join(dirA, "doomed"), "kept by the new owner", true)
+	require.NoError(t, old.FS.Sync(ctx)) // the file is in the saved tree
+	require.Len(t, dataVolumes(), 1)
+	var doomed string
+	for name := range dataVolumes() {
+		doomed = name
+	}
 	write(filepath.Join(dirA, file), "synced first", true)
 	// Into the host cache (the kernel's is flushed on close), not synced.
 	write(filepath.Join(dirA, file), "the old host's late write", false)
@@ -115,6 +132,8 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	etcdLink.Cut()
 	flushed := make(chan error, 1)
 	go func() { flushed <- old.Store.Flush(ctx) }() // its WRITE waits in the cut link
+	removed := make(chan error, 1)
+	go func() { removed <- os.Remove(filepath.Join(dirA, "doomed")) }() // its DELETE too
 
 	next, err := StartHost(ctx, cfg(node.Addr, etcd.Endpoint, dirB)) // waits out the old hold
 	require.NoError(t, err)
@@ -132,16 +151,23 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the old host's flush never returned")
 	}
-	var data *memnode.VolumeInfo
-	for _, v := range node.Server.Store.List() {
-		if strings.HasPrefix(v.Name, "fs.pd3.") && v.Name != "fs.pd3.meta" {
-			data = &v
-		}
+	select {
+	case <-removed: // refused at the node; the old mount's own view is moot
+	case <-time.After(30 * time.Second):
+		t.Fatal("the old host's unlink never returned")
 	}
-	require.NotNil(t, data, "the file's volume")
+	vols := dataVolumes()
+	require.Contains(t, vols, doomed, "the superseded mount's DELETE freed a file the new mount kept")
+	delete(vols, doomed)
+	require.Len(t, vols, 1, "the file's volume")
 	page := make([]byte, 4096)
-	require.NoError(t, node.Server.Store.ReadAt(data.ID, 0, page))
-	assert.Equal(t, "the new owner's data", string(page[:20]))
+	for _, data := range vols {
+		require.NoError(t, node.Server.Store.ReadAt(data.ID, 0, page))
+		assert.Equal(t, "the new owner's data", string(page[:20]))
+	}
+	got, err = os.ReadFile(filepath.Join(dirB, "doomed"))
+	require.NoError(t, err)
+	assert.Equal(t, "kept by the new owner", string(got))
 	require.Eventually(t, old.FS.Fenced, 10*time.Second, 10*time.Millisecond, "the old host stopped its mount")
 	err = os.WriteFile(filepath.Join(dirA, "g"), []byte("x"), 0o644)
 	assert.ErrorIs(t, err, syscall.EROFS, "and refuses changes")
