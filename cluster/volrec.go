@@ -50,6 +50,10 @@ type VolumeRecord struct {
 	NodeAddr string `json:"node_addr"` // its address when the volume was placed
 	State    string `json:"state"`
 	Created  string `json:"created"` // RFC 3339
+	// Stripes, for a replicated volume, places its extents over nodes
+	// (Node and NodeAddr are then empty, and ID is the cluster's id of
+	// the volume, not a node's).
+	Stripes *Stripes `json:"stripes,omitempty"`
 
 	rev int64 // ModRevision the record was read at
 }

@@ -206,5 +206,10 @@ func (h *Host) Close() error {
 // Hold is a host's hold on one volume.
 type Hold struct{ m *concurrency.Mutex }
 
+// Token is a fencing token for this hold: the etcd revision at which it
+// was taken. A later holder takes the lock only after this one's key is
+// gone, at a later revision, so tokens grow with every new holder.
+func (v *Hold) Token() uint64 { return uint64(v.m.Header().Revision) }
+
 // Release lets the volume go.
 func (v *Hold) Release(ctx context.Context) error { return v.m.Unlock(ctx) }

@@ -35,6 +35,7 @@ import (
 	"github.com/pd3-go/pd3/nbd"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
+	"github.com/pd3-go/pd3/replica"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -272,7 +273,12 @@ type HostConfig struct {
 	// KernelViewPages sizes the Host View of the kernel page cache
 	// (default 1 Mi pages: 4 GiB of cached file data).
 	KernelViewPages int
-	Log             *slog.Logger
+	// Replicas, if > 0 (with Etcd), serves volumes striped over every
+	// memory node of the cluster, each extent on this many nodes (fewer
+	// if fewer are up); Memnode is then unused. 0: volumes live on the
+	// one node Memnode.
+	Replicas int
+	Log      *slog.Logger
 	// Stages, if set, receives the host's stamps of a request's path
 	// (the miss-path breakdown; nil in production).
 	Stages *stages.Recorder
@@ -291,10 +297,13 @@ type Host struct {
 	Engine   *dpu.Engine // nil without an agent or host-side prefetcher
 	Leap     *dpu.Leap   // nil unless Prefetch is "leap"
 	Link     *dpu.Link   // nil unless DPU is "shm:NAME"
-	Zone     *loadingzone.Zone
-	HostView *hostview.Set
-	FS       *fs.FS
-	Mounted  *fs.Mounted // nil unless Mount was set
+	// Replicated is the Remote of replicated volumes (Replicas > 0);
+	// Client is then nil.
+	Replicated *replica.Remote
+	Zone       *loadingzone.Zone
+	HostView   *hostview.Set
+	FS         *fs.FS
+	Mounted    *fs.Mounted // nil unless Mount was set
 	// Tracker follows the mount's kernel page cache into KernelView (the
 	// agent's second Host View); nil when off, TrackerErr says why.
 	Tracker    *pagecache.Tracker
@@ -333,6 +342,9 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 			return nil, errors.New("host: --local keeps volumes in host memory; a FUSE mount needs a memory node")
 		}
 		return startLocal(ctx, cfg)
+	}
+	if cfg.Replicas > 0 {
+		return startReplicated(ctx, cfg)
 	}
 	if cfg.Memnode == "" {
 		return nil, errors.New("host: no memory node address")
@@ -411,16 +423,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if h.Link != nil {
 		h.Link.SetResident(st.EachResident)
 	}
-	// The leases (claimed below) are released after the write-back and
-	// after the background write-back stopped (closers run last first), so
-	// the next holder reads every page; on a failed claim, those claimed.
-	h.onClose(h.releaseVolumes)
-	if cfg.Writeback > 0 {
-		wctx, cancel := context.WithCancel(ctx)
-		st.StartWriteback(wctx, cfg.Writeback)
-		h.onClose(func() error { cancel(); return nil })
-	}
-	h.Store = st
+	h.useStore(ctx, cfg, st)
 	for _, vs := range cfg.Volumes {
 		v, err := c.OpenOrCreate(ctx, vs.Name, vs.Size)
 		if err != nil {
@@ -448,6 +451,21 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	return h, nil
 }
 
+// useStore makes st the host's page store: the volumes' holds are given
+// up after its dirty pages are written back and after the background
+// write-back (started here when configured) stops (closers run last
+// first), so the next holder reads every page; on a failed start, those
+// taken.
+func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store) {
+	h.onClose(h.releaseVolumes)
+	if cfg.Writeback > 0 {
+		wctx, cancel := context.WithCancel(ctx)
+		st.StartWriteback(wctx, cfg.Writeback)
+		h.onClose(func() error { cancel(); return nil })
+	}
+	h.Store = st
+}
+
 // leasesVolume holds one lease word per volume id at the memory node, and
 // epochsVolume one counter per volume id: how many hosts have held it, the
 // next holder's fencing token less one.
@@ -466,6 +484,11 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 	if ttl <= 0 {
 		ttl = 5 * time.Second
 	}
+	if h.Replicated != nil {
+		// No single node to count epochs at: the holds' etcd revisions
+		// are the tokens.
+		return h.holdVolumes(ctx, cfg, ttl, 0)
+	}
 	epochs, err := h.Client.OpenOrCreate(ctx, epochsVolume, 1<<16*8)
 	if err != nil {
 		return fmt.Errorf("host: volume fencing epochs: %w", err)
@@ -483,7 +506,7 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
 		}
 		h.leases = append(h.leases, volumeLease{v: v, l: l, release: l.Release})
-		if err := h.presentToken(ctx, v, epochs.ID); err != nil {
+		if err := h.presentToken(ctx, v, epochs.ID, nil); err != nil {
 			return err
 		}
 	}
@@ -535,8 +558,14 @@ type volumeLease struct {
 // connection that writes the volume back. The node then refuses the
 // write-backs a superseded host (one partitioned past its lease) still
 // has in flight.
-func (h *Host) presentToken(ctx context.Context, v memnode.VolumeInfo, epochs uint16) error {
-	tok, err := h.takeToken(ctx, epochs, v.ID)
+func (h *Host) presentToken(ctx context.Context, v memnode.VolumeInfo, epochs uint16, hold *cluster.Hold) error {
+	var tok uint64
+	var err error
+	if h.Replicated != nil {
+		tok = hold.Token()
+	} else {
+		tok, err = h.takeToken(ctx, epochs, v.ID)
+	}
 	if err == nil {
 		err = h.present(ctx, v.ID, tok)
 	}
@@ -556,6 +585,9 @@ func (h *Host) takeToken(ctx context.Context, epochs, id uint16) (uint64, error)
 // present presents token for volume vol on every connection this host
 // writes through: its own, and the split agent's.
 func (h *Host) present(ctx context.Context, vol uint16, token uint64) error {
+	if h.Replicated != nil {
+		return h.Replicated.Fence(ctx, vol, token)
+	}
 	if err := h.Client.Fence(ctx, vol, token); err != nil {
 		return err
 	}
@@ -605,7 +637,7 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 		if err := recordVolume(ctx, cli, cfg, v); err != nil {
 			return err
 		}
-		if err := h.presentToken(ctx, v, epochs); err != nil {
+		if err := h.presentToken(ctx, v, epochs, hold); err != nil {
 			return err
 		}
 	}

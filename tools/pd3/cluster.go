@@ -46,10 +46,15 @@ func clusterCmd() *cobra.Command {
 				return err
 			}
 			vols, files, unreachable := volumesOf(ctx, nodes, token.Value(), holders)
+			recs, err := cluster.Volumes(ctx, cli, name)
+			if err != nil {
+				return err
+			}
+			repl := replicationOf(recs, nodes)
 			if asJSON {
 				e := json.NewEncoder(cmd.OutOrStdout())
 				e.SetIndent("", "  ")
-				return e.Encode(map[string]any{"cluster": name, "nodes": nodes, "volumes": vols, "filesystem_volumes": files})
+				return e.Encode(map[string]any{"cluster": name, "nodes": nodes, "volumes": vols, "filesystem_volumes": files, "replicated": repl})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "cluster %s: %d memory nodes\n", name, len(nodes))
@@ -76,6 +81,13 @@ func clusterCmd() *cobra.Command {
 			if files.Count > 0 {
 				fmt.Fprintf(w, "and %d filesystem volumes (files and metadata of pd3 mounts), %s stored\n", files.Count, units.FormatSize(files.Stored))
 			}
+			if len(repl) > 0 {
+				fmt.Fprintf(w, "\n%d replicated volumes\n", len(repl))
+				fmt.Fprintln(w, "VOLUME\tSIZE\tEXTENTS\tREPLICAS\tDEGRADED\tLOST\tEPOCH\tHEALTH")
+				for _, r := range repl {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Name, units.FormatSize(r.Size), r.Extents, r.Replicas, r.Degraded, r.Lost, r.Epoch, r.Health)
+				}
+			}
 			for _, u := range unreachable {
 				fmt.Fprintf(w, "(node %s did not answer: %v)\n", u.ID, u.Err)
 			}
@@ -88,6 +100,56 @@ func clusterCmd() *cobra.Command {
 	cmd.MarkPersistentFlagRequired("etcd")
 	cmd.AddCommand(status)
 	return cmd
+}
+
+// replicaStatus is a replicated volume's health: its extents with fewer
+// live replicas than wanted (on nodes dropped or down), and with none.
+type replicaStatus struct {
+	Name     string `json:"name"`
+	Size     uint64 `json:"size"`
+	Extents  int    `json:"extents"`
+	Replicas int    `json:"replicas"`
+	Degraded int    `json:"degraded"`
+	Lost     int    `json:"lost"`
+	Epoch    uint64 `json:"epoch"`
+	Health   string `json:"health"` // healthy, degraded or lost
+}
+
+func replicationOf(recs []cluster.VolumeRecord, nodes []cluster.Node) []replicaStatus {
+	up := map[string]bool{}
+	for _, n := range nodes {
+		up[n.ID] = n.Up
+	}
+	var out []replicaStatus
+	for _, r := range recs {
+		s := r.Stripes
+		if s == nil {
+			continue
+		}
+		st := replicaStatus{Name: r.Name, Size: r.Size, Extents: len(s.Extents), Replicas: s.Replicas, Epoch: s.Epoch, Health: "healthy"}
+		for _, e := range s.Extents {
+			live := 0
+			for _, id := range e {
+				if up[id] {
+					live++
+				}
+			}
+			if live < s.Replicas {
+				st.Degraded++
+			}
+			if live == 0 {
+				st.Lost++
+			}
+		}
+		switch {
+		case st.Lost > 0:
+			st.Health = "lost"
+		case st.Degraded > 0:
+			st.Health = "degraded"
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // volumeStatus is a volume as pd3 cluster status shows it.

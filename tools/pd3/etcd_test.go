@@ -53,34 +53,10 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 	host := start(t, []string{"NBD server", "page server"}, "serve", "--memnode", node.Addrs["memory node"], "--etcd", etcd,
 		"--volume-lease", ttl.String(), "--volume", "disk0:64MiB", "--cache", "2MiB", "--nbd", "127.0.0.1:0",
 		"--page", "127.0.0.1:0", "--mount", "", "--writeback", "100ms")
-	uri := "nbd://" + host.Addrs["NBD server"] + "/disk0"
-	dir := t.TempDir()
-	const region = 8 << 20
 	// About four seconds a round (2048 writes at 500 a second): long
 	// enough for a kill and an election to happen under it.
-	fio := func(round int, verify bool) (string, error) {
-		args := []string{"--name=r" + strconv.Itoa(round), "--ioengine=nbd", "--uri=" + uri, "--rw=randwrite", "--bs=4k",
-			"--offset=" + strconv.Itoa(round*region), "--size=" + strconv.Itoa(region), "--iodepth=8", "--fsync=16",
-			"--verify=crc32c", "--verify_fatal=1", "--randseed=" + strconv.Itoa(2000+round)}
-		if verify {
-			args = append(args, "--verify_only", "--verify_state_load=1")
-		} else {
-			args = append(args, "--rate_iops=500", "--do_verify=0", "--verify_state_save=1")
-		}
-		return fioIn(dir, args...)
-	}
-	underFio := func(round int, what string, act func()) {
-		done := make(chan error, 1)
-		var out string
-		go func() {
-			var err error
-			out, err = fio(round, false)
-			done <- err
-		}()
-		time.Sleep(time.Second)
-		act()
-		require.NoError(t, <-done, "%s under fio: %s", what, out)
-	}
+	rounds := fioRounds{t: t, uri: "nbd://" + host.Addrs["NBD server"] + "/disk0", dir: t.TempDir(), region: 8 << 20, seed: 2000}
+	fio, underFio := rounds.run, rounds.under
 
 	lead := members.Leader(cli)
 	follower := (lead + 1) % 3
@@ -338,4 +314,150 @@ func TestPartitionedHostIsFencedOverARealLink(t *testing.T) {
 	out, err = run(t, "", "page", "get", "--page", third.Addrs["page server"], "1:0")
 	require.NoError(t, err, out)
 	assert.True(t, strings.HasPrefix(out, "the new owner's data\x00"), "%.40q", out)
+}
+
+// Replicated volumes over real processes: three memory nodes, each in its
+// own network namespace, a host with --replicas 2 in the root one. fio
+// writes crc32c-verified blocks over NBD (a FLUSH every 16 writes) while
+// one node is cut off (link down, no reset) past the op timeout and
+// healed, then while another is SIGKILLed: no client error, every block
+// verifies afterwards. The cut-off node is dropped from the extents
+// written meanwhile (it missed writes: never read again); the dead one
+// from every extent once its lease is gone; pd3 cluster status says the
+// volume is degraded (no repair yet). The two nodes are chosen so that no
+// extent of the first round is on both: with R=2 and no repair, that
+// extent would be lost, which TestLostExtentFailsItsPagesOnly covers.
+func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (make deps-system)")
+	}
+	port := strconv.Itoa(testetcd.FreePort(t))
+	start(t, []string{"etcd"}, "coord", "--listen", "0.0.0.0:"+port, "--dir", t.TempDir())
+	etcd := "http://127.0.0.1:" + port
+	byAddr := map[string]int{}
+	var nodes []*bench.Child
+	var links []*vethNS
+	for i := range 3 {
+		vn := newVethNS(t)
+		c, err := bench.StartChild(context.Background(), "ip", []string{"memory node"}, "netns", "exec", vn.ns, pd3Bin, "memnode",
+			"--listen", vn.nsIP+":7100", "--etcd", "http://"+vn.rootIP+":"+port)
+		require.NoError(t, err)
+		t.Cleanup(c.Stop)
+		nodes, links = append(nodes, c), append(links, vn)
+		byAddr[vn.nsIP+":7100"] = i
+	}
+	type statusJSON struct {
+		Nodes []cluster.Node `json:"nodes"`
+	}
+	index := map[string]int{} // node id → which of the three
+	require.Eventually(t, func() bool {
+		out, err := run(t, "", "cluster", "status", "--etcd", etcd, "--json")
+		var st statusJSON
+		if err != nil || json.Unmarshal([]byte(out), &st) != nil || len(st.Nodes) != 3 {
+			return false
+		}
+		for _, n := range st.Nodes {
+			index[n.ID] = byAddr[n.Addr]
+		}
+		return true
+	}, 20*time.Second, 200*time.Millisecond, "three nodes registered")
+	host := start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:64MiB",
+		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "2s", "--writeback", "100ms")
+	assert.Contains(t, host.Output(), "volume disk0 placed: 4 extents of 16 MiB over 3 nodes, 2 replicas each")
+	stripes := func() cluster.Stripes {
+		out, err := run(t, "", "volume", "ls", "--json", "--etcd", etcd)
+		require.NoError(t, err, out)
+		var rows []cluster.VolumeRecord
+		require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+		require.Len(t, rows, 1)
+		require.NotNil(t, rows[0].Stripes)
+		return *rows[0].Stripes
+	}
+	// The pair of nodes no extent of the first 32 MiB is on: cut one,
+	// kill the other.
+	before := stripes()
+	pairs := map[[2]int]bool{}
+	for _, e := range before.Extents[:2] {
+		a, b := index[e[0]], index[e[1]]
+		pairs[[2]int{min(a, b), max(a, b)}] = true
+	}
+	cut, kill := -1, -1
+	for _, p := range [][2]int{{0, 1}, {0, 2}, {1, 2}} {
+		if !pairs[p] {
+			cut, kill = p[0], p[1]
+		}
+	}
+	require.NotEqual(t, -1, cut)
+
+	rounds := fioRounds{t: t, uri: "nbd://" + host.Addrs["NBD server"] + "/disk0", dir: t.TempDir(), region: 32 << 20, seed: 3000,
+		args: []string{"--io_size=6m"}}
+	fio, underFio := rounds.run, rounds.under
+	status := func() string {
+		out, err := run(t, "", "cluster", "status", "--etcd", etcd)
+		require.NoError(t, err, out)
+		return out
+	}
+	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+0\s+0\s+1\s+healthy`, status())
+
+	underFio(0, "a node cut off and healed", func() {
+		heal := links[cut].Cut()
+		time.Sleep(3 * time.Second) // past the op timeout, within the node's etcd lease
+		heal()
+	})
+	after := stripes()
+	assert.Greater(t, after.Epoch, before.Epoch, "the cut-off node was dropped where it missed writes")
+	for e := range 2 {
+		for _, id := range after.Extents[e] {
+			assert.NotEqual(t, cut, index[id], "extent %d still lists the node that missed writes", e)
+		}
+	}
+	underFio(1, "SIGKILL of a memory node", func() { require.NoError(t, syscall.Kill(nodes[kill].Pid, syscall.SIGKILL)) })
+	require.NoError(t, host.WaitOutput("memory node down; its replicas are dropped", 15*time.Second))
+	for round := range 2 {
+		out, err := fio(round, true)
+		require.NoError(t, err, "round %d: verify: %s", round, out)
+		require.NotContains(t, out, "verify: bad")
+	}
+	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+[1-4]\s+0\s+\d+\s+degraded`, status())
+}
+
+// fioRounds are rounds of fio writing crc32c-verified random 4 KiB blocks
+// over NBD at 500 a second with a FLUSH every 16, each round in its own
+// region of the volume, with the state kept for a later verify.
+type fioRounds struct {
+	t        *testing.T
+	uri, dir string
+	region   int
+	seed     int
+	args     []string
+}
+
+// run writes round's blocks, or with verify checks them.
+func (f fioRounds) run(round int, verify bool) (string, error) {
+	args := append([]string{"--name=r" + strconv.Itoa(round), "--ioengine=nbd", "--uri=" + f.uri, "--rw=randwrite", "--bs=4k",
+		"--offset=" + strconv.Itoa(round*f.region), "--size=" + strconv.Itoa(f.region), "--iodepth=8", "--fsync=16",
+		"--verify=crc32c", "--verify_fatal=1", "--randseed=" + strconv.Itoa(f.seed+round)}, f.args...)
+	if verify {
+		args = append(args, "--verify_only", "--verify_state_load=1")
+	} else {
+		args = append(args, "--rate_iops=500", "--do_verify=0", "--verify_state_save=1")
+	}
+	return fioIn(f.dir, args...)
+}
+
+// under runs act a second into a round of writes, which must see no error.
+func (f fioRounds) under(round int, what string, act func()) {
+	done := make(chan error, 1)
+	var out string
+	go func() {
+		var err error
+		out, err = f.run(round, false)
+		done <- err
+	}()
+	time.Sleep(time.Second)
+	act()
+	require.NoError(f.t, <-done, "%s under fio: %s", what, out)
 }

@@ -140,6 +140,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "nbd", "--size", "1000"}, []string{`for "--size" flag`, "run 'pd3 bench nbd --help'"}},
 		{[]string{"memnode", "--capacity", "12345"}, []string{`for "--capacity" flag`, "run 'pd3 memnode --help'"}},
 		{[]string{"page", "get", "--page", "127.0.0.1:1", "1:0"}, []string{"pd3: error: pageproto: dialling 127.0.0.1:1"}},
+		{[]string{"up", "--memnodes", "3", "--memnode", "127.0.0.1:1"}, []string{"--memnodes starts embedded memory nodes: it does not go with --memnode", "run 'pd3 up --help'"}},
+		{[]string{"up", "--memnodes", "3", "--memnode-listen", "127.0.0.1:7100"}, []string{"--memnode-listen must leave the port to the system", "run 'pd3 up --help'"}},
+		{[]string{"serve", "--replicas", "2"}, []string{"--replicas places volumes through the control plane: give --etcd URLS", "run 'pd3 serve --help'"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			out, err := run(t, "", tc.args...)

@@ -60,6 +60,7 @@ type hostFlags struct {
 	fsName    string
 	fsLease   time.Duration
 	volLease  time.Duration
+	replicas  int
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -89,6 +90,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.fsName, "fs-name", "pd3", "filesystem name: one memory node can hold several")
 	fl.DurationVar(&f.fsLease, "fs-lease", 5*time.Second, "mount lease at the memory node: a second host cannot mount the filesystem; after a crash the next mount waits this long at most")
 	fl.DurationVar(&f.volLease, "volume-lease", 5*time.Second, "lease on each served volume at the memory node: a second host cannot serve it; after a crash the next host waits this long at most")
+	fl.IntVar(&f.replicas, "replicas", 0, "stripe volumes over every memory node of the cluster (needs --etcd), each 16 MiB extent on this many nodes, surviving the loss of all but one; 0: volumes live on the one --memnode (pd3 up --memnodes N>1: default 2)")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
 }
@@ -104,7 +106,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
-		Stages: stageRecorder(),
+		Stages: stageRecorder(), Replicas: f.replicas,
 	}
 	cfg.LZBytes, cfg.CacheBytes = int64(f.lz), int64(f.cache)
 	cfg.Volumes = f.volumes
@@ -134,6 +136,22 @@ back to the memory node first.`,
 				cfg.Log.Info(fmt.Sprintf("not mounting %s: %v", cfg.Mount, err))
 				cfg.Mount = ""
 			}
+			if e.memnodes > 1 {
+				switch {
+				case cfg.Memnode != "":
+					return usageError{errors.New("--memnodes starts embedded memory nodes: it does not go with --memnode")}
+				case e.etcdListen == "none" && !cfg.Etcd.Enabled():
+					return usageError{errors.New("--memnodes N>1 replicates volumes through the control plane: it does not go with --etcd-listen none")}
+				case !strings.HasSuffix(e.listen, ":0"):
+					return usageError{fmt.Errorf("--memnodes %d: --memnode-listen must leave the port to the system (:0)", e.memnodes)}
+				}
+				if !cmd.Flags().Changed("replicas") {
+					cfg.Replicas = 2
+				}
+			}
+			if cfg.Replicas > 0 {
+				replicatedDefaults(cmd, &cfg)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runUp(ctx, cfg, e, f.metrics)
@@ -149,11 +167,13 @@ back to the memory node first.`,
 // when no --memnode is given: a memory node and the control plane.
 type embedFlags struct {
 	listen, persist, etcdListen string
+	memnodes                    int
 }
 
 func (e *embedFlags) add(fl *pflag.FlagSet, persistHelp string) {
 	fl.StringVar(&e.listen, "memnode-listen", "127.0.0.1:0", "listen address of the embedded memory node")
 	fl.StringVar(&e.persist, "persist", "", persistHelp)
+	fl.IntVar(&e.memnodes, "memnodes", 1, "embedded memory nodes to start (more than one: volumes are replicated over them, --replicas)")
 	fl.StringVar(&e.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd, started unless --etcd names one (data in --persist DIR/etcd, else a temporary directory); none runs without a control plane")
 }
 
@@ -166,6 +186,9 @@ func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 // with the control plane (an embedded etcd unless e names one), and a host.
 func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics string) error {
 	log := cfg.Log
+	if e.memnodes > 1 && cfg.Replicas == 0 {
+		return usageError{errors.New("--memnodes N>1 serves replicated volumes: give --replicas")}
+	}
 	if cfg.Memnode == "" && !cfg.Local {
 		if cfg.MemnodeTLS.Enabled() {
 			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
@@ -188,14 +211,23 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 			cfg.Etcd = cluster.Access{Endpoints: []string{srv.Endpoint}}
 			log.Info(fmt.Sprintf("etcd listening on %s (embedded; try: %s cluster status --etcd %s)", srv.Endpoint, os.Args[0], srv.Endpoint))
 		}
-		node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: e.persist,
-			Etcd: cfg.Etcd, Cluster: cfg.Cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
-		if err != nil {
-			return err
+		for i := range max(1, e.memnodes) {
+			persist := e.persist
+			if persist != "" && e.memnodes > 1 {
+				persist = filepath.Join(e.persist, "memnode-"+strconv.Itoa(i))
+			}
+			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: persist,
+				Etcd: cfg.Etcd, Cluster: cfg.Cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
+			if err != nil {
+				return err
+			}
+			defer node.Close()
+			cfg.Memnode = node.Addr
+			log.Info(fmt.Sprintf("memory node listening on %s (embedded)", node.Addr))
 		}
-		defer node.Close()
-		cfg.Memnode = node.Addr
-		log.Info(fmt.Sprintf("memory node listening on %s (embedded)", node.Addr))
+		if e.memnodes > 1 {
+			cfg.Memnode = ""
+		}
 	}
 	return runHost(ctx, cfg, metrics)
 }
@@ -245,7 +277,12 @@ func serveCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if cfg.Memnode == "" && !cfg.Local {
+			if cfg.Replicas > 0 {
+				if !cfg.Etcd.Enabled() {
+					return usageError{errors.New("--replicas places volumes through the control plane: give --etcd URLS")}
+				}
+				replicatedDefaults(cmd, &cfg)
+			} else if cfg.Memnode == "" && !cfg.Local {
 				return errors.New("--memnode ADDR is required (start one with: pd3 memnode --listen 127.0.0.1:7100)")
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -255,6 +292,19 @@ func serveCmd() *cobra.Command {
 	}
 	f.add(cmd, "memory node address (host:port or unix:/path)")
 	return cmd
+}
+
+// replicatedDefaults turns off, unless asked for, what does not serve
+// replicated volumes yet: the DPU agent and the FUSE mount.
+func replicatedDefaults(cmd *cobra.Command, cfg *deploy.HostConfig) {
+	if !cmd.Flags().Changed("dpu") && cfg.DPU != "none" {
+		cfg.DPU = "none"
+		cfg.Log.Info("replicated volumes: no DPU agent (it does not read them yet)")
+	}
+	if !cmd.Flags().Changed("mount") && cfg.Mount != "" {
+		cfg.Mount = ""
+		cfg.Log.Info("replicated volumes: no FUSE mount (not there yet)")
+	}
 }
 
 func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {

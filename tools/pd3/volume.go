@@ -78,7 +78,9 @@ func volumeCmd() *cobra.Command {
 					if r.Holder != nil {
 						holder = r.Holder.String()
 					}
-					if node == "" {
+					if r.Stripes != nil {
+						node = fmt.Sprintf("%d nodes, R=%d", len(r.Stripes.Nodes()), r.Stripes.Replicas)
+					} else if node == "" {
 						node = r.NodeAddr
 					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Name, units.FormatSize(r.Size), node, r.State, holder)
@@ -141,18 +143,34 @@ func volumeCmd() *cobra.Command {
 				if rec, err = cluster.MarkDeleting(ctx, cli, etcd.cluster, rec); err != nil {
 					return err
 				}
-				addr, err := nodeAddr(ctx, cli, etcd.cluster, rec)
-				if err != nil {
-					return fmt.Errorf("volume %s stays marked %s: %w: run pd3 volume rm again once it is up", args[0], cluster.VolumeDeleting, err)
+				// A replicated volume has a copy at every node of its map;
+				// every one of them must go before the record does.
+				var addrs []string
+				if rec.Stripes != nil {
+					for _, id := range rec.Stripes.Nodes() {
+						a, err := nodeAddr(ctx, cli, etcd.cluster, cluster.VolumeRecord{Node: id})
+						if err != nil {
+							return fmt.Errorf("volume %s stays marked %s: %w: run pd3 volume rm again once it is up", args[0], cluster.VolumeDeleting, err)
+						}
+						addrs = append(addrs, a)
+					}
+				} else {
+					a, err := nodeAddr(ctx, cli, etcd.cluster, rec)
+					if err != nil {
+						return fmt.Errorf("volume %s stays marked %s: %w: run pd3 volume rm again once it is up", args[0], cluster.VolumeDeleting, err)
+					}
+					addrs = append(addrs, a)
 				}
-				c, err := node(ctx, addr)
-				if err != nil {
-					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
-				}
-				err = c.Delete(ctx, args[0])
-				c.Close()
-				if err != nil && !errors.Is(err, memnode.ErrNoVolume) {
-					return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
+				for _, addr := range addrs {
+					c, err := node(ctx, addr)
+					if err != nil {
+						return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
+					}
+					err = c.Delete(ctx, args[0])
+					c.Close()
+					if err != nil && !errors.Is(err, memnode.ErrNoVolume) {
+						return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
+					}
 				}
 				return cluster.DropVolume(ctx, cli, etcd.cluster, rec)
 			})
@@ -177,6 +195,9 @@ the volume "resizing", and no host takes it until resize runs again.`,
 				rec, err := cluster.GetVolume(ctx, cli, etcd.cluster, args[0])
 				if err != nil {
 					return err
+				}
+				if rec.Stripes != nil {
+					return fmt.Errorf("volume %s is replicated: resizing replicated volumes is not there yet", args[0])
 				}
 				if n < rec.Size {
 					return fmt.Errorf("volume %s is %s: it cannot shrink to %s (volumes only grow)", args[0], units.FormatSize(rec.Size), units.FormatSize(n))

@@ -1,0 +1,183 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultExtentBytes is the unit of placement of a replicated volume:
+// small enough that a 1 GiB volume spreads over a handful of nodes
+// (64 extents), large enough that its map stays a few KiB in etcd and a
+// repair moves whole MiB-sized chunks.
+const DefaultExtentBytes = 16 << 20
+
+// Stripes is the placement of a replicated volume: its bytes are cut in
+// extents of ExtentBytes, and extent i lives at the nodes Extents[i] (at
+// the same offsets, in a volume of the same name at each node). Epoch
+// counts changes; hosts and agents compare it to know they act on the
+// newest map.
+type Stripes struct {
+	Epoch       uint64     `json:"epoch"`
+	ExtentBytes uint64     `json:"extent_bytes"`
+	Replicas    int        `json:"replicas"` // wanted per extent
+	Extents     [][]string `json:"extents"`
+}
+
+// Extent is the index of the extent holding byte off.
+func (s *Stripes) Extent(off uint64) int { return int(off / s.ExtentBytes) }
+
+// Nodes are the ids of every node holding some extent, sorted.
+func (s *Stripes) Nodes() []string {
+	var ids []string
+	for _, e := range s.Extents {
+		for _, id := range e {
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Degraded counts the extents with fewer replicas than wanted, and the
+// extents with none (lost).
+func (s *Stripes) Degraded() (degraded, lost int) {
+	for _, e := range s.Extents {
+		if len(e) < s.Replicas {
+			degraded++
+		}
+		if len(e) == 0 {
+			lost++
+		}
+	}
+	return degraded, lost
+}
+
+// PlaceStripes places a volume of size bytes in extents of extentBytes,
+// each on r distinct nodes up (fewer if fewer are up), by power of two
+// choices on free memory, counting what this placement has put on each
+// node so far: the extents spread over the nodes in proportion to their
+// room, where rendezvous hashing would place by name and ignore how full
+// a node is. pick(n) returns a random int in [0, n).
+func PlaceStripes(nodes []Node, size, extentBytes uint64, r int, pick func(int) int) (Stripes, error) {
+	if extentBytes == 0 || extentBytes%(1<<20) != 0 {
+		return Stripes{}, fmt.Errorf("cluster: extent size %d: want a whole number of MiB", extentBytes)
+	}
+	var up []Node
+	for _, n := range nodes {
+		if n.Up {
+			up = append(up, n)
+		}
+	}
+	if len(up) == 0 || r < 1 {
+		return Stripes{}, fmt.Errorf("%w: %d nodes known, none up", ErrNoNode, len(nodes))
+	}
+	r = min(r, len(up))
+	placed := make(map[string]uint64)
+	free := func(n Node) uint64 {
+		if n.Capacity == 0 {
+			return ^uint64(0) - placed[n.ID]
+		}
+		used := n.Stored + placed[n.ID]
+		return n.Capacity - min(n.Capacity, used)
+	}
+	count := (size + extentBytes - 1) / extentBytes
+	s := Stripes{Epoch: 1, ExtentBytes: extentBytes, Replicas: r, Extents: make([][]string, count)}
+	for i := range s.Extents {
+		var fit []Node
+		for _, n := range up {
+			if free(n) >= extentBytes {
+				fit = append(fit, n)
+			}
+		}
+		if len(fit) < r {
+			return Stripes{}, fmt.Errorf("%w: extent %d of %d needs %d nodes with %d bytes free, %d have", ErrNoNode, i, count, r, extentBytes, len(fit))
+		}
+		reps := make([]string, 0, r)
+		for len(reps) < r {
+			a, b := fit[pick(len(fit))], fit[pick(len(fit))]
+			if free(b) > free(a) {
+				a = b
+			}
+			reps = append(reps, a.ID)
+			placed[a.ID] += extentBytes
+			fit = slices.DeleteFunc(fit, func(n Node) bool { return n.ID == a.ID })
+		}
+		s.Extents[i] = reps
+	}
+	return s, nil
+}
+
+// ErrLastReplica: the replica to drop is the extent's last; its data
+// would be gone, so the caller must fail the I/O instead.
+var ErrLastReplica = errors.New("cluster: the extent's last replica")
+
+// DropReplica takes node off extent of volume name's stripe map, in a
+// transaction on the record as read (retried when another change came
+// first), and returns the new map. It is how the only writer of a volume
+// keeps a replica that missed a write from ever being read: a write is
+// acknowledged only once the map no longer lists a replica that did not
+// take it.
+func DropReplica(ctx context.Context, cli *clientv3.Client, cluster, name string, extent int, node string) (Stripes, error) {
+	for {
+		rec, err := GetVolume(ctx, cli, cluster, name)
+		if err != nil {
+			return Stripes{}, err
+		}
+		s := rec.Stripes
+		if s == nil || extent >= len(s.Extents) {
+			return Stripes{}, fmt.Errorf("cluster: volume %q has no extent %d", name, extent)
+		}
+		i := slices.Index(s.Extents[extent], node)
+		if i < 0 {
+			return *s, nil // dropped already
+		}
+		if len(s.Extents[extent]) == 1 {
+			return *s, fmt.Errorf("%w: volume %q extent %d at node %s", ErrLastReplica, name, extent, node)
+		}
+		s.Extents[extent] = slices.Delete(slices.Clone(s.Extents[extent]), i, i+1)
+		s.Epoch++
+		err = update(ctx, cli, cluster, &rec)
+		if errors.Is(err, ErrRaced) {
+			continue
+		}
+		return *s, err
+	}
+}
+
+// NextVolumeID hands out the id a replicated volume's pages carry in
+// their keys, unique in the cluster (a node-local id would not be: each
+// node numbers its own volumes). Ids run from 1 to 65535.
+func NextVolumeID(ctx context.Context, cli *clientv3.Client, cluster string) (uint16, error) {
+	key := prefix(cluster) + "next-volume-id"
+	for {
+		resp, err := cli.Get(ctx, key)
+		if err != nil {
+			return 0, fmt.Errorf("cluster: volume ids: %w", err)
+		}
+		next, rev := uint64(1), int64(0)
+		if len(resp.Kvs) > 0 {
+			if next, err = strconv.ParseUint(string(resp.Kvs[0].Value), 10, 32); err != nil {
+				return 0, fmt.Errorf("cluster: volume ids: %s: %w", resp.Kvs[0].Value, err)
+			}
+			rev = resp.Kvs[0].ModRevision
+		}
+		if next == 0 || next > 0xffff {
+			return 0, errors.New("cluster: volume ids: all 65535 handed out")
+		}
+		t, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+			Then(clientv3.OpPut(key, strconv.FormatUint(next+1, 10))).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("cluster: volume ids: %w", err)
+		}
+		if t.Succeeded {
+			return uint16(next), nil
+		}
+	}
+}

@@ -1,0 +1,20 @@
+// Package replica serves volumes striped and replicated over many memory
+// nodes: a pagestore.Remote that cuts a volume's bytes into extents and
+// keeps each extent at every node its stripe map (cluster.Stripes) lists.
+//
+// Reads go to one replica of the extent, the one with the fewest
+// requests outstanding that has not failed lately, and fail over to the
+// next when it errs or stays silent past the memory-node client's op
+// timeout: the caller sees an error only when every replica failed.
+//
+// Writes (write-backs, FLUSH, TRIM) go to every replica of the extent and
+// return once all of them hold the data, or once every replica that did
+// not has been dropped from the stripe map (Dropper, the control plane):
+// a replica that missed a write is never read again, so a node that comes
+// back from a partition with old bytes cannot serve them. A write no
+// replica took fails, as it would with one node.
+//
+// The host is the only writer of a volume (it holds it in the control
+// plane), so the map changes only through it until repair, which is not
+// here yet: an extent that lost a replica stays degraded.
+package replica
