@@ -26,15 +26,56 @@ type Stripes struct {
 	ExtentBytes uint64     `json:"extent_bytes"`
 	Replicas    int        `json:"replicas"` // wanted per extent
 	Extents     [][]string `json:"extents"`
+	// Joining, per extent, lists nodes a repair is copying the extent to:
+	// they take its writes but are not read until promoted.
+	Joining [][]string `json:"joining,omitempty"`
+}
+
+// Writers are the nodes every write to extent e must reach: its replicas
+// and the nodes joining it.
+func (s *Stripes) Writers(e int) []string {
+	if j := s.joining(e); len(j) > 0 {
+		return append(slices.Clone(s.Extents[e]), j...)
+	}
+	return s.Extents[e]
+}
+
+// Repairing counts the extents with a node joining.
+func (s *Stripes) Repairing() int {
+	n := 0
+	for _, j := range s.Joining {
+		if len(j) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Clone is a deep copy, for a caller that changes it.
+func (s Stripes) Clone() Stripes {
+	s.Extents = cloneLists(s.Extents)
+	s.Joining = cloneLists(s.Joining)
+	return s
+}
+
+func cloneLists(l [][]string) [][]string {
+	if l == nil {
+		return nil
+	}
+	out := make([][]string, len(l))
+	for i := range l {
+		out[i] = slices.Clone(l[i])
+	}
+	return out
 }
 
 // Extent is the index of the extent holding byte off.
 func (s *Stripes) Extent(off uint64) int { return int(off / s.ExtentBytes) }
 
-// Nodes are the ids of every node holding some extent, sorted.
+// Nodes are the ids of every node holding or joining some extent, sorted.
 func (s *Stripes) Nodes() []string {
 	var ids []string
-	for _, e := range s.Extents {
+	for _, e := range append(slices.Clone(s.Extents), s.Joining...) {
 		for _, id := range e {
 			if !slices.Contains(ids, id) {
 				ids = append(ids, id)
@@ -118,30 +159,25 @@ func PlaceStripes(nodes []Node, size, extentBytes uint64, r int, pick func(int) 
 // would be gone, so the caller must fail the I/O instead.
 var ErrLastReplica = errors.New("cluster: the extent's last replica")
 
-// DropReplica takes node off extent of volume name's stripe map, in a
-// transaction on the record as read (retried when another change came
-// first), and returns the new map. It is how the only writer of a volume
-// keeps a replica that missed a write from ever being read: a write is
-// acknowledged only once the map no longer lists a replica that did not
-// take it.
-func DropReplica(ctx context.Context, cli *clientv3.Client, cluster, name string, extent int, node string) (Stripes, error) {
+// UpdateStripes changes volume name's stripe map with fn in a transaction
+// on the record as read, retried when another change came first, and
+// returns the new map; fn reports whether it changed anything.
+func UpdateStripes(ctx context.Context, cli *clientv3.Client, cluster, name string, fn func(s *Stripes) (bool, error)) (Stripes, error) {
 	for {
 		rec, err := GetVolume(ctx, cli, cluster, name)
 		if err != nil {
 			return Stripes{}, err
 		}
 		s := rec.Stripes
-		if s == nil || extent >= len(s.Extents) {
-			return Stripes{}, fmt.Errorf("cluster: volume %q has no extent %d", name, extent)
+		if s == nil {
+			return Stripes{}, fmt.Errorf("cluster: volume %q is not replicated", name)
 		}
-		i := slices.Index(s.Extents[extent], node)
-		if i < 0 {
-			return *s, nil // dropped already
+		switch changed, err := fn(s); {
+		case err != nil:
+			return *s, err
+		case !changed:
+			return *s, nil
 		}
-		if len(s.Extents[extent]) == 1 {
-			return *s, fmt.Errorf("%w: volume %q extent %d at node %s", ErrLastReplica, name, extent, node)
-		}
-		s.Extents[extent] = slices.Delete(slices.Clone(s.Extents[extent]), i, i+1)
 		s.Epoch++
 		err = update(ctx, cli, cluster, &rec)
 		if errors.Is(err, ErrRaced) {
@@ -149,6 +185,82 @@ func DropReplica(ctx context.Context, cli *clientv3.Client, cluster, name string
 		}
 		return *s, err
 	}
+}
+
+// DropReplica takes node off extent of volume name's stripe map, as a
+// replica or as one joining, and returns the new map. It is how the only
+// writer of a volume keeps a replica that missed a write from ever being
+// read: a write is acknowledged only once the map no longer lists a
+// replica that did not take it.
+func DropReplica(ctx context.Context, cli *clientv3.Client, cluster, name string, extent int, node string) (Stripes, error) {
+	return UpdateStripes(ctx, cli, cluster, name, func(s *Stripes) (bool, error) { return s.Drop(extent, node) })
+}
+
+// Drop takes node off extent, as a replica or as a node joining it; it
+// reports false if node was neither (dropped already).
+func (s *Stripes) Drop(extent int, node string) (bool, error) {
+	if extent >= len(s.Extents) {
+		return false, fmt.Errorf("cluster: no extent %d", extent)
+	}
+	if i := slices.Index(s.joining(extent), node); i >= 0 {
+		s.Joining[extent] = slices.Delete(slices.Clone(s.Joining[extent]), i, i+1)
+		return true, nil
+	}
+	i := slices.Index(s.Extents[extent], node)
+	if i < 0 {
+		return false, nil
+	}
+	if len(s.Extents[extent]) == 1 {
+		return false, fmt.Errorf("%w: extent %d at node %s", ErrLastReplica, extent, node)
+	}
+	s.Extents[extent] = slices.Delete(slices.Clone(s.Extents[extent]), i, i+1)
+	return true, nil
+}
+
+// AddJoining lists node as joining extent: it takes every write to the
+// extent from now on while a repair copies the rest to it, and is read
+// from only once Promote made it a replica.
+func AddJoining(ctx context.Context, cli *clientv3.Client, cluster, name string, extent int, node string) (Stripes, error) {
+	return UpdateStripes(ctx, cli, cluster, name, func(s *Stripes) (bool, error) { return true, s.Join(extent, node) })
+}
+
+// Join lists node as joining extent.
+func (s *Stripes) Join(extent int, node string) error {
+	if extent >= len(s.Extents) {
+		return fmt.Errorf("cluster: no extent %d", extent)
+	}
+	if slices.Contains(s.Extents[extent], node) || slices.Contains(s.joining(extent), node) {
+		return fmt.Errorf("cluster: extent %d is at node %s already", extent, node)
+	}
+	for len(s.Joining) < len(s.Extents) {
+		s.Joining = append(s.Joining, nil)
+	}
+	s.Joining[extent] = append(slices.Clone(s.Joining[extent]), node)
+	return nil
+}
+
+// Promote makes node, joining extent, one of its replicas.
+func Promote(ctx context.Context, cli *clientv3.Client, cluster, name string, extent int, node string) (Stripes, error) {
+	return UpdateStripes(ctx, cli, cluster, name, func(s *Stripes) (bool, error) { return true, s.Promote(extent, node) })
+}
+
+// Promote makes node, joining extent, one of its replicas.
+func (s *Stripes) Promote(extent int, node string) error {
+	i := slices.Index(s.joining(extent), node)
+	if i < 0 {
+		return fmt.Errorf("cluster: extent %d: node %s is not joining it (dropped meanwhile)", extent, node)
+	}
+	s.Joining[extent] = slices.Delete(slices.Clone(s.Joining[extent]), i, i+1)
+	s.Extents[extent] = append(slices.Clone(s.Extents[extent]), node)
+	return nil
+}
+
+// joining is the nodes joining extent e.
+func (s *Stripes) joining(e int) []string {
+	if e < len(s.Joining) {
+		return s.Joining[e]
+	}
+	return nil
 }
 
 // NextVolumeID hands out the id a replicated volume's pages carry in

@@ -14,7 +14,11 @@
 // back from a partition with old bytes cannot serve them. A write no
 // replica took fails, as it would with one node.
 //
+// Repair copies an extent that lost a replica to another node: the node
+// joins the extent (takes its writes, is not read), each chunk is copied
+// from a replica under the extent's lock, which orders the copy against
+// the writes in flight, and the node is then promoted to a replica.
+//
 // The host is the only writer of a volume (it holds it in the control
-// plane), so the map changes only through it until repair, which is not
-// here yet: an extent that lost a replica stays degraded.
+// plane), so the map changes only through it.
 package replica

@@ -2,8 +2,10 @@ package replica
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -24,13 +26,19 @@ var (
 	ErrUnknownVolume = errors.New("replica: volume not served here")
 )
 
-// Dropper takes a replica that missed a write off the volume's stripe map
-// (durably: cluster.DropReplica) and returns the new map.
+// Control changes a volume's stripe map durably (the control plane:
+// cluster.DropReplica, AddJoining, Promote) and returns the new map.
 //
-// Absent (Options.Dropper nil): a replica that misses a write fails the
-// write, which the pagestore retries and then reports as EIO.
-type Dropper interface {
+// Absent (nil): a replica that misses a write fails the write, which the
+// pagestore retries and then reports as EIO; Repair refuses to run.
+type Control interface {
+	// DropReplica takes node off extent, as a replica or a node joining.
 	DropReplica(ctx context.Context, volume string, extent int, node string) (cluster.Stripes, error)
+	// AddJoining lists node as joining extent: it takes the extent's
+	// writes, and is not read.
+	AddJoining(ctx context.Context, volume string, extent int, node string) (cluster.Stripes, error)
+	// Promote makes a joining node a replica of extent.
+	Promote(ctx context.Context, volume string, extent int, node string) (cluster.Stripes, error)
 }
 
 // Volume is a replicated volume as a host serves it.
@@ -47,14 +55,20 @@ type Volume struct {
 // Remote reads and writes replicated volumes. It is safe for concurrent
 // use.
 type Remote struct {
-	nodes map[string]*node
+	mu    sync.Mutex // serialises changes of nodes
+	nodes atomic.Pointer[map[string]*node]
 	vols  map[uint16]*volume
-	drop  Dropper
+	ctl   Control
 	now   func() time.Time
 
+	// copied, set by tests, runs in a repair between reading a chunk and
+	// writing it to the joining node: where a write must not slip in.
+	copied func()
+
 	// Failovers counts reads that went on to another replica; Dropped,
-	// replicas taken off a map.
-	Failovers, Dropped atomic.Uint64
+	// replicas taken off a map; Repaired, extents copied to a new
+	// replica, and RepairBytes the bytes read for them.
+	Failovers, Dropped, Repaired, RepairBytes atomic.Uint64
 }
 
 type node struct {
@@ -67,7 +81,20 @@ type node struct {
 type volume struct {
 	Volume
 	stripes atomic.Pointer[cluster.Stripes]
-	mu      sync.Mutex // serialises drops
+	local   atomic.Pointer[map[string]uint16] // Volume.Local, copied on change
+	token   atomic.Uint64                     // the fencing token presented
+	mu      sync.Mutex                        // serialises changes of the map
+	// locks order a repair's copy of a chunk after the writes to its
+	// extent already sent: writes hold their extents' locks shared from
+	// send to settle, a repair holds one exclusive while it reads a chunk
+	// from a replica and writes it to the joining node.
+	locks []sync.RWMutex
+}
+
+// localID is node's id of v's copy.
+func (v *volume) localID(node string) (uint16, bool) {
+	id, ok := (*v.local.Load())[node]
+	return id, ok
 }
 
 // suspectFor is how long a node that failed is tried last.
@@ -77,12 +104,14 @@ const suspectFor = 5 * time.Second
 const maxReplicas = 8
 
 // New returns a Remote over the memory nodes clients (by node id) serving
-// vols. drop may be nil (see Dropper).
-func New(clients map[string]*memnode.Client, vols []Volume, drop Dropper) (*Remote, error) {
-	r := &Remote{nodes: make(map[string]*node), vols: make(map[uint16]*volume), drop: drop, now: time.Now}
+// vols. ctl may be nil (see Control).
+func New(clients map[string]*memnode.Client, vols []Volume, ctl Control) (*Remote, error) {
+	r := &Remote{vols: make(map[uint16]*volume), ctl: ctl, now: time.Now}
+	nodes := make(map[string]*node)
 	for id, c := range clients {
-		r.nodes[id] = &node{id: id, c: c}
+		nodes[id] = &node{id: id, c: c}
 	}
+	r.nodes.Store(&nodes)
 	for _, v := range vols {
 		if _, dup := r.vols[v.ID]; dup || v.ID == 0 {
 			return nil, fmt.Errorf("replica: volume id %d of %q is 0 or taken", v.ID, v.Name)
@@ -95,9 +124,11 @@ func New(clients map[string]*memnode.Client, vols []Volume, drop Dropper) (*Remo
 				return nil, fmt.Errorf("replica: volume %q: %d replicas, at most %d", v.Name, len(e), maxReplicas)
 			}
 		}
-		vv := &volume{Volume: v}
-		s := v.Stripes
+		vv := &volume{Volume: v, locks: make([]sync.RWMutex, len(v.Stripes.Extents))}
+		s := v.Stripes.Clone()
 		vv.stripes.Store(&s)
+		local := maps.Clone(v.Local)
+		vv.local.Store(&local)
 		r.vols[v.ID] = vv
 	}
 	return r, nil
@@ -140,8 +171,9 @@ func replicaFault(ctx context.Context, err error) bool {
 // requests outstanding.
 func (r *Remote) replicas(s *cluster.Stripes, e int, buf *[maxReplicas]*node) []*node {
 	out := buf[:0]
+	nodes := *r.nodes.Load()
 	for _, id := range s.Extents[e] {
-		if n, ok := r.nodes[id]; ok {
+		if n, ok := nodes[id]; ok {
 			out = append(out, n)
 		}
 	}
@@ -191,7 +223,7 @@ func (r *Remote) readExtent(ctx context.Context, v *volume, s *cluster.Stripes, 
 	var buf [maxReplicas]*node
 	var last error
 	for i, n := range r.replicas(s, e, &buf) {
-		local, ok := v.Local[n.id]
+		local, ok := v.localID(n.id)
 		if !ok {
 			continue
 		}
@@ -229,15 +261,67 @@ type op struct {
 // writeBatch bounds the pages of a WritePages sent before the first wait.
 const writeBatch = 64
 
+// held is the extents whose locks a write holds shared, each once (a
+// second RLock of a lock a repair waits for would never be granted),
+// taken in ascending order.
+type held []struct {
+	v *volume
+	e int
+}
+
+func (h *held) add(v *volume, e int) {
+	for _, x := range *h {
+		if x.v == v && x.e == e {
+			return
+		}
+	}
+	*h = append(*h, struct {
+		v *volume
+		e int
+	}{v, e})
+}
+
+func (h held) lock() {
+	slices.SortFunc(h, func(a, b struct {
+		v *volume
+		e int
+	}) int {
+		if a.v != b.v {
+			return int(a.v.ID) - int(b.v.ID)
+		}
+		return a.e - b.e
+	})
+	for _, x := range h {
+		if x.e < len(x.v.locks) {
+			x.v.locks[x.e].RLock()
+		}
+	}
+}
+
+func (h held) unlock() {
+	for _, x := range h {
+		if x.e < len(x.v.locks) {
+			x.v.locks[x.e].RUnlock()
+		}
+	}
+}
+
 // WritePages implements pagestore.Remote: each page to every replica of
-// its extent, all sent before any is awaited.
+// its extent (and every node joining it), all sent before any is awaited.
 func (r *Remote) WritePages(ctx context.Context, keys []pagestore.Key, pages [][]byte) error {
 	var errs error
 	ops := make([]op, 0, min(len(keys), writeBatch)*2)
+	var locks held
 	for len(keys) > 0 {
 		n := min(len(keys), writeBatch)
-		ops = ops[:0]
+		ops, locks = ops[:0], locks[:0]
 		var early error
+		for _, k := range keys[:n] {
+			if v, err := r.volume(k.Volume()); err == nil {
+				locks.add(v, v.stripes.Load().Extent(k.Page()*pageid.Size))
+			}
+		}
+		locks.lock()
 		for i, k := range keys[:n] {
 			v, err := r.volume(k.Volume())
 			if err != nil {
@@ -250,7 +334,9 @@ func (r *Remote) WritePages(ctx context.Context, keys []pagestore.Key, pages [][
 				return c.WriteAsync(ctx, local, off, page)
 			})
 		}
-		errs = errors.Join(errs, early, r.settle(ctx, ops, n, func(i int) string { return fmt.Sprintf("page %v", keys[i]) }))
+		err := r.settle(ctx, ops, n, func(i int) string { return fmt.Sprintf("page %v", keys[i]) })
+		locks.unlock()
+		errs = errors.Join(errs, early, err)
 		keys, pages = keys[n:], pages[n:]
 	}
 	return errs
@@ -264,6 +350,12 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 		return err
 	}
 	s := v.stripes.Load()
+	var locks held
+	for at := off; at < off+n; at += s.ExtentBytes - at%s.ExtentBytes {
+		locks.add(v, s.Extent(at))
+	}
+	locks.lock()
+	defer locks.unlock()
 	var ops []op
 	items := 0
 	for n > 0 {
@@ -278,8 +370,8 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	return r.settle(ctx, ops, items, func(int) string { return fmt.Sprintf("trim of volume %q", v.Name) })
 }
 
-// issue sends one request per replica of the extent holding off; a
-// replica this host does not reach is a failed op.
+// issue sends one request to each node that must take a write to the
+// extent holding off; a node this host does not reach is a failed op.
 func (r *Remote) issue(ops []op, item int, v *volume, off uint64, send func(*memnode.Client, uint16) memnode.Call) []op {
 	s := v.stripes.Load()
 	e := s.Extent(off)
@@ -289,9 +381,10 @@ func (r *Remote) issue(ops []op, item int, v *volume, off uint64, send func(*mem
 	if len(s.Extents[e]) == 0 {
 		return append(ops, op{item: item, v: v, ext: e, err: fmt.Errorf("volume %q extent %d: %w", v.Name, e, ErrLost)})
 	}
-	for _, id := range s.Extents[e] {
-		n, reach := r.nodes[id]
-		local, has := v.Local[id]
+	nodes := *r.nodes.Load()
+	for _, id := range s.Writers(e) {
+		n, reach := nodes[id]
+		local, has := v.localID(id)
 		if !reach || !has {
 			ops = append(ops, op{item: item, v: v, ext: e, n: &node{id: id}, err: fmt.Errorf("node %s: %w", id, memnode.ErrConnLost)})
 			continue
@@ -302,9 +395,10 @@ func (r *Remote) issue(ops []op, item int, v *volume, off uint64, send func(*mem
 }
 
 // settle waits for ops serving items items. An item is done when one
-// replica took it and every replica that failed is off the map; it fails
-// when none took it, when a failure was the request's (fenced), or when
-// a failed replica could not be dropped.
+// replica took it and every node that failed is off the map (a joining
+// node counts for nothing but must be dropped too); it fails when no
+// replica took it, when a failure was the request's (fenced), or when a
+// failed node could not be dropped.
 func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int) string) error {
 	took := make([]bool, items)
 	var errs error
@@ -322,7 +416,9 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 			err = o.call.Wait(ctx)
 		}
 		if err == nil {
-			took[o.item] = true
+			if slices.Contains(o.v.stripes.Load().Extents[o.ext], o.n.id) {
+				took[o.item] = true
+			}
 			continue
 		}
 		if o.n == nil || (o.err == nil && !replicaFault(ctx, err)) {
@@ -355,26 +451,36 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 	return nil
 }
 
-// dropReplica takes node off extent e of v, through the Dropper, and
-// installs the map it returns.
-func (r *Remote) dropReplica(ctx context.Context, v *volume, e int, node string) error {
-	if r.drop == nil {
-		return errors.New("no control plane to drop it from the stripe map")
+// change runs a change of v's map through the control plane and installs
+// the map it returns, unless a newer one is there already.
+func (r *Remote) change(v *volume, fn func() (cluster.Stripes, error)) error {
+	if r.ctl == nil {
+		return errors.New("no control plane to change the stripe map")
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if !slices.Contains(v.stripes.Load().Extents[e], node) {
-		return nil
-	}
-	s, err := r.drop.DropReplica(ctx, v.Name, e, node)
+	s, err := fn()
 	if err != nil {
 		return err
 	}
 	if s.Epoch > v.stripes.Load().Epoch {
+		s = s.Clone()
 		v.stripes.Store(&s)
 	}
-	r.Dropped.Add(1)
 	return nil
+}
+
+// dropReplica takes node off extent e of v (a replica or a node joining).
+func (r *Remote) dropReplica(ctx context.Context, v *volume, e int, node string) error {
+	s := v.stripes.Load()
+	if !slices.Contains(s.Writers(e), node) {
+		return nil
+	}
+	err := r.change(v, func() (cluster.Stripes, error) { return r.ctl.DropReplica(ctx, v.Name, e, node) })
+	if err == nil {
+		r.Dropped.Add(1)
+	}
+	return err
 }
 
 // DropNode takes node off every extent that lists it, in every volume:
@@ -385,10 +491,7 @@ func (r *Remote) dropReplica(ctx context.Context, v *volume, e int, node string)
 func (r *Remote) DropNode(ctx context.Context, id string) error {
 	var errs error
 	for _, v := range r.vols {
-		for e, reps := range v.stripes.Load().Extents {
-			if !slices.Contains(reps, id) {
-				continue
-			}
+		for e := range v.stripes.Load().Extents {
 			if err := r.dropReplica(ctx, v, e, id); err != nil {
 				errs = errors.Join(errs, fmt.Errorf("volume %q extent %d: %w", v.Name, e, err))
 			}
@@ -405,9 +508,11 @@ func (r *Remote) Fence(ctx context.Context, vol uint16, token uint64) error {
 	if err != nil {
 		return err
 	}
+	v.token.Store(token)
+	nodes := *r.nodes.Load()
 	for _, id := range v.stripes.Load().Nodes() {
-		n, reach := r.nodes[id]
-		local, has := v.Local[id]
+		n, reach := nodes[id]
+		local, has := v.localID(id)
 		if reach && has {
 			err = n.c.Fence(ctx, local, token)
 			if err == nil || !replicaFault(ctx, err) {
@@ -417,15 +522,146 @@ func (r *Remote) Fence(ctx context.Context, vol uint16, token uint64) error {
 				continue
 			}
 		}
-		for e, reps := range v.stripes.Load().Extents {
-			if slices.Contains(reps, id) {
-				if derr := r.dropReplica(ctx, v, e, id); derr != nil {
-					return fmt.Errorf("volume %q: node %s cannot be fenced (%v) nor dropped: %w", v.Name, id, err, derr)
-				}
+		for e := range v.stripes.Load().Extents {
+			if derr := r.dropReplica(ctx, v, e, id); derr != nil {
+				return fmt.Errorf("volume %q: node %s cannot be fenced (%v) nor dropped: %w", v.Name, id, err, derr)
 			}
 		}
 	}
 	return nil
+}
+
+// Suspect reports whether node id failed a request lately: not a node
+// to copy an extent to.
+func (r *Remote) Suspect(id string) bool {
+	n, ok := (*r.nodes.Load())[id]
+	return ok && n.failedAt.Load() > r.now().Add(-suspectFor).UnixNano()
+}
+
+// AddNode lets the Remote reach memory node id through c (a node a repair
+// copies to). A node it has already is kept.
+func (r *Remote) AddNode(id string, c *memnode.Client) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cur := *r.nodes.Load()
+	if _, ok := cur[id]; ok {
+		return
+	}
+	next := maps.Clone(cur)
+	next[id] = &node{id: id, c: c}
+	r.nodes.Store(&next)
+}
+
+// Degraded lists the extents of volume vol with fewer replicas than
+// wanted and no node joining them.
+func (r *Remote) Degraded(vol uint16) []int {
+	v, ok := r.vols[vol]
+	if !ok {
+		return nil
+	}
+	s := v.stripes.Load()
+	var out []int
+	for e, reps := range s.Extents {
+		if len(reps) < s.Replicas && len(s.Writers(e)) == len(reps) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Repair copies extent e of volume vol to memory node target (reached
+// through c) and makes it a replica. The node first gets the volume's
+// copy, the volume's fencing token, and the extent's range cleared (it may
+// hold stale bytes from an earlier life); then it joins the extent, so
+// every write from then on reaches it; then each 1 MiB chunk is read from
+// a replica and written to it under the extent's lock, which orders the
+// copy after the writes already sent (chunks of zeroes are skipped: the
+// cleared range reads as zeroes, and a write since then is newer); then
+// it is promoted. pace is called with the bytes of each chunk read, to
+// throttle. A failure drops the node from the extent again.
+func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c *memnode.Client, pace func(int)) (err error) {
+	v, err := r.volume(vol)
+	if err != nil {
+		return err
+	}
+	if r.ctl == nil {
+		return errors.New("replica: repair needs the control plane")
+	}
+	s := v.stripes.Load()
+	if e >= len(s.Extents) || slices.Contains(s.Writers(e), target) {
+		return fmt.Errorf("replica: volume %q extent %d: no such extent, or node %s has it", v.Name, e, target)
+	}
+	info, err := c.OpenOrCreate(ctx, v.Name, v.Size)
+	if err != nil {
+		return fmt.Errorf("replica: volume %q at node %s: %w", v.Name, target, err)
+	}
+	if info.Size < v.Size {
+		return fmt.Errorf("replica: volume %q at node %s is %d bytes, not %d", v.Name, target, info.Size, v.Size)
+	}
+	if tok := v.token.Load(); tok != 0 {
+		if err := c.Fence(ctx, info.ID, tok); err != nil {
+			return fmt.Errorf("replica: fencing volume %q at node %s: %w", v.Name, target, err)
+		}
+	}
+	start := uint64(e) * s.ExtentBytes
+	end := min(start+s.ExtentBytes, v.Size)
+	if err := c.Trim(ctx, info.ID, start, end-start); err != nil {
+		return fmt.Errorf("replica: clearing extent %d of volume %q at node %s: %w", e, v.Name, target, err)
+	}
+	r.AddNode(target, c)
+	v.mu.Lock()
+	local := maps.Clone(*v.local.Load())
+	local[target] = info.ID
+	v.local.Store(&local)
+	v.mu.Unlock()
+	if err := r.change(v, func() (cluster.Stripes, error) { return r.ctl.AddJoining(ctx, v.Name, e, target) }); err != nil {
+		return fmt.Errorf("replica: volume %q extent %d: %w", v.Name, e, err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.dropReplica(context.WithoutCancel(ctx), v, e, target))
+		}
+	}()
+	buf := make([]byte, memnode.ChunkSize)
+	for off := start; off < end; off += memnode.ChunkSize {
+		p := buf[:min(memnode.ChunkSize, end-off)]
+		v.locks[e].Lock()
+		err = r.readExtent(ctx, v, v.stripes.Load(), off, p)
+		if r.copied != nil {
+			r.copied()
+		}
+		if err == nil && !zero(p) {
+			err = c.WriteAt(ctx, info.ID, off, p)
+		}
+		v.locks[e].Unlock()
+		if err != nil {
+			return fmt.Errorf("replica: copying extent %d of volume %q to node %s: %w", e, v.Name, target, err)
+		}
+		r.RepairBytes.Add(uint64(len(p)))
+		if pace != nil {
+			pace(len(p))
+		}
+	}
+	if err = r.change(v, func() (cluster.Stripes, error) { return r.ctl.Promote(ctx, v.Name, e, target) }); err != nil {
+		return fmt.Errorf("replica: volume %q extent %d: %w", v.Name, e, err)
+	}
+	r.Repaired.Add(1)
+	return nil
+}
+
+func zero(p []byte) bool {
+	for len(p) >= 8 {
+		if binary.LittleEndian.Uint64(p) != 0 {
+			return false
+		}
+		p = p[8:]
+	}
+	for _, b := range p {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 var (

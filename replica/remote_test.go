@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"net"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -28,39 +27,43 @@ type rig struct {
 }
 
 // mapDropper keeps stripe maps in memory as the control plane does in
-// etcd: refusing to drop the last replica.
+// etcd (the same cluster.Stripes changes); refuse makes it fail.
 type mapDropper struct {
 	mu     sync.Mutex
 	maps   map[string]*cluster.Stripes
 	refuse bool
 }
 
-func (d *mapDropper) DropReplica(_ context.Context, vol string, e int, node string) (cluster.Stripes, error) {
+func (d *mapDropper) update(vol string, fn func(s *cluster.Stripes) (bool, error)) (cluster.Stripes, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.maps[vol]
 	if d.refuse {
 		return *s, assert.AnError
 	}
-	i := slices.Index(s.Extents[e], node)
-	if i < 0 {
-		return *s, nil
+	next := s.Clone()
+	changed, err := fn(&next)
+	if err != nil || !changed {
+		return s.Clone(), err
 	}
-	if len(s.Extents[e]) == 1 {
-		return *s, cluster.ErrLastReplica
-	}
-	s.Extents[e] = slices.Delete(slices.Clone(s.Extents[e]), i, i+1)
-	s.Epoch++
-	return clone(*s), nil
+	next.Epoch++
+	*s = next
+	return next.Clone(), nil
 }
 
-func clone(s cluster.Stripes) cluster.Stripes {
-	s.Extents = slices.Clone(s.Extents)
-	for i := range s.Extents {
-		s.Extents[i] = slices.Clone(s.Extents[i])
-	}
-	return s
+func (d *mapDropper) DropReplica(_ context.Context, vol string, e int, node string) (cluster.Stripes, error) {
+	return d.update(vol, func(s *cluster.Stripes) (bool, error) { return s.Drop(e, node) })
 }
+
+func (d *mapDropper) AddJoining(_ context.Context, vol string, e int, node string) (cluster.Stripes, error) {
+	return d.update(vol, func(s *cluster.Stripes) (bool, error) { return true, s.Join(e, node) })
+}
+
+func (d *mapDropper) Promote(_ context.Context, vol string, e int, node string) (cluster.Stripes, error) {
+	return d.update(vol, func(s *cluster.Stripes) (bool, error) { return true, s.Promote(e, node) })
+}
+
+func clone(s cluster.Stripes) cluster.Stripes { return s.Clone() }
 
 // newRig places a volume of pages pages in extents of extentPages pages,
 // two replicas each, round robin over nodes a, b, c; wrap, if set, puts a
@@ -235,4 +238,109 @@ func TestDropNode(t *testing.T) {
 	assert.ErrorIs(t, err, cluster.ErrLastReplica)
 	s, _ = rem.Stripes(7)
 	assert.Equal(t, [][]string{{"a"}, {"c"}, {"a"}}, s.Extents)
+}
+
+// Repair under writes: b dies, extent 0 (a, b) is copied to c while a
+// writer keeps rewriting pages of it; c had stale bytes of the extent
+// from an earlier life, and chunks the source never wrote stay empty.
+// Then a dies too: everything reads from c, as last written.
+func TestRepairUnderWrites(t *testing.T) {
+	const pages = 48 // extents of 16 pages: ab, bc, ca
+	r := newRig(t, pages, 16, 5*time.Second, nil)
+	rem := r.remote(t)
+	ctx := context.Background()
+	require.NoError(t, rem.Fence(ctx, 7, 5))
+	writeAll(t, rem, pages, 1)
+	// Stale bytes at c in extent 0, which c does not hold.
+	require.NoError(t, r.clients["c"].WriteAt(ctx, r.vol.Local["c"], 9*pageid.Size, page(200)))
+
+	r.srv["b"].Close()
+	require.NoError(t, rem.DropNode(ctx, "b"))
+	assert.Equal(t, []int{0, 1}, rem.Degraded(7))
+
+	var mu sync.Mutex
+	last := map[int][]byte{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p := i % 8 // pages 0-7 of extent 0; page 9 is left alone
+			data := page(byte(100 + i))
+			if err := rem.WritePages(ctx, []pagestore.Key{pageid.MakeKey(7, uint64(p))}, [][]byte{data}); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			last[p] = data
+			mu.Unlock()
+		}
+	}()
+	var paced int
+	rem.copied = func() { time.Sleep(5 * time.Millisecond) } // writes keep coming meanwhile
+	require.NoError(t, rem.Repair(ctx, 7, 0, "c", r.clients["c"], func(n int) { paced += n }))
+	close(stop)
+	wg.Wait()
+	assert.Equal(t, 16*pageid.Size, paced, "every byte of the extent was read once")
+	s, _ := rem.Stripes(7)
+	assert.ElementsMatch(t, []string{"a", "c"}, s.Extents[0])
+	assert.Empty(t, s.Joining[0])
+	assert.Equal(t, []int{1}, rem.Degraded(7))
+	fenced, err := r.srv["c"].Store.Fence(r.vol.Local["c"])
+	require.NoError(t, err)
+	assert.Equal(t, uint64(5), fenced, "the new replica has the volume's token")
+
+	r.srv["a"].Close()
+	require.NoError(t, rem.DropNode(ctx, "a"))
+	got := make([]byte, pageid.Size)
+	for p := range 16 {
+		require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(7, uint64(p)), got), "page %d", p)
+		want, ok := last[p]
+		if !ok {
+			want = page(1 + byte(p))
+		}
+		assert.Equal(t, want, got, "page %d", p)
+	}
+}
+
+// A joining node that fails during the copy is dropped again, and the
+// extent stays as it was.
+func TestRepairTargetFails(t *testing.T) {
+	r := newRig(t, 3*512, 512, 5*time.Second, nil) // extents of two chunks: ab, bc, ca
+	rem := r.remote(t)
+	ctx := context.Background()
+	writeAll(t, rem, 3*512, 1)
+	r.srv["b"].Close()
+	require.NoError(t, rem.DropNode(ctx, "b"))
+	err := rem.Repair(ctx, 7, 0, "c", r.clients["c"], func(int) { r.srv["c"].Close() })
+	require.Error(t, err)
+	s, _ := rem.Stripes(7)
+	assert.Equal(t, []string{"a"}, s.Extents[0])
+	assert.Empty(t, s.Joining[0])
+	readAll(t, rem, 512, 1)
+}
+
+// A repair target that held the extent in an earlier life (stale bytes)
+// shows none of them afterwards, even in chunks the source never wrote.
+func TestRepairClearsStaleBytes(t *testing.T) {
+	r := newRig(t, 3*512, 512, 5*time.Second, nil) // extents of two chunks: ab, bc, ca
+	rem := r.remote(t)
+	ctx := context.Background()
+	writeAll(t, rem, 10, 1)
+	require.NoError(t, r.clients["c"].WriteAt(ctx, r.vol.Local["c"], 300*pageid.Size, page(200)))
+	r.srv["b"].Close()
+	require.NoError(t, rem.DropNode(ctx, "b"))
+	require.NoError(t, rem.Repair(ctx, 7, 0, "c", r.clients["c"], nil))
+	r.srv["a"].Close()
+	require.NoError(t, rem.DropNode(ctx, "a"))
+	readAll(t, rem, 10, 1)
+	got := make([]byte, pageid.Size)
+	require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(7, 300), got))
+	assert.Equal(t, make([]byte, pageid.Size), got, "the stale page")
 }

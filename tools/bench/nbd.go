@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -42,7 +43,11 @@ type NBDOptions struct {
 // nbdkit holding the data in memory, a process of its own like pd3's
 // memory node; nbdkit-readahead-cache-nbd adds nbdkit's readahead filter
 // above the cache (prefetching).
-var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local"}
+//
+// pd3-r1 and pd3-r2 are replicated volumes (--replicas 1 and 2) over two
+// memory node processes and a pd3 coord, without an agent (it does not
+// read replicated volumes yet): the cost of the second replica.
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -99,6 +104,9 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		if iops["pd3"][job] > 0 && iops["pd3-persist"][job] > 0 {
 			rep.Ratios["pd3-persist/pd3@"+job] = iops["pd3-persist"][job] / iops["pd3"][job]
 		}
+		if iops["pd3-r1"][job] > 0 && iops["pd3-r2"][job] > 0 {
+			rep.Ratios["pd3-r2/pd3-r1@"+job] = iops["pd3-r2"][job] / iops["pd3-r1"][job]
+		}
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("fio ioengine=nbd, 4 KiB, %v per job after %v ramp, export of %s filled first; pd3: memory node in its own process, %s host cache, embedded agent; nbdkit memory and go-nbd keep the data in their own memory",
 		opt.Runtime, opt.Ramp, units.FormatSize(opt.Size), units.FormatSize(opt.Cache)))
@@ -140,6 +148,8 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			return "", nil, nil, nil, err
 		}
 		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, node, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
+	case "pd3-r1", "pd3-r2":
+		return startReplicated(ctx, opt, size, sys[len(sys)-1:])
 	case "go-nbd":
 		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
 		if err != nil {
@@ -160,6 +170,46 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 		return "nbd://" + addr, front, remote, func() { front.Stop(); remote.Stop() }, nil
 	}
 	return "", nil, nil, nil, fmt.Errorf("unknown NBD system %q (have %v)", sys, NBDSystems)
+}
+
+// startReplicated starts a control plane, two memory nodes registered
+// with it and a host serving disk0 with replicas copies of each extent;
+// the node returned for measuring is the first.
+func startReplicated(ctx context.Context, opt NBDOptions, size, replicas string) (string, *Child, *Child, func(), error) {
+	dir, err := os.MkdirTemp("", "pd3-coord-")
+	if err != nil {
+		return "", nil, nil, nil, err
+	}
+	var children []*Child
+	stop := func() {
+		for _, c := range slices.Backward(children) {
+			c.Stop()
+		}
+		os.RemoveAll(dir)
+	}
+	coord, err := StartChild(ctx, opt.Exe, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", dir)
+	if err != nil {
+		stop()
+		return "", nil, nil, nil, err
+	}
+	children = append(children, coord)
+	etcd := coord.Addrs["etcd"]
+	for range 2 {
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+		if err != nil {
+			stop()
+			return "", nil, nil, nil, err
+		}
+		children = append(children, node)
+	}
+	host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--replicas", replicas, "--etcd", etcd,
+		"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "none")
+	if err != nil {
+		stop()
+		return "", nil, nil, nil, err
+	}
+	children = append(children, host)
+	return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, children[1], stop, nil
 }
 
 func freePort() (int, error) {

@@ -278,7 +278,10 @@ type HostConfig struct {
 	// if fewer are up); Memnode is then unused. 0: volumes live on the
 	// one node Memnode.
 	Replicas int
-	Log      *slog.Logger
+	// RepairRate bounds the bytes a second a host copies to restore
+	// replicas lost with a node (0: no bound).
+	RepairRate int64
+	Log        *slog.Logger
 	// Stages, if set, receives the host's stamps of a request's path
 	// (the miss-path breakdown; nil in production).
 	Stages *stages.Recorder

@@ -16,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
+	"github.com/pd3-go/pd3/replica"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -111,6 +112,14 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("nbd_requests_total", "NBD transmission-phase requests received.", func(s *nbd.Server) uint64 { return s.Requests.Load() }),
 			counter("nbd_errors_total", "NBD requests answered with an error by the backend.", func(s *nbd.Server) uint64 { return s.Errors.Load() }),
 			counter("nbd_protocol_violations_total", "NBD connections closed for a protocol violation.", func(s *nbd.Server) uint64 { return s.ProtocolViolations.Load() }),
+		))
+	}
+	if r := h.Replicated; r != nil {
+		m.R.MustRegister(newCollector(atomics(r),
+			counter("replica_read_failovers_total", "Reads of a replicated volume that went on to another replica.", func(r *replica.Remote) uint64 { return r.Failovers.Load() }),
+			counter("replica_dropped_total", "Replicas taken off a stripe map: they missed a write, or their node went down.", func(r *replica.Remote) uint64 { return r.Dropped.Load() }),
+			counter("replica_repaired_extents_total", "Extents copied to a new replica.", func(r *replica.Remote) uint64 { return r.Repaired.Load() }),
+			counter("replica_repair_bytes_total", "Bytes read to copy extents to new replicas.", func(r *replica.Remote) uint64 { return r.RepairBytes.Load() }),
 		))
 	}
 	if c := h.control; c != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
@@ -99,7 +101,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 			reach[id] = c
 		}
 	}
-	if h.Replicated, err = replica.New(reach, vols, etcdDropper{cli: cli, cluster: cfg.Cluster}); err != nil {
+	if h.Replicated, err = replica.New(reach, vols, etcdControl{cli: cli, cluster: cfg.Cluster}); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
@@ -114,7 +116,10 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	for _, v := range h.Volumes {
 		st.AddVolume(v)
 	}
-	stop := watchNodes(ctx, cli, cfg, h.Replicated)
+	t := &tender{cli: cli, cfg: cfg, r: h.Replicated, vols: h.Volumes, dial: func(ctx context.Context, addr string) (*memnode.Client, error) {
+		return memnode.Dial(ctx, addr, copt)
+	}}
+	stop := t.run(ctx)
 	h.onClose(func() error { stop(); return nil })
 	if err := h.serve(ctx, cfg); err != nil {
 		return nil, err
@@ -122,51 +127,154 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	return h, nil
 }
 
-// nodeWatchEvery is how often a host of replicated volumes looks for
-// memory nodes the control plane says are down.
-const nodeWatchEvery = time.Second
+// tendEvery is how often a host of replicated volumes looks at the
+// cluster: for nodes down, and for extents to repair.
+const tendEvery = time.Second
 
-// watchNodes drops from the stripe maps every node the control plane
-// reports down (its lease expired: SIGKILL, power-off, a partition from
-// etcd), so that nothing is read from it again: if it returns, its copy
-// may be stale, or a volatile node may come back empty with its volume
-// ids re-used. It returns a stop function.
-func watchNodes(ctx context.Context, cli *clientv3.Client, cfg HostConfig, r *replica.Remote) (stop func()) {
+// tender keeps a host's replicated volumes whole: it drops every node the
+// control plane reports down (its lease expired: SIGKILL, power-off, a
+// partition from etcd), so that nothing is read from it again (it may
+// come back with stale bytes, or empty with its volume ids re-used), and
+// copies each degraded extent to a node up that does not hold it, one
+// extent at a time, at most RepairRate bytes a second. A host that
+// crashes mid-copy leaves a node joining the extent; the next holder
+// drops it and starts that extent over.
+type tender struct {
+	cli  *clientv3.Client
+	cfg  HostConfig
+	r    *replica.Remote
+	vols []memnode.VolumeInfo
+	dial func(ctx context.Context, addr string) (*memnode.Client, error)
+
+	mu      sync.Mutex
+	clients map[string]*memnode.Client // repair targets dialled, by node id
+}
+
+func (t *tender) run(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(nodeWatchEvery)
-		defer t.Stop()
+		tick := time.NewTicker(tendEvery)
+		defer tick.Stop()
 		dropped := map[string]bool{}
+		t.dropJoining(ctx)
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-tick.C:
 			}
-			nodes, err := cluster.Nodes(ctx, cli, cfg.Cluster)
+			nodes, err := cluster.Nodes(ctx, t.cli, t.cfg.Cluster)
 			if err != nil {
 				continue // etcd unreachable: the session's doubt handles it
 			}
 			for _, n := range nodes {
 				if n.Up {
-					delete(dropped, n.ID) // back: it holds nothing until repair copies to it
+					delete(dropped, n.ID) // back: it holds nothing until a repair copies to it
 					continue
 				}
 				if dropped[n.ID] {
 					continue
 				}
-				if err := r.DropNode(ctx, n.ID); err != nil {
-					cfg.Log.Error("host: memory node down; some extents had no other replica", "node", n.ID, "err", err)
+				if err := t.r.DropNode(ctx, n.ID); err != nil {
+					t.cfg.Log.Error("host: memory node down; some extents had no other replica", "node", n.ID, "err", err)
 				} else {
-					cfg.Log.Warn("host: memory node down; its replicas are dropped", "node", n.ID, "addr", n.Addr)
+					t.cfg.Log.Warn("host: memory node down; its replicas are dropped", "node", n.ID, "addr", n.Addr)
 				}
 				dropped[n.ID] = true
 			}
+			t.repair(ctx, nodes)
 		}
 	}()
-	return func() { cancel(); <-done }
+	return func() {
+		cancel()
+		<-done
+		// The host wrote its dirty pages back before its closers run: the
+		// Remote sends nothing more to these.
+		for _, c := range t.clients {
+			c.Close()
+		}
+	}
+}
+
+// dropJoining drops the nodes left joining an extent by a holder that
+// stopped mid-copy: their copy is partial, and the repair starts over.
+func (t *tender) dropJoining(ctx context.Context) {
+	for _, v := range t.vols {
+		s, _ := t.r.Stripes(v.ID)
+		for e := range s.Extents {
+			for _, id := range s.Writers(e)[len(s.Extents[e]):] {
+				if _, err := cluster.DropReplica(ctx, t.cli, t.cfg.Cluster, v.Name, e, id); err != nil {
+					t.cfg.Log.Warn("host: dropping a repair left half-done", "volume", v.Name, "extent", e, "node", id, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// repair copies degraded extents until none is left or one fails (the
+// next round tries again), within ctx.
+func (t *tender) repair(ctx context.Context, nodes []cluster.Node) {
+	for _, v := range t.vols {
+		for _, e := range t.r.Degraded(v.ID) {
+			if ctx.Err() != nil {
+				return
+			}
+			s, _ := t.r.Stripes(v.ID)
+			var fit []cluster.Node
+			for _, n := range nodes {
+				if n.Up && !slices.Contains(s.Writers(e), n.ID) && !t.r.Suspect(n.ID) {
+					fit = append(fit, n)
+				}
+			}
+			target, err := cluster.Place(fit, s.ExtentBytes, rand.IntN)
+			if err != nil {
+				return // no node to copy to: the extent stays degraded
+			}
+			c, err := t.client(ctx, target)
+			if err != nil {
+				t.cfg.Log.Warn("host: repair target unreachable", "node", target.ID, "err", err)
+				return
+			}
+			start := time.Now()
+			var done int64
+			pace := func(n int) {
+				done += int64(n)
+				if rate := t.cfg.RepairRate; rate > 0 {
+					if ahead := time.Duration(float64(done)/float64(rate)*float64(time.Second)) - time.Since(start); ahead > 0 {
+						time.Sleep(ahead)
+					}
+				}
+			}
+			if err := t.r.Repair(ctx, v.ID, e, target.ID, c, pace); err != nil {
+				t.cfg.Log.Warn("host: repair failed; retrying", "volume", v.Name, "extent", e, "node", target.ID, "err", err)
+				return
+			}
+			s, _ = t.r.Stripes(v.ID)
+			deg, _ := s.Degraded()
+			t.cfg.Log.Info(fmt.Sprintf("volume %s extent %d copied to node %s in %v; %d extents degraded",
+				v.Name, e, target.ID, time.Since(start).Round(time.Millisecond), deg))
+		}
+	}
+}
+
+// client is a connection to node n for repairs, kept once made.
+func (t *tender) client(ctx context.Context, n cluster.Node) (*memnode.Client, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c, ok := t.clients[n.ID]; ok {
+		return c, nil
+	}
+	c, err := t.dial(ctx, n.Addr)
+	if err != nil {
+		return nil, err
+	}
+	if t.clients == nil {
+		t.clients = make(map[string]*memnode.Client)
+	}
+	t.clients[n.ID] = c
+	return c, nil
 }
 
 // replicatedVolume returns the record of volume vs, placing it over the
@@ -228,12 +336,20 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig,
 	return rec, err
 }
 
-// etcdDropper records dropped replicas in the control plane.
-type etcdDropper struct {
+// etcdControl changes stripe maps in the control plane.
+type etcdControl struct {
 	cli     *clientv3.Client
 	cluster string
 }
 
-func (d etcdDropper) DropReplica(ctx context.Context, vol string, extent int, node string) (cluster.Stripes, error) {
+func (d etcdControl) DropReplica(ctx context.Context, vol string, extent int, node string) (cluster.Stripes, error) {
 	return cluster.DropReplica(ctx, d.cli, d.cluster, vol, extent, node)
+}
+
+func (d etcdControl) AddJoining(ctx context.Context, vol string, extent int, node string) (cluster.Stripes, error) {
+	return cluster.AddJoining(ctx, d.cli, d.cluster, vol, extent, node)
+}
+
+func (d etcdControl) Promote(ctx context.Context, vol string, extent int, node string) (cluster.Stripes, error) {
+	return cluster.Promote(ctx, d.cli, d.cluster, vol, extent, node)
 }

@@ -87,6 +87,11 @@ func clusterCmd() *cobra.Command {
 				for _, r := range repl {
 					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Name, units.FormatSize(r.Size), r.Extents, r.Replicas, r.Degraded, r.Lost, r.Epoch, r.Health)
 				}
+				for _, r := range repl {
+					if r.Health != "healthy" {
+						fmt.Fprintf(w, "%s: %s\n", r.Name, r.bar(30))
+					}
+				}
 			}
 			for _, u := range unreachable {
 				fmt.Fprintf(w, "(node %s did not answer: %v)\n", u.ID, u.Err)
@@ -112,7 +117,17 @@ type replicaStatus struct {
 	Degraded int    `json:"degraded"`
 	Lost     int    `json:"lost"`
 	Epoch    uint64 `json:"epoch"`
-	Health   string `json:"health"` // healthy, degraded or lost
+	Copying  int    `json:"copying"` // extents a repair is copying now
+	Health   string `json:"health"`  // healthy, degraded or lost
+}
+
+// bar draws how much of the volume has all its replicas: the repair's
+// progress, extent by extent.
+func (r replicaStatus) bar(width int) string {
+	whole := r.Extents - r.Degraded
+	n := width * whole / max(1, r.Extents)
+	return fmt.Sprintf("[%s%s] %d/%d extents with %d replicas, %d being copied", strings.Repeat("#", n), strings.Repeat(".", width-n),
+		whole, r.Extents, r.Replicas, r.Copying)
 }
 
 func replicationOf(recs []cluster.VolumeRecord, nodes []cluster.Node) []replicaStatus {
@@ -126,7 +141,7 @@ func replicationOf(recs []cluster.VolumeRecord, nodes []cluster.Node) []replicaS
 		if s == nil {
 			continue
 		}
-		st := replicaStatus{Name: r.Name, Size: r.Size, Extents: len(s.Extents), Replicas: s.Replicas, Epoch: s.Epoch, Health: "healthy"}
+		st := replicaStatus{Name: r.Name, Size: r.Size, Extents: len(s.Extents), Replicas: s.Replicas, Epoch: s.Epoch, Copying: s.Repairing(), Health: "healthy"}
 		for _, e := range s.Extents {
 			live := 0
 			for _, id := range e {

@@ -323,10 +323,11 @@ func TestPartitionedHostIsFencedOverARealLink(t *testing.T) {
 // healed, then while another is SIGKILLed: no client error, every block
 // verifies afterwards. The cut-off node is dropped from the extents
 // written meanwhile (it missed writes: never read again); the dead one
-// from every extent once its lease is gone; pd3 cluster status says the
-// volume is degraded (no repair yet). The two nodes are chosen so that no
-// extent of the first round is on both: with R=2 and no repair, that
-// extent would be lost, which TestLostExtentFailsItsPagesOnly covers.
+// from every extent once its lease is gone. The host copies the degraded
+// extents to the nodes left until pd3 cluster status says healthy; then
+// a second node dies and nothing is lost. The first two nodes are chosen
+// so that no extent of the first round is on both: that extent would be
+// lost before any repair (TestLostExtentFailsItsPagesOnly covers it).
 func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -365,7 +366,7 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 		return true
 	}, 20*time.Second, 200*time.Millisecond, "three nodes registered")
 	host := start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:64MiB",
-		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "2s", "--writeback", "100ms")
+		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "1s", "--writeback", "100ms")
 	assert.Contains(t, host.Output(), "volume disk0 placed: 4 extents of 16 MiB over 3 nodes, 2 replicas each")
 	stripes := func() cluster.Stripes {
 		out, err := run(t, "", "volume", "ls", "--json", "--etcd", etcd)
@@ -384,10 +385,18 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 		a, b := index[e[0]], index[e[1]]
 		pairs[[2]int{min(a, b), max(a, b)}] = true
 	}
+	holds := map[int]bool{} // nodes holding an extent of the first 32 MiB
+	for _, e := range before.Extents[:2] {
+		holds[index[e[0]]], holds[index[e[1]]] = true, true
+	}
 	cut, kill := -1, -1
 	for _, p := range [][2]int{{0, 1}, {0, 2}, {1, 2}} {
-		if !pairs[p] {
+		switch {
+		case pairs[p]:
+		case holds[p[0]]:
 			cut, kill = p[0], p[1]
+		case holds[p[1]]:
+			cut, kill = p[1], p[0]
 		}
 	}
 	require.NotEqual(t, -1, cut)
@@ -404,7 +413,9 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 
 	underFio(0, "a node cut off and healed", func() {
 		heal := links[cut].Cut()
-		time.Sleep(3 * time.Second) // past the op timeout, within the node's etcd lease
+		// Past the op timeout, well within the node's 5 s etcd lease
+		// (TCP's retransmission backoff delays its next renewal).
+		time.Sleep(2 * time.Second)
 		heal()
 	})
 	after := stripes()
@@ -416,12 +427,40 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 	}
 	underFio(1, "SIGKILL of a memory node", func() { require.NoError(t, syscall.Kill(nodes[kill].Pid, syscall.SIGKILL)) })
 	require.NoError(t, host.WaitOutput("memory node down; its replicas are dropped", 15*time.Second))
-	for round := range 2 {
-		out, err := fio(round, true)
-		require.NoError(t, err, "round %d: verify: %s", round, out)
-		require.NotContains(t, out, "verify: bad")
+	verify := func(when string) {
+		for round := range 2 {
+			out, err := fio(round, true)
+			require.NoError(t, err, "%s: round %d: verify: %s", when, round, out)
+			require.NotContains(t, out, "verify: bad")
+		}
 	}
-	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+[1-4]\s+0\s+\d+\s+degraded`, status())
+	verify("after the kill")
+	// The two nodes left hold every extent twice again: re-replicated
+	// from the survivors, the cut-off node included (cleared first).
+	var last string
+	require.Eventually(t, func() bool {
+		last = status()
+		return regexp.MustCompile(`disk0\s+64MiB\s+4\s+2\s+0\s+0\s+\d+\s+healthy`).MatchString(last)
+	}, 30*time.Second, 500*time.Millisecond, "repaired: %s", last)
+	assert.Contains(t, host.Output(), "; 0 extents degraded")
+	verify("after the repair")
+
+	// A second failure after the repair loses nothing: every extent is
+	// on the last node.
+	survivor := 3 - cut - kill
+	require.NoError(t, syscall.Kill(nodes[cut].Pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		return strings.Count(host.Output(), "memory node down; its replicas are dropped") == 2
+	}, 15*time.Second, 200*time.Millisecond)
+	verify("after a second failure")
+	after = stripes()
+	for e, reps := range after.Extents {
+		require.Len(t, reps, 1, "extent %d", e)
+		assert.Equal(t, survivor, index[reps[0]], "extent %d", e)
+	}
+	last = status()
+	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+4\s+0\s+\d+\s+degraded`, last, "no node left to copy to")
+	assert.Contains(t, last, "disk0: [..............................] 0/4 extents with 2 replicas, 0 being copied")
 }
 
 // fioRounds are rounds of fio writing crc32c-verified random 4 KiB blocks

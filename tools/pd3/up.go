@@ -61,6 +61,7 @@ type hostFlags struct {
 	fsLease   time.Duration
 	volLease  time.Duration
 	replicas  int
+	repair    uint64
 }
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
@@ -91,6 +92,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.DurationVar(&f.fsLease, "fs-lease", 5*time.Second, "mount lease at the memory node: a second host cannot mount the filesystem; after a crash the next mount waits this long at most")
 	fl.DurationVar(&f.volLease, "volume-lease", 5*time.Second, "lease on each served volume at the memory node: a second host cannot serve it; after a crash the next host waits this long at most")
 	fl.IntVar(&f.replicas, "replicas", 0, "stripe volumes over every memory node of the cluster (needs --etcd), each 16 MiB extent on this many nodes, surviving the loss of all but one; 0: volumes live on the one --memnode (pd3 up --memnodes N>1: default 2)")
+	pagesVar(fl, &f.repair, "repair-rate", "256MiB", "with --replicas: copy at most this much a second to restore the replicas a lost node held")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
 }
@@ -106,7 +108,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
-		Stages: stageRecorder(), Replicas: f.replicas,
+		Stages: stageRecorder(), Replicas: f.replicas, RepairRate: int64(f.repair),
 	}
 	cfg.LZBytes, cfg.CacheBytes = int64(f.lz), int64(f.cache)
 	cfg.Volumes = f.volumes
