@@ -285,7 +285,31 @@ func benchCmd() *cobra.Command {
 	}
 	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
-	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw)
+	ropt := bench.RepairOptions{Nodes: 3, Replicas: 2}
+	repairc := &cobra.Command{
+		Use:   "repair",
+		Short: "A replicated volume losing a memory node: time until it is whole again, repair throughput, node memory per byte stored",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if ropt.Exe, err = exe(); err != nil {
+				return err
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			rep, err := bench.Repair(ctx, ropt)
+			if err != nil {
+				return err
+			}
+			return emit(rep)
+		},
+	}
+	pagesVar(repairc.Flags(), &ropt.Size, "size", "1GiB", "volume size")
+	pagesVar(repairc.Flags(), &ropt.Rate, "repair-rate", "1GiB", "the host's --repair-rate (bytes a second)")
+	repairc.Flags().IntVar(&ropt.Nodes, "nodes", 3, "memory node processes")
+	repairc.Flags().IntVar(&ropt.Replicas, "replicas", 2, "replicas of each extent")
+	repairc.Flags().DurationVar(&ropt.Timeout, "timeout", 2*time.Minute, "give up on each wait after this long")
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, repairc)
 	return cmd
 }
 

@@ -1371,3 +1371,23 @@ func TestVolumesHeldInEtcd(t *testing.T) {
 	require.NoError(t, err, out)
 	assert.True(t, strings.HasPrefix(out, "acknowledged and synced\x00"))
 }
+
+// pd3 bench repair end to end on a small volume: the killed node holds
+// some extents, they are copied, and the figures are there.
+func TestBenchRepairSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (make deps-system)")
+	}
+	out, err := run(t, "", "bench", "repair", "--size", "64MiB", "--json")
+	require.NoError(t, err, out)
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Len(t, rep.Results, 1)
+	assert.NotZero(t, rep.Results[0].Ops, "the killed node held extents")
+	assert.Greater(t, rep.Ratios["repair-gib-per-s"], 0.0)
+	assert.Greater(t, rep.Ratios["seconds-to-healthy"], rep.Ratios["seconds-to-down"])
+	assert.InDelta(t, 1.0, rep.Ratios["memnode-rss/stored"], 1.0, "RSS per byte stored is about one")
+}
