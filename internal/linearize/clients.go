@@ -12,14 +12,20 @@ import (
 type PageClient struct {
 	C   *pageproto.Client
 	Vol uint16
+	// Stride spreads the workload's pages: page pg is volume page
+	// pg×Stride (0 or 1: pg), so that they fall in different extents of a
+	// replicated volume.
+	Stride uint64
 }
 
+func (p PageClient) key(pg uint64) memnode.Key { return memnode.MakeKey(p.Vol, pg*max(1, p.Stride)) }
+
 func (p PageClient) Read(pg uint64, buf []byte) error {
-	return p.C.Get(context.Background(), memnode.MakeKey(p.Vol, pg), buf)
+	return p.C.Get(context.Background(), p.key(pg), buf)
 }
 
 func (p PageClient) Write(pg uint64, buf []byte) error {
-	return p.C.Put(context.Background(), memnode.MakeKey(p.Vol, pg), buf)
+	return p.C.Put(context.Background(), p.key(pg), buf)
 }
 
 func (p PageClient) Sync() error { return p.C.Sync(context.Background()) }

@@ -128,6 +128,9 @@ type Memnode struct {
 	done chan error
 	reg  *cluster.Registration
 	etcd *clientv3.Client
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // StartMemnode listens and serves in the background.
@@ -189,18 +192,21 @@ func (m *Memnode) register(ctx context.Context, cfg MemnodeConfig) error {
 }
 
 // Close stops the node; without persistence its memory is gone, with it
-// the node checkpoints.
+// the node checkpoints. Calling it again returns the first answer.
 func (m *Memnode) Close() error {
-	var regErr error
-	if m.reg != nil {
-		regErr = m.reg.Close() // down in the cluster before it stops serving
-	}
-	if m.etcd != nil {
-		m.etcd.Close()
-	}
-	m.Server.Close()
-	err := closedByUs(<-m.done)
-	return errors.Join(regErr, err, m.Server.Store.Close())
+	m.closeOnce.Do(func() {
+		var regErr error
+		if m.reg != nil {
+			regErr = m.reg.Close() // down in the cluster before it stops serving
+		}
+		if m.etcd != nil {
+			m.etcd.Close()
+		}
+		m.Server.Close()
+		err := closedByUs(<-m.done)
+		m.closeErr = errors.Join(regErr, err, m.Server.Store.Close())
+	})
+	return m.closeErr
 }
 
 // closedByUs drops the error a server's Serve returns when Close came

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
@@ -81,4 +83,66 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLinearizableReplicatedWithANodeKilled: the same porcupine check over
+// a replicated volume (R=2 over three memory nodes in process, the control
+// plane embedded), with one node killed mid-run: constant eviction and
+// write-back fail over and drop the dead node's replicas, the host's
+// tender copies its extents to the node left over, and the history of
+// GET/PUT/SYNC is linearizable throughout.
+func TestLinearizableReplicatedWithANodeKilled(t *testing.T) {
+	ctx := context.Background()
+	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
+	require.NoError(t, err)
+	defer etcd.Close()
+	access := cluster.Access{Endpoints: []string{etcd.Endpoint}}
+	var nodes []*Memnode
+	for range 3 {
+		n, err := StartMemnode(ctx, MemnodeConfig{Etcd: access})
+		require.NoError(t, err)
+		defer n.Close()
+		nodes = append(nodes, n)
+	}
+	// Four extents of 16 MiB, eight of the workload's keys in each.
+	h, err := StartHost(ctx, HostConfig{
+		Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
+		CacheBytes: 8 * 4096, PageListen: "127.0.0.1:0", Workers: 4, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	defer func() {
+		require.NoError(t, h.Close(ctx))
+		assert.NoError(t, h.Store.Check())
+	}()
+	const clients, opsPerClient, keys = 6, 900, 32
+	base := testutil.Seed(t)
+	hist := linearize.NewHistory()
+	var wg sync.WaitGroup
+	var done sync.WaitGroup
+	done.Add(clients)
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer done.Done()
+			cl, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer cl.Close()
+			lc := linearize.PageClient{C: cl, Vol: h.Volumes[0].ID, Stride: 512} // 2 MiB apart
+
+			assert.NoError(t, hist.Run(c, lc, keys, base, nil, opsPerClient))
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, nodes[0].Close()) // mid-run
+	wg.Wait()
+	ok, vis := hist.Check(time.Minute)
+	require.True(t, ok, "history of %d operations is not linearizable (see %s)", hist.Len(), vis)
+	st := h.Store.Stats()
+	t.Logf("%d ops; evictions %d, write-backs %d; failovers %d, dropped %d, repaired %d", hist.Len(), st.Evictions, st.WriteBacks,
+		h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())
+	assert.Greater(t, st.Evictions, uint64(200), "the cache must churn")
+	assert.Positive(t, h.Replicated.Dropped.Load(), "the dead node's replicas were dropped")
 }
