@@ -113,6 +113,24 @@ type Node struct {
 	NodeRecord
 	Up     bool   `json:"up"`
 	Stored uint64 `json:"stored,omitempty"` // while up
+	// Draining: an operator is moving everything off it (pd3 node
+	// drain); nothing new is placed there.
+	Draining bool `json:"draining,omitempty"`
+}
+
+// SetDraining marks node id as draining, or no longer.
+func SetDraining(ctx context.Context, cli *clientv3.Client, cluster, id string, on bool) error {
+	key := prefix(cluster) + "draining/" + id
+	var err error
+	if on {
+		_, err = cli.Put(ctx, key, time.Now().UTC().Format(time.RFC3339))
+	} else {
+		_, err = cli.Delete(ctx, key)
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: marking node %s draining: %w", id, err)
+	}
+	return nil
 }
 
 // State is "up" or "down".
@@ -343,6 +361,14 @@ func Nodes(ctx context.Context, cli *clientv3.Client, cluster string) ([]Node, e
 	if err != nil {
 		return nil, fmt.Errorf("cluster: listing nodes: %w", err)
 	}
+	draining, err := cli.Get(ctx, pfx+"draining/", clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithRev(recs.Header.Revision))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listing nodes: %w", err)
+	}
+	drain := map[string]bool{}
+	for _, kv := range draining.Kvs {
+		drain[strings.TrimPrefix(string(kv.Key), pfx+"draining/")] = true
+	}
 	live := bySuffix[Liveness](alive.Kvs, pfx+"alive/")
 	var out []Node
 	for _, kv := range recs.Kvs {
@@ -351,7 +377,7 @@ func Nodes(ctx context.Context, cli *clientv3.Client, cluster string) ([]Node, e
 			return nil, fmt.Errorf("cluster: node record %s: %w", kv.Key, err)
 		}
 		l, ok := live[n.ID]
-		n.Up, n.Stored = ok, l.Stored
+		n.Up, n.Stored, n.Draining = ok, l.Stored, drain[n.ID]
 		out = append(out, n)
 	}
 	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })

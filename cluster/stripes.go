@@ -29,6 +29,43 @@ type Stripes struct {
 	// Joining, per extent, lists nodes a repair is copying the extent to:
 	// they take its writes but are not read until promoted.
 	Joining [][]string `json:"joining,omitempty"`
+	// Moves are extents an operator asked to move (pd3 node drain, pd3
+	// cluster rebalance); the volume's host carries them out.
+	Moves []Move `json:"moves,omitempty"`
+}
+
+// Move asks for extent's replica at node From to go to node To.
+type Move struct {
+	Extent int    `json:"extent"`
+	From   string `json:"from"`
+	To     string `json:"to"`
+}
+
+// AddMoves records moves of volume name's extents; a move of an extent
+// away from a node already asked for is kept as it was.
+func AddMoves(ctx context.Context, cli *clientv3.Client, cluster, name string, moves []Move) (Stripes, error) {
+	return UpdateStripes(ctx, cli, cluster, name, func(s *Stripes) (bool, error) {
+		changed := false
+		for _, m := range moves {
+			if m.Extent >= len(s.Extents) || !slices.Contains(s.Extents[m.Extent], m.From) {
+				return false, fmt.Errorf("cluster: volume %q extent %d is not at node %s", name, m.Extent, m.From)
+			}
+			if !slices.ContainsFunc(s.Moves, func(o Move) bool { return o.Extent == m.Extent && o.From == m.From }) {
+				s.Moves = append(s.Moves, m)
+				changed = true
+			}
+		}
+		return changed, nil
+	})
+}
+
+// DoneMove forgets move m of volume name: carried out, or moot.
+func DoneMove(ctx context.Context, cli *clientv3.Client, cluster, name string, m Move) (Stripes, error) {
+	return UpdateStripes(ctx, cli, cluster, name, func(s *Stripes) (bool, error) {
+		n := len(s.Moves)
+		s.Moves = slices.DeleteFunc(slices.Clone(s.Moves), func(o Move) bool { return o == m })
+		return len(s.Moves) != n, nil
+	})
 }
 
 // Writers are the nodes every write to extent e must reach: its replicas
@@ -55,6 +92,7 @@ func (s *Stripes) Repairing() int {
 func (s Stripes) Clone() Stripes {
 	s.Extents = cloneLists(s.Extents)
 	s.Joining = cloneLists(s.Joining)
+	s.Moves = slices.Clone(s.Moves)
 	return s
 }
 
@@ -112,12 +150,12 @@ func PlaceStripes(nodes []Node, size, extentBytes uint64, r int, pick func(int) 
 	}
 	var up []Node
 	for _, n := range nodes {
-		if n.Up {
+		if n.Up && !n.Draining {
 			up = append(up, n)
 		}
 	}
 	if len(up) == 0 || r < 1 {
-		return Stripes{}, fmt.Errorf("%w: %d nodes known, none up", ErrNoNode, len(nodes))
+		return Stripes{}, fmt.Errorf("%w: %d nodes known, none up and not draining", ErrNoNode, len(nodes))
 	}
 	r = min(r, len(up))
 	placed := make(map[string]uint64)

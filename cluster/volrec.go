@@ -242,7 +242,7 @@ func Place(nodes []Node, size uint64, pick func(int) int) (Node, error) {
 	}
 	var fit []Node
 	for _, n := range nodes {
-		if n.Up && free(n) >= size {
+		if n.Up && !n.Draining && free(n) >= size {
 			fit = append(fit, n)
 		}
 	}

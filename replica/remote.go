@@ -649,6 +649,62 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 	return nil
 }
 
+// Install makes s volume vol's map if it is newer than the one in use:
+// a change made elsewhere (an operator's moves), read from the control
+// plane.
+func (r *Remote) Install(vol uint16, s cluster.Stripes) {
+	v, ok := r.vols[vol]
+	if !ok || len(s.Extents) != len(v.locks) {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if s.Epoch > v.stripes.Load().Epoch {
+		s = s.Clone()
+		v.stripes.Store(&s)
+	}
+}
+
+// Move moves extent e of volume vol from node from to node to (reached
+// through c): a repair onto to (unless it is a replica already), then
+// from dropped, its copy of the extent trimmed, and its copy of the
+// volume deleted once it holds no extent of it. What from holds is
+// cleaned up on a best-effort basis: a node that cannot be reached is
+// off the map all the same.
+func (r *Remote) Move(ctx context.Context, vol uint16, e int, from, to string, c *memnode.Client, pace func(int)) error {
+	v, err := r.volume(vol)
+	if err != nil {
+		return err
+	}
+	s := v.stripes.Load()
+	if e >= len(s.Extents) {
+		return fmt.Errorf("replica: volume %q has no extent %d", v.Name, e)
+	}
+	if !slices.Contains(s.Extents[e], to) {
+		if err := r.Repair(ctx, vol, e, to, c, pace); err != nil {
+			return err
+		}
+	}
+	if err := r.dropReplica(ctx, v, e, from); err != nil {
+		return fmt.Errorf("replica: volume %q extent %d: dropping node %s: %w", v.Name, e, from, err)
+	}
+	n, reach := (*r.nodes.Load())[from]
+	local, has := v.localID(from)
+	if !reach || !has {
+		return nil
+	}
+	// Writes sent before the drop may still land: take the extent's lock
+	// so that they are settled before the range is cleared.
+	v.locks[e].Lock()
+	start := uint64(e) * s.ExtentBytes
+	n.c.Trim(ctx, local, start, min(s.ExtentBytes, v.Size-start))
+	v.locks[e].Unlock()
+	if !slices.Contains(v.stripes.Load().Nodes(), from) {
+		n.c.DeleteFenced(ctx, v.Name, v.token.Load())
+	}
+	return nil
+}
+
 func zero(p []byte) bool {
 	for len(p) >= 8 {
 		if binary.LittleEndian.Uint64(p) != 0 {

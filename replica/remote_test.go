@@ -344,3 +344,35 @@ func TestRepairClearsStaleBytes(t *testing.T) {
 	require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(7, 300), got))
 	assert.Equal(t, make([]byte, pageid.Size), got, "the stale page")
 }
+
+// Moving extents off a node: each is copied to the new node, then the
+// old replica is dropped and its range freed there; once the node holds
+// no extent of the volume, its copy of the volume is deleted.
+func TestMove(t *testing.T) {
+	r := newRig(t, 48, 16, 5*time.Second, nil) // extents: ab, bc, ca
+	rem := r.remote(t)
+	ctx := context.Background()
+	require.NoError(t, rem.Fence(ctx, 7, 3))
+	writeAll(t, rem, 48, 1)
+	storedAt := func(id string) uint64 {
+		v, err := r.srv[id].Store.Open("rv")
+		if err != nil {
+			return 0
+		}
+		return v.Stored
+	}
+	require.Equal(t, uint64(memnode.ChunkSize), storedAt("a"), "extents 0 and 2, in one chunk")
+
+	require.NoError(t, rem.Move(ctx, 7, 0, "a", "c", r.clients["c"], nil))
+	s, _ := rem.Stripes(7)
+	assert.ElementsMatch(t, []string{"b", "c"}, s.Extents[0])
+	require.NoError(t, rem.Move(ctx, 7, 2, "a", "b", r.clients["b"], nil))
+	s, _ = rem.Stripes(7)
+	assert.ElementsMatch(t, []string{"c", "b"}, s.Extents[2])
+	assert.NotContains(t, s.Nodes(), "a")
+	_, err := r.srv["a"].Store.Open("rv")
+	assert.ErrorIs(t, err, memnode.ErrNoVolume, "a holds nothing of the volume")
+	assert.Equal(t, uint64(0), r.srv["a"].Store.Used())
+	r.srv["a"].Close()
+	readAll(t, rem, 48, 1)
+}

@@ -184,7 +184,9 @@ func (t *tender) run(ctx context.Context) (stop func()) {
 				}
 				dropped[n.ID] = true
 			}
+			t.refresh(ctx)
 			t.repair(ctx, nodes)
+			t.move(ctx, nodes)
 		}
 	}()
 	return func() {
@@ -213,6 +215,88 @@ func (t *tender) dropJoining(ctx context.Context) {
 	}
 }
 
+// refresh installs the stripe maps of the control plane where they are
+// newer: an operator's moves.
+func (t *tender) refresh(ctx context.Context) {
+	for _, v := range t.vols {
+		if rec, err := cluster.GetVolume(ctx, t.cli, t.cfg.Cluster, v.Name); err == nil && rec.Stripes != nil {
+			t.r.Install(v.ID, *rec.Stripes)
+		}
+	}
+}
+
+// target chooses a node to copy extent e of a volume with map s to: up,
+// not draining, not failing lately, not holding it; prefer is taken if
+// it is one of those.
+func (t *tender) target(ctx context.Context, nodes []cluster.Node, s cluster.Stripes, e int, prefer string) (cluster.Node, *memnode.Client, error) {
+	var fit []cluster.Node
+	for _, n := range nodes {
+		if n.Up && !n.Draining && !slices.Contains(s.Writers(e), n.ID) && !t.r.Suspect(n.ID) {
+			if n.ID == prefer {
+				fit = []cluster.Node{n}
+				break
+			}
+			fit = append(fit, n)
+		}
+	}
+	target, err := cluster.Place(fit, s.ExtentBytes, rand.IntN)
+	if err != nil {
+		return target, nil, err
+	}
+	c, err := t.client(ctx, target)
+	if err != nil {
+		return target, nil, fmt.Errorf("node %s unreachable: %w", target.ID, err)
+	}
+	return target, c, nil
+}
+
+// pacer spaces a copy to RepairRate bytes a second.
+func (t *tender) pacer() func(int) {
+	start := time.Now()
+	var done int64
+	return func(n int) {
+		done += int64(n)
+		if rate := t.cfg.RepairRate; rate > 0 {
+			if ahead := time.Duration(float64(done)/float64(rate)*float64(time.Second)) - time.Since(start); ahead > 0 {
+				time.Sleep(ahead)
+			}
+		}
+	}
+}
+
+// move carries out the moves operators asked for, one extent at a time,
+// until one fails (the next round tries again).
+func (t *tender) move(ctx context.Context, nodes []cluster.Node) {
+	for _, v := range t.vols {
+		s, _ := t.r.Stripes(v.ID)
+		for _, m := range s.Moves {
+			if ctx.Err() != nil {
+				return
+			}
+			s, _ := t.r.Stripes(v.ID)
+			if slices.Contains(s.Extents[m.Extent], m.From) {
+				target, c, err := t.target(ctx, nodes, s, m.Extent, m.To)
+				if slices.Contains(s.Extents[m.Extent], m.To) {
+					target, c, err = cluster.Node{NodeRecord: cluster.NodeRecord{ID: m.To}}, nil, nil
+				}
+				if err != nil {
+					t.cfg.Log.Warn("host: no node to move an extent to", "volume", v.Name, "extent", m.Extent, "from", m.From, "err", err)
+					return
+				}
+				start := time.Now()
+				if err := t.r.Move(ctx, v.ID, m.Extent, m.From, target.ID, c, t.pacer()); err != nil {
+					t.cfg.Log.Warn("host: moving an extent failed; retrying", "volume", v.Name, "extent", m.Extent, "from", m.From, "to", target.ID, "err", err)
+					return
+				}
+				t.cfg.Log.Info(fmt.Sprintf("volume %s extent %d moved from node %s to %s in %v", v.Name, m.Extent, m.From, target.ID, time.Since(start).Round(time.Millisecond)))
+			}
+			if ns, err := cluster.DoneMove(ctx, t.cli, t.cfg.Cluster, v.Name, m); err == nil {
+				t.r.Install(v.ID, ns)
+			}
+		}
+	}
+}
+
 // repair copies degraded extents until none is left or one fails (the
 // next round tries again), within ctx.
 func (t *tender) repair(ctx context.Context, nodes []cluster.Node) {
@@ -222,32 +306,16 @@ func (t *tender) repair(ctx context.Context, nodes []cluster.Node) {
 				return
 			}
 			s, _ := t.r.Stripes(v.ID)
-			var fit []cluster.Node
-			for _, n := range nodes {
-				if n.Up && !slices.Contains(s.Writers(e), n.ID) && !t.r.Suspect(n.ID) {
-					fit = append(fit, n)
-				}
-			}
-			target, err := cluster.Place(fit, s.ExtentBytes, rand.IntN)
-			if err != nil {
+			target, c, err := t.target(ctx, nodes, s, e, "")
+			if errors.Is(err, cluster.ErrNoNode) {
 				return // no node to copy to: the extent stays degraded
 			}
-			c, err := t.client(ctx, target)
 			if err != nil {
 				t.cfg.Log.Warn("host: repair target unreachable", "node", target.ID, "err", err)
 				return
 			}
 			start := time.Now()
-			var done int64
-			pace := func(n int) {
-				done += int64(n)
-				if rate := t.cfg.RepairRate; rate > 0 {
-					if ahead := time.Duration(float64(done)/float64(rate)*float64(time.Second)) - time.Since(start); ahead > 0 {
-						time.Sleep(ahead)
-					}
-				}
-			}
-			if err := t.r.Repair(ctx, v.ID, e, target.ID, c, pace); err != nil {
+			if err := t.r.Repair(ctx, v.ID, e, target.ID, c, t.pacer()); err != nil {
 				t.cfg.Log.Warn("host: repair failed; retrying", "volume", v.Name, "extent", e, "node", target.ID, "err", err)
 				return
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func clusterCmd() *cobra.Command {
@@ -67,7 +68,11 @@ func clusterCmd() *cobra.Command {
 				if n.Up {
 					used = units.FormatSize(n.Stored)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State(), n.Addr, capacity, used, n.Started)
+				state := n.State()
+				if n.Draining {
+					state += ",draining"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, state, n.Addr, capacity, used, n.Started)
 			}
 			fmt.Fprintf(w, "\n%d volumes\n", len(vols))
 			fmt.Fprintln(w, "VOLUME\tNODE\tSIZE\tSTORED\tHOLDER")
@@ -103,7 +108,43 @@ func clusterCmd() *cobra.Command {
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	token = tokenFlag(status.Flags(), "memory-node access token, to list the nodes' volumes (default $PD3_TOKEN)")
 	cmd.MarkPersistentFlagRequired("etcd")
-	cmd.AddCommand(status)
+	var wait time.Duration
+	rebalance := &cobra.Command{
+		Use:   "rebalance",
+		Short: "Move extents of replicated volumes so that every node up holds its share (after adding a node)",
+		Long: `Even out the extents of the replicated volumes over the memory nodes that are
+up and not draining: extents of the fullest nodes move to the emptiest,
+while clients go on (each is copied, then the old replica dropped). The
+volumes' hosts carry the moves out; with --wait (the default, 10m) the
+command shows the progress and returns once they are done.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withEtcd(cmd, etcd, wait, func(ctx context.Context, cli *clientv3.Client) error {
+				nodes, err := cluster.Nodes(ctx, cli, etcd.cluster)
+				if err != nil {
+					return err
+				}
+				vols, err := cluster.Volumes(ctx, cli, etcd.cluster)
+				if err != nil {
+					return err
+				}
+				total := 0
+				for vol, moves := range rebalanceMoves(nodes, vols) {
+					if _, err := cluster.AddMoves(ctx, cli, etcd.cluster, vol, moves); err != nil {
+						return err
+					}
+					total += len(moves)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d extents to move\n", total)
+				if wait <= 0 || total == 0 {
+					return nil
+				}
+				return waitMoves(ctx, cmd.ErrOrStderr(), cli, etcd.cluster, total, func(s cluster.Stripes) int { return len(s.Moves) })
+			})
+		},
+	}
+	rebalance.Flags().DurationVar(&wait, "wait", 10*time.Minute, "wait this long for the moves to finish, showing progress (0: return at once)")
+	cmd.AddCommand(status, rebalance)
 	return cmd
 }
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -368,15 +369,7 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 	host := start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:64MiB",
 		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "1s", "--writeback", "100ms")
 	assert.Contains(t, host.Output(), "volume disk0 placed: 4 extents of 16 MiB over 3 nodes, 2 replicas each")
-	stripes := func() cluster.Stripes {
-		out, err := run(t, "", "volume", "ls", "--json", "--etcd", etcd)
-		require.NoError(t, err, out)
-		var rows []cluster.VolumeRecord
-		require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
-		require.Len(t, rows, 1)
-		require.NotNil(t, rows[0].Stripes)
-		return *rows[0].Stripes
-	}
+	stripes := func() cluster.Stripes { return stripesOf(t, etcd) }
 	// The pair of nodes no extent of the first 32 MiB is on: cut one,
 	// kill the other.
 	before := stripes()
@@ -499,4 +492,97 @@ func (f fioRounds) under(round int, what string, act func()) {
 	time.Sleep(time.Second)
 	act()
 	require.NoError(f.t, <-done, "%s under fio: %s", what, out)
+}
+
+// pd3 node drain and pd3 cluster rebalance under fio, real processes: a
+// node is drained while fio writes verified blocks over NBD (no client
+// error, the node holds nothing afterwards and no map lists it); then a
+// new node joins and a rebalance under fio gives it its share. Every
+// block verifies at the end.
+func TestDrainAndRebalanceUnderFio(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (make deps-system)")
+	}
+	coord := start(t, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", t.TempDir())
+	etcd := coord.Addrs["etcd"]
+	newNode := func() *bench.Child {
+		return start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+	}
+	var nodes []*bench.Child
+	for range 3 {
+		nodes = append(nodes, newNode())
+	}
+	host := start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:96MiB",
+		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--writeback", "100ms")
+	rounds := fioRounds{t: t, uri: "nbd://" + host.Addrs["NBD server"] + "/disk0", dir: t.TempDir(), region: 32 << 20, seed: 4000,
+		args: []string{"--io_size=6m"}}
+	type statusJSON struct {
+		Nodes []cluster.Node `json:"nodes"`
+	}
+	nodeInfo := func(addr string) cluster.Node {
+		out, err := run(t, "", "cluster", "status", "--etcd", etcd, "--json")
+		require.NoError(t, err, out)
+		var st statusJSON
+		require.NoError(t, json.Unmarshal([]byte(out), &st), out)
+		for _, n := range st.Nodes {
+			if n.Addr == addr {
+				return n
+			}
+		}
+		t.Fatalf("no node at %s: %s", addr, out)
+		return cluster.Node{}
+	}
+	stripes := func() cluster.Stripes { return stripesOf(t, etcd) }
+	rounds.run(0, false) // data on every node first
+	drained := nodeInfo(nodes[0].Addrs["memory node"])
+	rounds.under(1, "pd3 node drain", func() {
+		out, err := run(t, "", "node", "drain", drained.ID, "--etcd", etcd)
+		require.NoError(t, err, out)
+		assert.Regexp(t, `node \w+ draining: \d+ extents to move`, out)
+	})
+	after := stripes()
+	for e := range after.Extents {
+		assert.NotContains(t, after.Writers(e), drained.ID, "extent %d", e)
+	}
+	require.Eventually(t, func() bool { n := nodeInfo(drained.Addr); return n.Stored == 0 && n.Draining }, 10*time.Second, 200*time.Millisecond,
+		"the drained node holds nothing")
+	for round := range 2 {
+		out, err := rounds.run(round, true)
+		require.NoError(t, err, "after the drain: round %d: %s", round, out)
+	}
+
+	fresh := newNode()
+	rounds.under(2, "pd3 cluster rebalance", func() {
+		out, err := run(t, "", "cluster", "rebalance", "--etcd", etcd)
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "4 extents to move", "12 replicas over 3 nodes: the new one takes 4")
+	})
+	id := nodeInfo(fresh.Addrs["memory node"]).ID
+	held := 0
+	for _, reps := range stripes().Extents {
+		if slices.Contains(reps, id) {
+			held++
+		}
+	}
+	assert.Equal(t, 4, held, "the new node's share")
+	for round := range 3 {
+		out, err := rounds.run(round, true)
+		require.NoError(t, err, "after the rebalance: round %d: %s", round, out)
+	}
+}
+
+// stripesOf is the stripe map of the one replicated volume of the
+// cluster at etcd, as pd3 volume ls --json shows it.
+func stripesOf(t *testing.T, etcd string) cluster.Stripes {
+	t.Helper()
+	out, err := run(t, "", "volume", "ls", "--json", "--etcd", etcd)
+	require.NoError(t, err, out)
+	var rows []cluster.VolumeRecord
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.Len(t, rows, 1)
+	require.NotNil(t, rows[0].Stripes)
+	return *rows[0].Stripes
 }

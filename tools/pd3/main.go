@@ -36,7 +36,7 @@ func main() {
 		}
 		return nil
 	}
-	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd(), topCmd(), clusterCmd(), volumeCmd(), coordCmd())
+	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd(), topCmd(), clusterCmd(), volumeCmd(), coordCmd(), nodeCmd())
 	// PD3_CPUPROFILE=prefix profiles this process (and the children a
 	// benchmark starts) into prefix.<pid>, for `go tool pprof`.
 	if prefix := os.Getenv("PD3_CPUPROFILE"); prefix != "" {

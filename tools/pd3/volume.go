@@ -26,14 +26,7 @@ func volumeCmd() *cobra.Command {
 	cmd.MarkPersistentFlagRequired("etcd")
 	// with runs fn with a client of the control plane, bounded in time.
 	with := func(cmd *cobra.Command, fn func(ctx context.Context, cli *clientv3.Client) error) error {
-		ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-		defer cancel()
-		cli, err := etcd.dial(ctx)
-		if err != nil {
-			return err
-		}
-		defer cli.Close()
-		return fn(ctx, cli)
+		return withEtcd(cmd, etcd, 0, fn)
 	}
 	node := func(ctx context.Context, addr string) (*memnode.Client, error) {
 		return memnode.Dial(ctx, addr, memnode.ClientOptions{Token: token.Value(), DialTimeout: 3 * time.Second, OpTimeout: 10 * time.Second})

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/term"
+)
+
+// nodeCmd manages memory nodes through the control plane.
+func nodeCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "Drain memory nodes of replicated volumes (etcd)"}
+	etcd := addEtcdFlags(cmd.PersistentFlags(), "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
+	cmd.MarkPersistentFlagRequired("etcd")
+	var wait time.Duration
+	drain := &cobra.Command{
+		Use:   "drain ID",
+		Short: "Move every extent of the replicated volumes off node ID, while clients go on; nothing new is placed there",
+		Long: `Mark memory node ID draining (no volume or extent is placed there any more)
+and ask the hosts of the replicated volumes it holds to move each of its
+extents to another node: the extent is copied to the new node while its
+writes go on, then the old replica is dropped and its memory freed. With
+--wait (the default, 10m) the command shows the progress and returns once
+the node holds nothing, or says what is left. pd3 node undrain ID takes the
+mark off. Volumes of one node (not replicated) cannot move: they are named.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEtcd(cmd, etcd, wait, func(ctx context.Context, cli *clientv3.Client) error {
+				id := args[0]
+				nodes, err := cluster.Nodes(ctx, cli, etcd.cluster)
+				if err != nil {
+					return err
+				}
+				if !slices.ContainsFunc(nodes, func(n cluster.Node) bool { return n.ID == id }) {
+					return fmt.Errorf("no memory node %s in cluster %s (pd3 cluster status lists them)", id, etcd.cluster)
+				}
+				if err := cluster.SetDraining(ctx, cli, etcd.cluster, id, true); err != nil {
+					return err
+				}
+				for i := range nodes {
+					if nodes[i].ID == id {
+						nodes[i].Draining = true
+					}
+				}
+				vols, err := cluster.Volumes(ctx, cli, etcd.cluster)
+				if err != nil {
+					return err
+				}
+				total := 0
+				for _, v := range vols {
+					switch {
+					case v.Stripes == nil && v.Node == id:
+						fmt.Fprintf(cmd.ErrOrStderr(), "pd3: volume %s lives on node %s alone (not replicated): it stays\n", v.Name, id)
+					case v.Stripes != nil:
+						moves, err := movesOff(nodes, *v.Stripes, id)
+						if err != nil {
+							return fmt.Errorf("volume %s: %w", v.Name, err)
+						}
+						if len(moves) > 0 {
+							if _, err := cluster.AddMoves(ctx, cli, etcd.cluster, v.Name, moves); err != nil {
+								return err
+							}
+						}
+						total += len(moves)
+					}
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s draining: %d extents to move\n", id, total)
+				if wait <= 0 || total == 0 {
+					return nil
+				}
+				return waitMoves(ctx, cmd.ErrOrStderr(), cli, etcd.cluster, total, func(s cluster.Stripes) int {
+					n := 0
+					for e := range s.Extents {
+						if slices.Contains(s.Writers(e), id) {
+							n++
+						}
+					}
+					return n
+				})
+			})
+		},
+	}
+	drain.Flags().DurationVar(&wait, "wait", 10*time.Minute, "wait this long for the moves to finish, showing progress (0: return at once)")
+	undrain := &cobra.Command{
+		Use:   "undrain ID",
+		Short: "Let node ID take volumes and extents again",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEtcd(cmd, etcd, 0, func(ctx context.Context, cli *clientv3.Client) error {
+				return cluster.SetDraining(ctx, cli, etcd.cluster, args[0], false)
+			})
+		},
+	}
+	cmd.AddCommand(drain, undrain)
+	return cmd
+}
+
+// withEtcd runs fn with a client of the control plane, within 30 s plus
+// wait.
+func withEtcd(cmd *cobra.Command, etcd *etcdFlags, wait time.Duration, fn func(context.Context, *clientv3.Client) error) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second+max(0, wait))
+	defer cancel()
+	cli, err := etcd.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	return fn(ctx, cli)
+}
+
+// movesOff asks for every extent at node id to move to another node up,
+// not draining and not holding it: the freer of two drawn, counting what
+// these moves add.
+func movesOff(nodes []cluster.Node, s cluster.Stripes, id string) ([]cluster.Move, error) {
+	var moves []cluster.Move
+	added := map[string]uint64{}
+	for e, reps := range s.Extents {
+		if !slices.Contains(reps, id) {
+			continue
+		}
+		var fit []cluster.Node
+		for _, n := range nodes {
+			if n.Up && !n.Draining && !slices.Contains(s.Writers(e), n.ID) {
+				n.Stored += added[n.ID]
+				fit = append(fit, n)
+			}
+		}
+		to, err := cluster.Place(fit, s.ExtentBytes, rand.IntN)
+		if err != nil {
+			return nil, fmt.Errorf("extent %d: %w", e, err)
+		}
+		added[to.ID] += s.ExtentBytes
+		moves = append(moves, cluster.Move{Extent: e, From: id, To: to.ID})
+	}
+	return moves, nil
+}
+
+// waitMoves shows the progress of total moves until left, counted over
+// every replicated volume's map, reaches 0 and no move is pending.
+func waitMoves(ctx context.Context, w io.Writer, cli *clientv3.Client, clusterName string, total int, left func(cluster.Stripes) int) error {
+	var bar *progressbar.ProgressBar
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionShowCount(),
+			progressbar.OptionSetDescription("moving extents"), progressbar.OptionClearOnFinish())
+	}
+	for {
+		vols, err := cluster.Volumes(ctx, cli, clusterName)
+		if err != nil {
+			return err
+		}
+		remaining, pending := 0, 0
+		for _, v := range vols {
+			if v.Stripes != nil {
+				remaining += left(*v.Stripes)
+				pending += len(v.Stripes.Moves)
+			}
+		}
+		if bar != nil {
+			bar.Set(total - min(total, remaining))
+		}
+		if remaining == 0 && pending == 0 {
+			if bar != nil {
+				bar.Finish()
+			}
+			fmt.Fprintf(w, "pd3: %d extents moved\n", total)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("%d of %d extents still to move (is the volume's host running? it carries the moves out): the moves stay asked for", remaining, total)
+			}
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// rebalanceMoves evens out the extents of replicated volumes over the
+// nodes up and not draining: while one holds more than its share (the
+// ceiling of the average) and another less than the floor, one extent of
+// the fullest goes to the emptiest that does not hold it.
+func rebalanceMoves(nodes []cluster.Node, vols []cluster.VolumeRecord) map[string][]cluster.Move {
+	count := map[string]int{}
+	var ids []string
+	for _, n := range nodes {
+		if n.Up && !n.Draining {
+			count[n.ID] = 0
+			ids = append(ids, n.ID)
+		}
+	}
+	if len(ids) < 2 {
+		return nil
+	}
+	type loc struct {
+		vol string
+		e   int
+	}
+	held := map[string][]loc{}
+	maps := map[string]*cluster.Stripes{}
+	total := 0
+	for _, v := range vols {
+		if v.Stripes == nil {
+			continue
+		}
+		s := v.Stripes.Clone()
+		maps[v.Name] = &s
+		for e, reps := range s.Extents {
+			for _, id := range reps {
+				if _, ok := count[id]; ok {
+					count[id]++
+					held[id] = append(held[id], loc{v.Name, e})
+					total++
+				}
+			}
+		}
+	}
+	lo, hi := total/len(ids), (total+len(ids)-1)/len(ids)
+	out := map[string][]cluster.Move{}
+	for {
+		slices.SortFunc(ids, func(a, b string) int { return count[a] - count[b] })
+		empty, full := ids[0], ids[len(ids)-1]
+		if count[full] <= hi && count[empty] >= lo {
+			return out
+		}
+		moved := false
+		for i, l := range held[full] {
+			s := maps[l.vol]
+			if slices.Contains(s.Writers(l.e), empty) {
+				continue
+			}
+			out[l.vol] = append(out[l.vol], cluster.Move{Extent: l.e, From: full, To: empty})
+			s.Extents[l.e] = append(slices.DeleteFunc(slices.Clone(s.Extents[l.e]), func(id string) bool { return id == full }), empty)
+			held[full] = slices.Delete(held[full], i, i+1)
+			held[empty] = append(held[empty], l)
+			count[full]--
+			count[empty]++
+			moved = true
+			break
+		}
+		if !moved {
+			return out // every extent of the fullest is at the emptiest already
+		}
+	}
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/pd3-go/pd3/cluster"
+	"github.com/stretchr/testify/assert"
+)
+
+func TestRebalanceMoves(t *testing.T) {
+	up := func(id string) cluster.Node { return cluster.Node{NodeRecord: cluster.NodeRecord{ID: id}, Up: true} }
+	vol := func(name string, extents ...[]string) cluster.VolumeRecord {
+		return cluster.VolumeRecord{Name: name, Stripes: &cluster.Stripes{Replicas: 2, ExtentBytes: 1 << 20, Extents: extents}}
+	}
+	// Three nodes held 4 extents × 2 replicas; d is new.
+	vols := []cluster.VolumeRecord{vol("v", []string{"a", "b"}, []string{"b", "c"}, []string{"c", "a"}, []string{"a", "b"})}
+	moves := rebalanceMoves([]cluster.Node{up("a"), up("b"), up("c"), up("d")}, vols)
+	assert.Len(t, moves["v"], 2, "8 replicas over 4 nodes: 2 each, and a and b had 3")
+	count := map[string]int{"a": 3, "b": 3, "c": 2}
+	for _, m := range moves["v"] {
+		assert.Equal(t, "d", m.To)
+		assert.NotContains(t, vols[0].Stripes.Extents[m.Extent], "d")
+		count[m.From]--
+		count[m.To]++
+	}
+	assert.Equal(t, map[string]int{"a": 2, "b": 2, "c": 2, "d": 2}, count)
+
+	balanced := rebalanceMoves([]cluster.Node{up("a"), up("b"), up("c")}, vols)
+	assert.Empty(t, balanced, "3,3,2 is within one of the average")
+	drain := up("d")
+	drain.Draining = true
+	assert.Empty(t, rebalanceMoves([]cluster.Node{up("a"), up("b"), up("c"), drain}, vols), "a draining node takes nothing")
+}
+
+func TestMovesOff(t *testing.T) {
+	up := func(id string) cluster.Node { return cluster.Node{NodeRecord: cluster.NodeRecord{ID: id}, Up: true} }
+	s := cluster.Stripes{Replicas: 2, ExtentBytes: 1 << 20, Extents: [][]string{{"a", "b"}, {"b", "c"}, {"c", "a"}}}
+	a := up("a")
+	a.Draining = true
+	moves, err := movesOff([]cluster.Node{a, up("b"), up("c"), up("d")}, s, "a")
+	assert.NoError(t, err)
+	assert.Len(t, moves, 2)
+	for _, m := range moves {
+		assert.Equal(t, "a", m.From)
+		assert.NotContains(t, s.Extents[m.Extent], m.To)
+		assert.NotEqual(t, "a", m.To)
+	}
+	_, err = movesOff([]cluster.Node{a, up("b")}, s, "a")
+	assert.ErrorIs(t, err, cluster.ErrNoNode, "extent 0 has b already, and nothing else is up")
+}
