@@ -360,20 +360,36 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig,
 	case !errors.Is(err, cluster.ErrNoVolume):
 		return rec, err
 	}
-	size := (vs.Size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
-	stripes, err := cluster.PlaceStripes(nodes, size, cluster.DefaultExtentBytes, cfg.Replicas, rand.IntN)
-	if err != nil {
-		return rec, err
-	}
-	id, err := cluster.NextVolumeID(ctx, cli, cfg.Cluster)
-	if err != nil {
-		return rec, err
-	}
-	rec, err = cluster.ReserveVolume(ctx, cli, cfg.Cluster, cluster.VolumeRecord{Name: vs.Name, ID: id, Size: size,
-		PageSize: pagestore.PageSize, Stripes: &stripes})
+	rec, err = CreateReplicated(ctx, cli, cfg.Cluster, nodes, vs.Name, vs.Size, cfg.Replicas, dial)
 	if errors.Is(err, cluster.ErrVolumeExists) {
 		return replicatedVolume(ctx, cli, cfg, nodes, vs, dial) // another host placed it first
 	}
+	if err == nil {
+		s := rec.Stripes
+		cfg.Log.Info(fmt.Sprintf("volume %s placed: %s of %d MiB over %s, %s each", vs.Name, plural(len(s.Extents), "extent"),
+			s.ExtentBytes>>20, plural(len(s.Nodes()), "node"), plural(s.Replicas, "replica")))
+	}
+	return rec, err
+}
+
+// CreateReplicated places a replicated volume of size bytes over the
+// nodes up (replicas copies of each extent, fewer if fewer nodes are up),
+// records it in the control plane, and creates its copy at every node of
+// its map (dial returns a node's client by id, or nil if it cannot reach
+// it). A volume of that name is cluster.ErrVolumeExists; on any failure
+// the record and the copies made are removed.
+func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
+	size = (size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
+	stripes, err := cluster.PlaceStripes(nodes, size, cluster.DefaultExtentBytes, replicas, rand.IntN)
+	if err != nil {
+		return cluster.VolumeRecord{}, err
+	}
+	id, err := cluster.NextVolumeID(ctx, cli, clusterName)
+	if err != nil {
+		return cluster.VolumeRecord{}, err
+	}
+	rec, err := cluster.ReserveVolume(ctx, cli, clusterName, cluster.VolumeRecord{Name: name, ID: id, Size: size,
+		PageSize: pagestore.PageSize, Stripes: &stripes})
 	if err != nil {
 		return rec, err
 	}
@@ -384,24 +400,18 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig,
 		c := dial(nid)
 		if c == nil {
 			err = fmt.Errorf("node %s: unreachable", nid)
-		} else if _, err = c.Create(ctx, vs.Name, size); err != nil {
+		} else if _, err = c.Create(ctx, name, size); err != nil {
 			err = fmt.Errorf("node %s: %w", nid, err)
 		}
 		if err != nil {
 			for _, c := range made {
-				c.Delete(ctx, vs.Name)
+				c.Delete(ctx, name)
 			}
-			return rec, errors.Join(err, cluster.DropVolume(ctx, cli, cfg.Cluster, rec))
+			return rec, errors.Join(err, cluster.DropVolume(ctx, cli, clusterName, rec))
 		}
 		made = append(made, c)
 	}
-	rec, err = cluster.VolumeCreated(ctx, cli, cfg.Cluster, rec, id, size)
-	if err == nil {
-		deg, _ := stripes.Degraded()
-		cfg.Log.Info(fmt.Sprintf("volume %s placed: %d extents of %d MiB over %d nodes, %d replicas each",
-			vs.Name, len(stripes.Extents), stripes.ExtentBytes>>20, len(stripes.Nodes()), stripes.Replicas), "degraded", deg)
-	}
-	return rec, err
+	return cluster.VolumeCreated(ctx, cli, clusterName, rec, id, size)
 }
 
 // etcdControl changes stripe maps in the control plane.
@@ -420,4 +430,12 @@ func (d etcdControl) AddJoining(ctx context.Context, vol string, extent int, nod
 
 func (d etcdControl) Promote(ctx context.Context, vol string, extent int, node string) (cluster.Stripes, error) {
 	return cluster.Promote(ctx, d.cli, d.cluster, vol, extent, node)
+}
+
+// plural is "1 node", "3 nodes".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

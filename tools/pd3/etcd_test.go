@@ -515,6 +515,9 @@ func TestDrainAndRebalanceUnderFio(t *testing.T) {
 	for range 3 {
 		nodes = append(nodes, newNode())
 	}
+	out, err := run(t, "", "volume", "create", "disk0", "--size", "96MiB", "--replicas", "2", "--etcd", etcd)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "volume disk0: 96MiB in 6 extents over 3 nodes, 2 replicas each")
 	host := start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:96MiB",
 		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--writeback", "100ms")
 	rounds := fioRounds{t: t, uri: "nbd://" + host.Addrs["NBD server"] + "/disk0", dir: t.TempDir(), region: 32 << 20, seed: 4000,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"text/tabwriter"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -85,6 +87,7 @@ func volumeCmd() *cobra.Command {
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 
 	var size string
+	var replicas int
 	create := &cobra.Command{
 		Use:   "create NAME --size SIZE",
 		Short: "Create a volume on the memory node with the most room (of two drawn at random)",
@@ -98,6 +101,9 @@ func volumeCmd() *cobra.Command {
 				nodes, err := cluster.Nodes(ctx, cli, etcd.cluster)
 				if err != nil {
 					return err
+				}
+				if replicas > 0 {
+					return createReplicated(ctx, cmd.OutOrStdout(), cli, etcd.cluster, nodes, args[0], n, replicas, node)
 				}
 				target, err := cluster.Place(nodes, n, rand.IntN)
 				if err != nil {
@@ -121,6 +127,7 @@ func volumeCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&size, "size", "", "volume size (e.g. 1GiB)")
+	create.Flags().IntVar(&replicas, "replicas", 0, "stripe the volume over the cluster's nodes with this many copies of each 16 MiB extent (served with pd3 serve --replicas); 0: one node")
 	create.MarkFlagRequired("size")
 
 	rm := &cobra.Command{
@@ -283,4 +290,38 @@ func openAt(ctx context.Context, dial func(context.Context, string) (*memnode.Cl
 	}
 	defer c.Close()
 	return c.Open(ctx, name)
+}
+
+// createReplicated creates a replicated volume through the control plane
+// and the nodes of its map, each reached once.
+func createReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int,
+	dial func(context.Context, string) (*memnode.Client, error)) error {
+	clients := map[string]*memnode.Client{}
+	defer func() {
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	byID := func(id string) *memnode.Client {
+		if c, ok := clients[id]; ok {
+			return c
+		}
+		for _, n := range nodes {
+			if n.ID == id && n.Up {
+				c, _ := dial(ctx, n.Addr)
+				clients[id] = c
+				return c
+			}
+		}
+		return nil
+	}
+	rec, err := deploy.CreateReplicated(ctx, cli, clusterName, nodes, name, size, replicas, byID)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "volume %s: %s in %d extents over %d nodes, %d replicas each\n", name, units.FormatSize(rec.Size),
+		len(rec.Stripes.Extents), len(rec.Stripes.Nodes()), rec.Stripes.Replicas)
+	return nil
 }
