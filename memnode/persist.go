@@ -559,18 +559,14 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report 
 // (an id re-used by a later CREATE replays after it).
 func (s *Store) replayDelete(id uint16, name string) error {
 	s.mu.Lock()
-	v, ok := s.byID[id]
-	if ok && v.info.Name != name {
-		s.mu.Unlock()
-		return fmt.Errorf("deleting volume %d %q: the table has %q", id, name, v.info.Name)
-	}
-	if ok {
+	v, err := s.loggedLocked(id, name, "deleting")
+	if err == nil {
 		delete(s.byName, name)
 		delete(s.byID, id)
 	}
 	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("deleting volume %d %q: %w", id, name, ErrNoVolume)
+	if err != nil {
+		return err
 	}
 	s.dropVolume(v)
 	return nil

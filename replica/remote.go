@@ -79,7 +79,11 @@ type node struct {
 }
 
 type volume struct {
-	Volume
+	ID   uint16
+	Name string
+	Size uint64
+	// The map and the node-local ids change (drops, repairs, moves):
+	// loaded whole, replaced whole.
 	stripes atomic.Pointer[cluster.Stripes]
 	local   atomic.Pointer[map[string]uint16] // Volume.Local, copied on change
 	token   atomic.Uint64                     // the fencing token presented
@@ -124,7 +128,7 @@ func New(clients map[string]*memnode.Client, vols []Volume, ctl Control) (*Remot
 				return nil, fmt.Errorf("replica: volume %q: %d replicas, at most %d", v.Name, len(e), maxReplicas)
 			}
 		}
-		vv := &volume{Volume: v, locks: make([]sync.RWMutex, len(v.Stripes.Extents))}
+		vv := &volume{ID: v.ID, Name: v.Name, Size: v.Size, locks: make([]sync.RWMutex, len(v.Stripes.Extents))}
 		s := v.Stripes.Clone()
 		vv.stripes.Store(&s)
 		local := maps.Clone(v.Local)
@@ -261,31 +265,25 @@ type op struct {
 // writeBatch bounds the pages of a WritePages sent before the first wait.
 const writeBatch = 64
 
-// held is the extents whose locks a write holds shared, each once (a
-// second RLock of a lock a repair waits for would never be granted),
-// taken in ascending order.
-type held []struct {
+// extentRef names one extent of one volume.
+type extentRef struct {
 	v *volume
 	e int
 }
 
+// held is the extents whose locks a write holds shared, each once (a
+// second RLock of a lock a repair waits for would never be granted),
+// taken in ascending order.
+type held []extentRef
+
 func (h *held) add(v *volume, e int) {
-	for _, x := range *h {
-		if x.v == v && x.e == e {
-			return
-		}
+	if !slices.Contains(*h, extentRef{v, e}) {
+		*h = append(*h, extentRef{v, e})
 	}
-	*h = append(*h, struct {
-		v *volume
-		e int
-	}{v, e})
 }
 
 func (h held) lock() {
-	slices.SortFunc(h, func(a, b struct {
-		v *volume
-		e int
-	}) int {
+	slices.SortFunc(h, func(a, b extentRef) int {
 		if a.v != b.v {
 			return int(a.v.ID) - int(b.v.ID)
 		}
@@ -403,8 +401,7 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 	took := make([]bool, items)
 	var errs error
 	type key struct {
-		v    *volume
-		ext  int
+		extentRef
 		node string
 	}
 	var failed []key
@@ -428,7 +425,7 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 		if o.n.c != nil {
 			o.n.failedAt.Store(r.now().UnixNano())
 		}
-		k := key{o.v, o.ext, o.n.id}
+		k := key{extentRef{o.v, o.ext}, o.n.id}
 		if !slices.Contains(failed, k) {
 			failed = append(failed, k)
 			failErr = append(failErr, err)
@@ -443,9 +440,9 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 		return errs
 	}
 	for i, f := range failed {
-		if err := r.dropReplica(ctx, f.v, f.ext, f.node); err != nil {
+		if err := r.dropReplica(ctx, f.v, f.e, f.node); err != nil {
 			return fmt.Errorf("volume %q extent %d: replica at node %s failed (%w) and could not be dropped: %w",
-				f.v.Name, f.ext, f.node, failErr[i], err)
+				f.v.Name, f.e, f.node, failErr[i], err)
 		}
 	}
 	return nil

@@ -205,8 +205,8 @@ func (t *tender) run(ctx context.Context) (stop func()) {
 func (t *tender) dropJoining(ctx context.Context) {
 	for _, v := range t.vols {
 		s, _ := t.r.Stripes(v.ID)
-		for e := range s.Extents {
-			for _, id := range s.Writers(e)[len(s.Extents[e]):] {
+		for e, joining := range s.Joining {
+			for _, id := range joining {
 				if _, err := cluster.DropReplica(ctx, t.cli, t.cfg.Cluster, v.Name, e, id); err != nil {
 					t.cfg.Log.Warn("host: dropping a repair left half-done", "volume", v.Name, "extent", e, "node", id, "err", err)
 				}
@@ -275,20 +275,22 @@ func (t *tender) move(ctx context.Context, nodes []cluster.Node) {
 			}
 			s, _ := t.r.Stripes(v.ID)
 			if slices.Contains(s.Extents[m.Extent], m.From) {
-				target, c, err := t.target(ctx, nodes, s, m.Extent, m.To)
-				if slices.Contains(s.Extents[m.Extent], m.To) {
-					target, c, err = cluster.Node{NodeRecord: cluster.NodeRecord{ID: m.To}}, nil, nil
-				}
-				if err != nil {
-					t.cfg.Log.Warn("host: no node to move an extent to", "volume", v.Name, "extent", m.Extent, "from", m.From, "err", err)
-					return
+				// A target that is a replica already needs no copy, nor a client.
+				to, c := m.To, (*memnode.Client)(nil)
+				if !slices.Contains(s.Extents[m.Extent], m.To) {
+					target, tc, err := t.target(ctx, nodes, s, m.Extent, m.To)
+					if err != nil {
+						t.cfg.Log.Warn("host: no node to move an extent to", "volume", v.Name, "extent", m.Extent, "from", m.From, "err", err)
+						return
+					}
+					to, c = target.ID, tc
 				}
 				start := time.Now()
-				if err := t.r.Move(ctx, v.ID, m.Extent, m.From, target.ID, c, t.pacer()); err != nil {
-					t.cfg.Log.Warn("host: moving an extent failed; retrying", "volume", v.Name, "extent", m.Extent, "from", m.From, "to", target.ID, "err", err)
+				if err := t.r.Move(ctx, v.ID, m.Extent, m.From, to, c, t.pacer()); err != nil {
+					t.cfg.Log.Warn("host: moving an extent failed; retrying", "volume", v.Name, "extent", m.Extent, "from", m.From, "to", to, "err", err)
 					return
 				}
-				t.cfg.Log.Info(fmt.Sprintf("volume %s extent %d moved from node %s to %s in %v", v.Name, m.Extent, m.From, target.ID, time.Since(start).Round(time.Millisecond)))
+				t.cfg.Log.Info(fmt.Sprintf("volume %s extent %d moved from node %s to %s in %v", v.Name, m.Extent, m.From, to, time.Since(start).Round(time.Millisecond)))
 			}
 			if ns, err := cluster.DoneMove(ctx, t.cli, t.cfg.Cluster, v.Name, m); err == nil {
 				t.r.Install(v.ID, ns)
