@@ -50,6 +50,10 @@ func TestRemoteConformance(t *testing.T) {
 			r := newRig(t, 64)
 			return r.e, r.vol.ID
 		}},
+		{"Engine(replica.Remote)", all, func(t *testing.T) (pagestore.Remote, uint16) {
+			r := replicatedRig(t, 64)
+			return r.e, r.vol.ID
+		}},
 		{"LeapRemote", all, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newRig(t, 64)
 			return LeapRemote{Engine: r.e, L: NewLeap(func() uint64 { return 0 })}, r.vol.ID

@@ -29,14 +29,18 @@ import (
 //     to Host View) only if no write-back of the key was queued since the
 //     prefetch was issued.
 //
-// All traffic shares one memnode connection, whose requests the node
-// executes in order, and a write-back's WRITE is queued under the same lock
-// that issues prefetches: a prefetch issued after a write-back therefore
-// reads what the write-back wrote (JUNE BERRY's same-queue rule).
+// All traffic goes through one Conn, whose requests each memory node
+// executes in the order sent, and a write-back's WRITEs are queued under
+// the same lock that issues prefetches: a prefetch issued after a
+// write-back therefore reads what the write-back wrote (JUNE BERRY's
+// same-queue rule). With replicated volumes a write-back is queued to
+// every copy before the lock is released, so whichever copy a prefetch
+// reads has it.
 type Engine struct {
-	c  *memnode.Client
-	hv *hostview.Set
-	lz *loadingzone.Zone
+	c      Conn
+	unlock func() // mu.Unlock, bound once: Conn calls it when writes are queued
+	hv     *hostview.Set
+	lz     *loadingzone.Zone
 
 	mu       sync.Mutex // orders invalidation, write queueing and prefetch issue
 	inflight map[memnode.Key]*flight
@@ -103,10 +107,84 @@ type joiner struct {
 
 var _ pagestore.Remote = (*Engine)(nil)
 
+// Conn carries the engine's traffic to memory: one memory node's
+// connection (NodeConn) or the nodes of replicated volumes
+// (replica.Remote). The engine's ordering rests on one promise: a read
+// started after a write's queued callback ran reads what the write wrote,
+// at whichever copy it is served.
+type Conn interface {
+	// PrefetchAsync and ReadAsync read at one copy, without failing over:
+	// a prefetch that fails costs only itself, and the engine reads a
+	// host miss that fails again with ReadAt.
+	PrefetchAsync(ctx context.Context, k memnode.Key, page []byte) memnode.Call
+	ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
+	// Span is how many of the n pages from first one ReadAsync carries
+	// (at least one): a replicated volume's reads end where an extent
+	// does.
+	Span(first memnode.Key, n int) int
+	// ReadAt reads p at byte off of vol, failing over between copies.
+	ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error
+	// ReadFn is ReadAt without blocking: done is called once, later on
+	// another goroutine or at once if the read could not start, and must
+	// not block.
+	ReadFn(vol uint16, off uint64, p []byte, done func(error))
+	// WriteQueued stores pages[i] as keys[i] at every copy and returns
+	// once all are acknowledged. queued is called exactly once, when every
+	// write is sent (or failed to be), before any is awaited.
+	WriteQueued(ctx context.Context, keys []memnode.Key, pages [][]byte, queued func()) error
+	// TrimQueued discards n bytes at off of vol, calling queued as
+	// WriteQueued does.
+	TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error
+	// Fence presents volume vol's fencing token on the connections the
+	// engine's writes take.
+	Fence(ctx context.Context, vol uint16, token uint64) error
+}
+
+// NodeConn is the Conn of one memory-node connection: requests are
+// executed in the order sent, so a write is queued once it is sent.
+type NodeConn struct{ *memnode.Client }
+
+// Span implements Conn: a node holds the whole volume.
+func (NodeConn) Span(_ memnode.Key, n int) int { return n }
+
+// WriteQueued implements Conn: every WRITE sent, then awaited.
+func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][]byte, queued func()) error {
+	const batch = 64
+	var calls [batch]memnode.Call
+	var errs error
+	for len(keys) > 0 {
+		n := min(len(keys), batch)
+		for i, k := range keys[:n] {
+			calls[i] = c.WriteAsync(ctx, k.Volume(), k.Page()*memnode.PageSize, pages[i])
+		}
+		if queued != nil && len(keys) == n {
+			queued()
+			queued = nil
+		}
+		for i := range n {
+			if err := calls[i].Wait(ctx); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("page %v: %w", keys[i], err))
+			}
+		}
+		keys, pages = keys[n:], pages[n:]
+	}
+	if queued != nil {
+		queued()
+	}
+	return errs
+}
+
+// TrimQueued implements Conn.
+func (c NodeConn) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error {
+	call := c.TrimAsync(ctx, vol, off, n)
+	queued()
+	return call.Wait(ctx)
+}
+
 // NewEngine starts an engine with at most maxInFlight prefetches
 // outstanding. hv may be nil when nothing reads Host View (a host-side
 // prefetcher such as Leap).
-func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) *Engine {
+func NewEngine(c Conn, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) *Engine {
 	if maxInFlight <= 0 {
 		maxInFlight = 1024
 	}
@@ -126,6 +204,7 @@ func NewEngine(c *memnode.Client, hv *hostview.Set, lz *loadingzone.Zone, maxInF
 	for i := 0; i < runBuffers; i++ {
 		e.runs <- &run{buf: make([]byte, MaxRun*memnode.PageSize)}
 	}
+	e.unlock = e.mu.Unlock
 	e.flights.New = func() any { return new(flight) }
 	go e.completions()
 	return e
@@ -180,6 +259,15 @@ func (e *Engine) startFlight(k memnode.Key) *flight {
 // it never waits: without a free run buffer the run is dropped.
 func (e *Engine) PrefetchRun(first memnode.Key, n int) {
 	n = min(n, MaxRun)
+	for n > 0 {
+		m := max(1, min(n, e.c.Span(first, n)))
+		e.prefetchRun(first, m)
+		first, n = memnode.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m
+	}
+}
+
+// prefetchRun is PrefetchRun of pages one read carries.
+func (e *Engine) prefetchRun(first memnode.Key, n int) {
 	var r *run
 	select {
 	case r = <-e.runs:
@@ -378,7 +466,7 @@ func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) err
 	key := func(i int) memnode.Key { return memnode.MakeKey(first.Volume(), first.Page()+uint64(i)) }
 	var waits [MaxRun]chan struct{}
 	var calls [MaxRun]memnode.Call
-	var starts [MaxRun]int
+	var starts, ends [MaxRun]int
 	nc := 0
 	if e.hv != nil { // before the reads, as in ReadPage
 		for i := 0; i < n; i++ {
@@ -402,7 +490,7 @@ func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) err
 		for j < n && (j >= MaxRun || e.inflight[key(j)] == nil) {
 			j++
 		}
-		starts[nc] = i
+		starts[nc], ends[nc] = i, j
 		calls[nc] = e.c.ReadAsync(ctx, first.Volume(), key(i).Page()*memnode.PageSize, p[i*memnode.PageSize:j*memnode.PageSize])
 		nc++
 		i = j
@@ -410,7 +498,11 @@ func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) err
 	e.mu.Unlock()
 	var errs error
 	for c := 0; c < nc; c++ {
-		errs = errors.Join(errs, calls[c].Wait(ctx))
+		if calls[c].Wait(ctx) != nil {
+			// Once more, failing over to another copy if there is one.
+			i, j := starts[c], ends[c]
+			errs = errors.Join(errs, e.c.ReadAt(ctx, first.Volume(), key(i).Page()*memnode.PageSize, p[i*memnode.PageSize:j*memnode.PageSize]))
+		}
 	}
 	if errs != nil {
 		return errs
@@ -460,9 +552,7 @@ func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 		e.lz.Invalidate(uint64(k))
 		delete(e.inflight, k)
 	}
-	call := e.c.TrimAsync(ctx, vol, off, n)
-	e.mu.Unlock()
-	return call.Wait(ctx)
+	return e.c.TrimQueued(ctx, vol, off, n, e.unlock)
 }
 
 var _ pagestore.Trimmer = (*Engine)(nil)
@@ -481,25 +571,17 @@ func (e *Engine) Invalidate(k memnode.Key) {
 // WritePages implements pagestore.Remote: write-backs, invalidating first.
 func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
 	const batch = 64
-	var calls [batch]memnode.Call
 	var errs error
 	for len(keys) > 0 {
 		n := min(len(keys), batch)
 		e.mu.Lock()
-		for i := 0; i < n; i++ {
-			k := keys[i]
+		for _, k := range keys[:n] {
 			e.lz.Invalidate(uint64(k))
 			// Its completion will find no entry (or a newer prefetch's
 			// generation) and drop the page it read.
 			delete(e.inflight, k)
-			calls[i] = e.c.WriteAsync(ctx, k.Volume(), k.Page()*memnode.PageSize, pages[i])
 		}
-		e.mu.Unlock()
-		for i := 0; i < n; i++ {
-			if err := calls[i].Wait(ctx); err != nil {
-				errs = errors.Join(errs, fmt.Errorf("page %v: %w", keys[i], err))
-			}
-		}
+		errs = errors.Join(errs, e.c.WriteQueued(ctx, keys[:n], pages[:n], e.unlock))
 		e.WriteBacks.Add(uint64(n))
 		keys, pages = keys[n:], pages[n:]
 	}

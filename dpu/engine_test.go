@@ -5,14 +5,17 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/replica"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -46,9 +49,40 @@ func newRig(t *testing.T, lzRecords int) *rig {
 	return engineRig(t, c, vol, lzRecords)
 }
 
+// replicatedRig is newRig over a replicated volume: two memory nodes,
+// extents of 16 pages on both, so that runs of pages span extents.
+func replicatedRig(t *testing.T, lzRecords int) *rig {
+	t.Helper()
+	const size = 1 << 20
+	s := cluster.Stripes{Epoch: 1, ExtentBytes: 16 * memnode.PageSize, Replicas: 2}
+	for range size / s.ExtentBytes {
+		s.Extents = append(s.Extents, []string{"a", "b"})
+	}
+	v := replica.Volume{ID: 9, Name: "v", Size: size, Stripes: s, Local: map[string]uint16{}}
+	clients := map[string]*memnode.Client{}
+	for _, id := range []string{"a", "b"} {
+		c, local := testNode(t, context.Background())
+		clients[id], v.Local[id] = c, local.ID
+	}
+	rem, err := replica.New(clients, []replica.Volume{v}, nil)
+	require.NoError(t, err)
+	return engineRigOn(t, rem, memnode.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}, lzRecords)
+}
+
+// rigs are the engine's rigs every ordering test runs on.
+var rigs = []struct {
+	name string
+	new  func(t *testing.T, lzRecords int) *rig
+}{{"node", newRig}, {"replicated", replicatedRig}}
+
 // engineRig starts an engine on c with a Loading Zone of lzRecords and a
 // Host View; cleanup closes it and checks both.
 func engineRig(t *testing.T, c *memnode.Client, vol memnode.VolumeInfo, lzRecords int) *rig {
+	t.Helper()
+	return engineRigOn(t, NodeConn{Client: c}, vol, lzRecords)
+}
+
+func engineRigOn(t *testing.T, c Conn, vol memnode.VolumeInfo, lzRecords int) *rig {
 	t.Helper()
 	region, err := shm.Create("", loadingzone.Size(lzRecords))
 	require.NoError(t, err)
@@ -92,8 +126,17 @@ func TestWriteBackNeverLeavesOldCopy(t *testing.T) {
 		{"page", func(e *Engine, k memnode.Key) { e.Prefetch(k) }},
 		{"run", func(e *Engine, k memnode.Key) { e.PrefetchRun(k-1, 4) }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t, 256)
+		for _, rg := range rigs {
+			t.Run(tc.name+"/"+rg.name, func(t *testing.T) {
+				writeBackNeverLeavesOldCopy(t, rg.new(t, 256), tc.prefetch)
+			})
+		}
+	}
+}
+
+func writeBackNeverLeavesOldCopy(t *testing.T, r *rig, prefetch func(e *Engine, k memnode.Key)) {
+	{
+		{
 			ctx := context.Background()
 			dst := make([]byte, memnode.PageSize)
 			for i := uint64(0); i < 200; i++ {
@@ -102,12 +145,12 @@ func TestWriteBackNeverLeavesOldCopy(t *testing.T) {
 				if i%2 == 0 {
 					// Old copy already placed.
 					placed := r.e.Placed.Load()
-					tc.prefetch(r.e, k)
+					prefetch(r.e, k)
 					require.Eventually(t, func() bool { return r.e.Placed.Load() > placed && !r.e.inFlight(k) }, 5*time.Second, time.Millisecond)
 					assert.True(t, r.hv.Contains(uint64(k)), "a placed page is in Host View")
 				} else {
 					// Old copy in flight: the prefetch is queued before the write.
-					tc.prefetch(r.e, k)
+					prefetch(r.e, k)
 				}
 				require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2*i + 1)}))
 				// Let any in-flight prefetch complete, then look.
@@ -118,6 +161,57 @@ func TestWriteBackNeverLeavesOldCopy(t *testing.T) {
 			}
 			assert.Positive(t, r.lz.Invalidated.Load(), "placed copies were invalidated")
 			t.Logf("invalidated %d, stale in-flight dropped %d", r.lz.Invalidated.Load(), r.e.Stale.Load())
+		}
+	}
+}
+
+// TestPrefetchRacingWriteBacks: prefetches issued while write-backs of the
+// same pages go on never leave a copy older than the last acknowledged
+// write-back in the Loading Zone. A prefetch issued before a write-back is
+// queued is dropped when it completes; one issued after must read the
+// write at whichever copy it reaches — so a Conn that releases the engine
+// before its writes are sent everywhere fails here.
+func TestPrefetchRacingWriteBacks(t *testing.T) {
+	for _, rg := range rigs {
+		t.Run(rg.name, func(t *testing.T) {
+			r := rg.new(t, 256)
+			ctx := context.Background()
+			const pages = 8
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := uint64(0); ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if i%2 == 0 {
+						r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 14), pages) // spans extents 0 and 1 of the replicated rig
+					} else {
+						r.e.Prefetch(memnode.MakeKey(r.vol.ID, 14+i%pages))
+					}
+				}
+			}()
+			defer func() { close(stop); wg.Wait() }() // before the rig's cleanup closes the engine
+			dst := make([]byte, memnode.PageSize)
+			for v := uint64(1); v <= 300; v++ {
+				keys := make([]memnode.Key, pages)
+				data := make([][]byte, pages)
+				for i := range keys {
+					keys[i], data[i] = memnode.MakeKey(r.vol.ID, 14+uint64(i)), versioned(v)
+				}
+				require.NoError(t, r.e.WritePages(ctx, keys, data))
+				for _, k := range keys {
+					if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+						require.GreaterOrEqual(t, binary.LittleEndian.Uint64(dst), v, "page %v: the Loading Zone served a copy older than an acknowledged write-back", k)
+					}
+				}
+			}
+			t.Logf("placed %d, stale %d, failed %d", r.e.Placed.Load(), r.e.Stale.Load(), r.e.Failed.Load())
+			assert.Positive(t, r.e.Placed.Load())
 		})
 	}
 }
@@ -158,7 +252,12 @@ func TestPrefetchRunPlacesEveryPage(t *testing.T) {
 // TestPrefetchAfterWriteSeesIt: a prefetch issued after a write-back
 // returns reads the written data (same connection, in order).
 func TestPrefetchAfterWriteSeesIt(t *testing.T) {
-	r := newRig(t, 64)
+	for _, rg := range rigs {
+		t.Run(rg.name, func(t *testing.T) { prefetchAfterWriteSeesIt(t, rg.new(t, 64)) })
+	}
+}
+
+func prefetchAfterWriteSeesIt(t *testing.T, r *rig) {
 	ctx := context.Background()
 	dst := make([]byte, memnode.PageSize)
 	for i := uint64(1); i <= 50; i++ {
@@ -185,7 +284,12 @@ func TestDuplicatePrefetchesAreDeduped(t *testing.T) {
 // TestReadPagesJoinsPrefetches: a host run read over pages being
 // prefetched gets every page's bytes, waiting for the prefetches it meets.
 func TestReadPagesJoinsPrefetches(t *testing.T) {
-	r := newRig(t, 256)
+	for _, rg := range rigs {
+		t.Run(rg.name, func(t *testing.T) { readPagesJoinsPrefetches(t, rg.new(t, 256)) })
+	}
+}
+
+func readPagesJoinsPrefetches(t *testing.T, r *rig) {
 	ctx := context.Background()
 	for p := uint64(40); p < 60; p++ {
 		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))

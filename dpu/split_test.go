@@ -67,7 +67,7 @@ func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *testAgent {
 	require.NoError(t, err)
 	ta := &testAgent{Zone: region.Zone, HV: hostview.New(8192, 2), Kernel: hostview.New(8192, 2)}
 	region.Zone.OnDrop = func(k uint64) { ta.HV.Delete(k) }
-	ta.Engine = NewEngine(c, ta.HV, region.Zone, 0)
+	ta.Engine = NewEngine(NodeConn{Client: c}, ta.HV, region.Zone, 0)
 	ta.Agent = NewAgent(ta.HV, region.Zone, ta.Engine, func() Parser { return new(PageParser) })
 	ta.Agent.SetKernelView(ta.Kernel)
 	ready, done := make(chan struct{}), make(chan struct{})
@@ -131,13 +131,13 @@ func TestInvalidateDropsOldCopies(t *testing.T) {
 	dst := make([]byte, memnode.PageSize)
 	for i := uint64(0); i < 100; i++ {
 		k := memnode.MakeKey(r.vol.ID, 1+i%100)
-		require.NoError(t, r.e.c.WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i)))
+		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i)))
 		r.e.Prefetch(k)
 		if i%2 == 0 {
 			require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, time.Millisecond)
 		}
 		// The host writes around the engine, then tells it.
-		require.NoError(t, r.e.c.WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i+1)))
+		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i+1)))
 		r.e.Invalidate(k)
 		time.Sleep(200 * time.Microsecond)
 		if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {

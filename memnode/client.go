@@ -333,9 +333,15 @@ type Call struct {
 	what Op
 }
 
+// DoneCall is a Call that was never sent, finished with err (nil: a
+// success). A Remote over other Remotes (replica) returns it for what it
+// answers without a request of its own: a refusal, or a read it carried
+// out by other means.
+func DoneCall(err error) Call { return Call{err: err} }
+
 // Wait blocks for the response and returns the request's error.
 func (c Call) Wait(ctx context.Context) error {
-	if c.err != nil {
+	if c.err != nil || c.pc == nil {
 		return c.err
 	}
 	return wrapErr(c.what, c.pc.WaitFn(ctx, statusCheck))

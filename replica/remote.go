@@ -65,6 +65,8 @@ type Remote struct {
 	// writing it to the joining node: where a write must not slip in.
 	copied func()
 
+	reads sync.Pool // *asyncRead
+
 	// Failovers counts reads that went on to another replica; Dropped,
 	// replicas taken off a map; Repaired, extents copied to a new
 	// replica, and RepairBytes the bytes read for them.
@@ -111,6 +113,11 @@ const maxReplicas = 8
 // vols. ctl may be nil (see Control).
 func New(clients map[string]*memnode.Client, vols []Volume, ctl Control) (*Remote, error) {
 	r := &Remote{vols: make(map[uint16]*volume), ctl: ctl, now: time.Now}
+	r.reads.New = func() any {
+		a := &asyncRead{r: r}
+		a.fn = a.finish
+		return a
+	}
 	nodes := make(map[string]*node)
 	for id, c := range clients {
 		nodes[id] = &node{id: id, c: c}
@@ -203,11 +210,16 @@ func (r *Remote) ReadPage(ctx context.Context, k pagestore.Key, dst []byte) erro
 // ReadPages implements pagestore.PagesReader: one READ per extent the run
 // touches.
 func (r *Remote) ReadPages(ctx context.Context, first pagestore.Key, p []byte) error {
-	v, err := r.volume(first.Volume())
+	return r.ReadAt(ctx, first.Volume(), first.Page()*pageid.Size, p)
+}
+
+// ReadAt reads p at byte off of volume vol: one READ per extent it
+// touches, each failing over between the extent's replicas.
+func (r *Remote) ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	v, err := r.volume(vol)
 	if err != nil {
 		return err
 	}
-	off := first.Page() * pageid.Size
 	s := v.stripes.Load()
 	for len(p) > 0 {
 		n := min(uint64(len(p)), s.ExtentBytes-off%s.ExtentBytes)
@@ -217,6 +229,116 @@ func (r *Remote) ReadPages(ctx context.Context, first pagestore.Key, p []byte) e
 		off, p = off+n, p[n:]
 	}
 	return nil
+}
+
+// firstCopy is the replica of extent e a read goes to first, and its id
+// of v's copy.
+func (r *Remote) firstCopy(v *volume, s *cluster.Stripes, e int) (*node, uint16, error) {
+	if e >= len(s.Extents) {
+		return nil, 0, fmt.Errorf("replica: extent %d past volume %q: %w", e, v.Name, memnode.ErrOutOfRange)
+	}
+	var buf [maxReplicas]*node
+	for _, n := range r.replicas(s, e, &buf) {
+		if local, ok := v.localID(n.id); ok {
+			return n, local, nil
+		}
+	}
+	return nil, 0, fmt.Errorf("replica: volume %q extent %d: %w", v.Name, e, ErrLost)
+}
+
+// oneCopy is where a read of n bytes at off of vol that does not fail
+// over goes: the extent's first replica, if the read stays in one extent.
+func (r *Remote) oneCopy(vol uint16, off uint64, n int) (*volume, *node, uint16, error) {
+	v, err := r.volume(vol)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	s := v.stripes.Load()
+	e := s.Extent(off)
+	if n > 0 && s.Extent(off+uint64(n)-1) != e {
+		return v, nil, 0, fmt.Errorf("replica: %d bytes at %d of volume %q span two extents", n, off, v.Name)
+	}
+	nd, local, err := r.firstCopy(v, s, e)
+	return v, nd, local, err
+}
+
+// Span is how many of the n pages from first lie in first's extent: what
+// ReadAsync reads with one request.
+func (r *Remote) Span(first pagestore.Key, n int) int {
+	v, err := r.volume(first.Volume())
+	if err != nil {
+		return n
+	}
+	eb := v.stripes.Load().ExtentBytes
+	left := (eb - first.Page()*pageid.Size%eb) / pageid.Size
+	return int(min(uint64(n), left))
+}
+
+// ReadAsync starts reading p at byte off of volume vol from one replica,
+// without failing over (dpu.Conn: a prefetch that fails costs only
+// itself). A read spanning two extents is refused: read it with ReadAt.
+func (r *Remote) ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call {
+	_, n, local, err := r.oneCopy(vol, off, len(p))
+	if err != nil {
+		return memnode.DoneCall(err)
+	}
+	return n.c.ReadAsync(ctx, local, off, p)
+}
+
+// PrefetchAsync is ReadAsync of page k as a prefetch (memnode
+// OpPrefetch).
+func (r *Remote) PrefetchAsync(ctx context.Context, k pagestore.Key, page []byte) memnode.Call {
+	_, n, local, err := r.oneCopy(k.Volume(), k.Page()*pageid.Size, pageid.Size)
+	if err != nil {
+		return memnode.DoneCall(err)
+	}
+	return n.c.PrefetchAsync(ctx, memnode.MakeKey(local, k.Page()), page)
+}
+
+// ReadFn is ReadAt without blocking: done is called once, from the
+// replica's connection reader, or from a goroutine of its own when the
+// first replica fails and the read goes on to another (rare: done must
+// not hold up a connection reader for a second round trip).
+func (r *Remote) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
+	v, n, local, err := r.oneCopy(vol, off, len(p))
+	if err != nil {
+		if v == nil {
+			done(err)
+			return
+		}
+		go func() { done(r.ReadAt(context.Background(), vol, off, p)) }()
+		return
+	}
+	a := r.reads.Get().(*asyncRead)
+	a.v, a.n, a.off, a.p, a.done = v, n, off, p, done
+	n.inflight.Add(1)
+	n.c.ReadFn(local, off, p, a.fn)
+}
+
+// asyncRead is a ReadFn in flight; fn is its finish method, bound once,
+// so a read allocates nothing.
+type asyncRead struct {
+	r    *Remote
+	v    *volume
+	n    *node
+	off  uint64
+	p    []byte
+	done func(error)
+	fn   func(error)
+}
+
+func (a *asyncRead) finish(err error) {
+	r, v, n, off, p, done := a.r, a.v, a.n, a.off, a.p, a.done
+	a.v, a.n, a.p, a.done = nil, nil, nil, nil
+	r.reads.Put(a)
+	n.inflight.Add(-1)
+	if err == nil || !replicaFault(context.Background(), err) {
+		done(err)
+		return
+	}
+	n.failedAt.Store(r.now().UnixNano())
+	r.Failovers.Add(1)
+	go func() { done(r.ReadAt(context.Background(), v.ID, off, p)) }()
 }
 
 func (r *Remote) readExtent(ctx context.Context, v *volume, s *cluster.Stripes, off uint64, p []byte) error {
@@ -305,46 +427,65 @@ func (h held) unlock() {
 }
 
 // WritePages implements pagestore.Remote: each page to every replica of
-// its extent (and every node joining it), all sent before any is awaited.
+// its extent (and every node joining it), a batch at a time, each sent
+// whole before any of it is awaited.
 func (r *Remote) WritePages(ctx context.Context, keys []pagestore.Key, pages [][]byte) error {
 	var errs error
-	ops := make([]op, 0, min(len(keys), writeBatch)*2)
-	var locks held
 	for len(keys) > 0 {
 		n := min(len(keys), writeBatch)
-		ops, locks = ops[:0], locks[:0]
-		var early error
-		for _, k := range keys[:n] {
-			if v, err := r.volume(k.Volume()); err == nil {
-				locks.add(v, v.stripes.Load().Extent(k.Page()*pageid.Size))
-			}
-		}
-		locks.lock()
-		for i, k := range keys[:n] {
-			v, err := r.volume(k.Volume())
-			if err != nil {
-				early = errors.Join(early, err)
-				continue
-			}
-			off := k.Page() * pageid.Size
-			page := pages[i]
-			ops = r.issue(ops, i, v, off, func(c *memnode.Client, local uint16) memnode.Call {
-				return c.WriteAsync(ctx, local, off, page)
-			})
-		}
-		err := r.settle(ctx, ops, n, func(i int) string { return fmt.Sprintf("page %v", keys[i]) })
-		locks.unlock()
-		errs = errors.Join(errs, early, err)
+		errs = errors.Join(errs, r.WriteQueued(ctx, keys[:n], pages[:n], nil))
 		keys, pages = keys[n:], pages[n:]
 	}
 	return errs
 }
 
+// WriteQueued writes pages[i] as keys[i] to every replica of its extent
+// and every node joining it, calling queued (if set) once every request
+// is sent, before any is awaited (dpu.Conn): a read sent after that, to
+// whichever replica, reads these pages.
+func (r *Remote) WriteQueued(ctx context.Context, keys []pagestore.Key, pages [][]byte, queued func()) error {
+	ops := make([]op, 0, len(keys)*2)
+	var locks held
+	var early error
+	for _, k := range keys {
+		if v, err := r.volume(k.Volume()); err == nil {
+			locks.add(v, v.stripes.Load().Extent(k.Page()*pageid.Size))
+		}
+	}
+	locks.lock()
+	for i, k := range keys {
+		v, err := r.volume(k.Volume())
+		if err != nil {
+			early = errors.Join(early, err)
+			continue
+		}
+		off := k.Page() * pageid.Size
+		page := pages[i]
+		ops = r.issue(ops, i, v, off, func(c *memnode.Client, local uint16) memnode.Call {
+			return c.WriteAsync(ctx, local, off, page)
+		})
+	}
+	if queued != nil {
+		queued()
+	}
+	err := r.settle(ctx, ops, len(keys), func(i int) string { return fmt.Sprintf("page %v", keys[i]) })
+	locks.unlock()
+	return errors.Join(early, err)
+}
+
 // Trim implements pagestore.Trimmer: at every replica of every extent the
 // range touches.
 func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	return r.TrimQueued(ctx, vol, off, n, nil)
+}
+
+// TrimQueued is Trim calling queued, as WriteQueued does.
+func (r *Remote) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error {
 	v, err := r.volume(vol)
 	if err != nil {
+		if queued != nil {
+			queued()
+		}
 		return err
 	}
 	s := v.stripes.Load()
@@ -364,6 +505,9 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 		})
 		items++
 		off, n = off+m, n-m
+	}
+	if queued != nil {
+		queued()
 	}
 	return r.settle(ctx, ops, items, func(int) string { return fmt.Sprintf("trim of volume %q", v.Name) })
 }

@@ -376,3 +376,27 @@ func TestMove(t *testing.T) {
 	r.srv["a"].Close()
 	readAll(t, rem, 48, 1)
 }
+
+// ReadFn (the transfer engine's non-blocking host miss) goes to one
+// replica and, when that node is dead, on to another without the caller
+// seeing it; ReadAsync, a prefetch's read, does not fail over, and a read
+// spanning two extents is refused rather than served from one.
+func TestReadFnFailsOver(t *testing.T) {
+	r := newRig(t, 96, 16, 2*time.Second, nil)
+	rem := r.remote(t)
+	writeAll(t, rem, 96, 3)
+	r.srv["b"].Close()
+	for i := range 96 {
+		got := make([]byte, pageid.Size)
+		done := make(chan error, 1)
+		rem.ReadFn(7, uint64(i)*pageid.Size, got, func(err error) { done <- err })
+		require.NoError(t, <-done, "page %d", i)
+		require.Equal(t, page(3+byte(i)), got, "page %d", i)
+	}
+	assert.NotZero(t, rem.Failovers.Load())
+
+	span := make([]byte, 2*pageid.Size)
+	assert.Error(t, rem.ReadAsync(context.Background(), 7, 15*pageid.Size, span).Wait(context.Background()))
+	assert.Equal(t, 1, rem.Span(pageid.MakeKey(7, 15), 2))
+	assert.Equal(t, 2, rem.Span(pageid.MakeKey(7, 16), 2))
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/netsrv"
@@ -45,9 +46,9 @@ type NBDOptions struct {
 // above the cache (prefetching).
 //
 // pd3-r1 and pd3-r2 are replicated volumes (--replicas 1 and 2) over two
-// memory node processes and a pd3 coord, without an agent (it does not
-// read replicated volumes yet): the cost of the second replica.
-var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2"}
+// memory node processes and a pd3 coord, with the embedded agent as pd3:
+// the cost of the second replica; -noagent, the same with --dpu none.
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -148,8 +149,13 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			return "", nil, nil, nil, err
 		}
 		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, node, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
-	case "pd3-r1", "pd3-r2":
-		return startReplicated(ctx, opt, size, sys[len(sys)-1:])
+	case "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent":
+		replicas, noAgent := strings.CutSuffix(strings.TrimPrefix(sys, "pd3-r"), "-noagent")
+		dpuMode := "embedded"
+		if noAgent {
+			dpuMode = "none"
+		}
+		return startReplicated(ctx, opt, size, replicas, dpuMode)
 	case "go-nbd":
 		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
 		if err != nil {
@@ -175,7 +181,7 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 // startReplicated starts a control plane, two memory nodes registered
 // with it and a host serving disk0 with replicas copies of each extent;
 // the node returned for measuring is the first.
-func startReplicated(ctx context.Context, opt NBDOptions, size, replicas string) (string, *Child, *Child, func(), error) {
+func startReplicated(ctx context.Context, opt NBDOptions, size, replicas, dpuMode string) (string, *Child, *Child, func(), error) {
 	dir, err := os.MkdirTemp("", "pd3-coord-")
 	if err != nil {
 		return "", nil, nil, nil, err
@@ -203,7 +209,7 @@ func startReplicated(ctx context.Context, opt NBDOptions, size, replicas string)
 		children = append(children, node)
 	}
 	host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--replicas", replicas, "--etcd", etcd,
-		"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "none")
+		"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", dpuMode)
 	if err != nil {
 		stop()
 		return "", nil, nil, nil, err

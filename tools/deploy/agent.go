@@ -90,7 +90,7 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 	// Zone for it; a page leaving the zone unconsumed leaves Host View.
 	s.HostView = hostview.New(hostPages+lzRecords+1024, 2)
 	region.Zone.OnDrop = func(k uint64) { s.HostView.Delete(k) }
-	s.Engine = dpu.NewEngine(c, s.HostView, region.Zone, 0)
+	s.Engine = dpu.NewEngine(dpu.NodeConn{Client: c}, s.HostView, region.Zone, 0)
 	defer s.Engine.Close()
 	s.Agent = dpu.NewAgent(s.HostView, region.Zone, s.Engine, func() dpu.Parser { return new(dpu.PageParser) })
 	defer s.Agent.Close()

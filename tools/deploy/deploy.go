@@ -358,14 +358,8 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if cfg.Memnode == "" {
 		return nil, errors.New("host: no memory node address")
 	}
-	switch cfg.Mirror {
-	case "", "tap", "none":
-	case "packet":
-		if cfg.DPU == "" || cfg.DPU == "none" {
-			return nil, errors.New("host: --mirror packet feeds an agent; use it with --dpu embedded or shm:NAME")
-		}
-	default:
-		return nil, fmt.Errorf("host: unknown --mirror %q (tap, packet or none)", cfg.Mirror)
+	if err := checkMirror(cfg); err != nil {
+		return nil, err
 	}
 	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
@@ -385,42 +379,9 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	// A write-back that cannot reach the node is retried for one operation
 	// timeout before clients see EIO: a node restart inside it is invisible.
 	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
-	var remote pagestore.Remote = pagestore.MemnodeRemote{C: c}
-	switch cfg.DPU {
-	case "", "none":
-		switch cfg.Prefetch {
-		case "", "none":
-		case "leap":
-			if err := h.startEngine(cfg, &opt); err != nil {
-				return nil, err
-			}
-			h.Leap = dpu.NewLeap(h.Zone.Hits.Load)
-			remote = dpu.LeapRemote{Engine: h.Engine, L: h.Leap}
-		default:
-			return nil, fmt.Errorf("host: unknown --prefetch %q (leap or none)", cfg.Prefetch)
-		}
-	case "embedded":
-		if cfg.Prefetch != "" && cfg.Prefetch != "none" {
-			return nil, fmt.Errorf("host: --prefetch %s is a host-side prefetcher; use it with --dpu none", cfg.Prefetch)
-		}
-		if err := h.startEngine(cfg, &opt); err != nil {
-			return nil, err
-		}
-		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() dpu.Parser { return new(dpu.PageParser) })
-		opt.OnEvict = h.Agent.Evicted
-		remote = h.Engine
-	default:
-		name, ok := strings.CutPrefix(cfg.DPU, "shm:")
-		if !ok || name == "" {
-			return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded, none or shm:NAME)", cfg.DPU)
-		}
-		// A separate agent process: the host keeps its direct memnode
-		// connection for whenever the agent is absent or dead.
-		h.Link = dpu.OpenLink(name, pagestore.MemnodeRemote{C: c})
-		h.onClose(func() error { h.Link.Close(); return nil })
-		opt.Prefetched = h.Link
-		opt.OnEvict = h.Link.Evicted
-		remote = h.Link
+	remote, err := h.missPath(cfg, &opt, dpu.NodeConn{Client: c}, pagestore.MemnodeRemote{C: c})
+	if err != nil {
+		return nil, err
 	}
 	st, err := pagestore.New(remote, opt)
 	if err != nil {
@@ -977,10 +938,72 @@ func (h *Host) Close(ctx context.Context) error {
 	return err
 }
 
+// checkMirror refuses a --mirror that is unknown or feeds no agent.
+func checkMirror(cfg HostConfig) error {
+	switch cfg.Mirror {
+	case "", "tap", "none":
+	case "packet":
+		if cfg.DPU == "" || cfg.DPU == "none" {
+			return errors.New("host: --mirror packet feeds an agent; use it with --dpu embedded or shm:NAME")
+		}
+	default:
+		return fmt.Errorf("host: unknown --mirror %q (tap, packet or none)", cfg.Mirror)
+	}
+	return nil
+}
+
+// missPath is the Remote the store's misses take, from --dpu and
+// --prefetch: direct (the host reads for itself), the transfer engine over
+// conn with the embedded agent or Leap, or a split agent's link with
+// direct as its fallback.
+func (h *Host) missPath(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn, direct pagestore.Remote) (pagestore.Remote, error) {
+	remote := direct
+	switch cfg.DPU {
+	case "", "none":
+		switch cfg.Prefetch {
+		case "", "none":
+		case "leap":
+			if err := h.startEngine(cfg, opt, conn); err != nil {
+				return nil, err
+			}
+			h.Leap = dpu.NewLeap(h.Zone.Hits.Load)
+			remote = dpu.LeapRemote{Engine: h.Engine, L: h.Leap}
+		default:
+			return nil, fmt.Errorf("host: unknown --prefetch %q (leap or none)", cfg.Prefetch)
+		}
+	case "embedded":
+		if cfg.Prefetch != "" && cfg.Prefetch != "none" {
+			return nil, fmt.Errorf("host: --prefetch %s is a host-side prefetcher; use it with --dpu none", cfg.Prefetch)
+		}
+		if err := h.startEngine(cfg, opt, conn); err != nil {
+			return nil, err
+		}
+		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() dpu.Parser { return new(dpu.PageParser) })
+		opt.OnEvict = h.Agent.Evicted
+		remote = h.Engine
+	default:
+		name, ok := strings.CutPrefix(cfg.DPU, "shm:")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded, none or shm:NAME)", cfg.DPU)
+		}
+		// A separate agent process: the host keeps its direct memnode
+		// connection for whenever the agent is absent or dead.
+		if _, one := conn.(dpu.NodeConn); !one {
+			return nil, errors.New("host: a split agent (--dpu shm:NAME) reads one memory node; with --replicas use --dpu embedded")
+		}
+		h.Link = dpu.OpenLink(name, direct)
+		h.onClose(func() error { h.Link.Close(); return nil })
+		opt.Prefetched = h.Link
+		opt.OnEvict = h.Link.Evicted
+		remote = h.Link
+	}
+	return remote, nil
+}
+
 // startEngine builds Host View, the Loading Zone (in an anonymous shared
 // region) and the transfer engine, and points the store's miss path at the
 // Loading Zone.
-func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options) error {
+func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn) error {
 	lzBytes := cfg.LZBytes
 	if lzBytes == 0 {
 		lzBytes = 16 << 20
@@ -1007,7 +1030,7 @@ func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options) error {
 		hv = hostview.New(int(cache/pagestore.PageSize)+records+1024, 2)
 		z.OnDrop = func(k uint64) { hv.Delete(k) }
 	}
-	h.Engine = dpu.NewEngine(h.Client, hv, z, 1024)
+	h.Engine = dpu.NewEngine(conn, hv, z, 1024)
 	h.Zone, h.HostView = z, hv
 	h.onClose(region.Close)
 	opt.Prefetched = dpu.Prefetched{Z: z}

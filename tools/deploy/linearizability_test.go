@@ -90,8 +90,16 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 // plane embedded), with one node killed mid-run: constant eviction and
 // write-back fail over and drop the dead node's replicas, the host's
 // tender copies its extents to the node left over, and the history of
-// GET/PUT/SYNC is linearizable throughout.
+// GET/PUT/SYNC is linearizable throughout — with the host reading for
+// itself, and with the embedded agent prefetching the pages of every
+// request through the same node connections.
 func TestLinearizableReplicatedWithANodeKilled(t *testing.T) {
+	for _, dpuMode := range []string{"none", "embedded"} {
+		t.Run("dpu="+dpuMode, func(t *testing.T) { linearizableReplicatedWithANodeKilled(t, dpuMode) })
+	}
+}
+
+func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
 	ctx := context.Background()
 	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
 	require.NoError(t, err)
@@ -106,7 +114,7 @@ func TestLinearizableReplicatedWithANodeKilled(t *testing.T) {
 	}
 	// Four extents of 16 MiB, eight of the workload's keys in each.
 	h, err := StartHost(ctx, HostConfig{
-		Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
+		Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 64 << 20}}, DPU: dpuMode,
 		CacheBytes: 8 * 4096, PageListen: "127.0.0.1:0", Workers: 4, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -145,4 +153,9 @@ func TestLinearizableReplicatedWithANodeKilled(t *testing.T) {
 		h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())
 	assert.Greater(t, st.Evictions, uint64(200), "the cache must churn")
 	assert.Positive(t, h.Replicated.Dropped.Load(), "the dead node's replicas were dropped")
+	if dpuMode == "embedded" {
+		t.Logf("agent: issued %d, placed %d, joined %d, stale %d, failed %d", h.Engine.Issued.Load(), h.Engine.Placed.Load(),
+			h.Engine.Joined.Load(), h.Engine.Stale.Load(), h.Engine.Failed.Load())
+		assert.Positive(t, h.Engine.Placed.Load()+h.Engine.Joined.Load(), "the agent's prefetches served the host")
+	}
 }

@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/replica"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+var _ dpu.Conn = (*replica.Remote)(nil)
 
 // startReplicated is StartHost for volumes striped and replicated over
 // the cluster's memory nodes (cfg.Replicas > 0): it places a volume the
@@ -27,8 +30,9 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		return nil, errors.New("host: replicated volumes (--replicas) need the control plane (--etcd)")
 	case cfg.Mount != "":
 		return nil, errors.New("host: a FUSE mount over replicated volumes is not there yet: use --mount '' with --replicas")
-	case cfg.DPU != "" && cfg.DPU != "none", cfg.Prefetch != "" && cfg.Prefetch != "none":
-		return nil, errors.New("host: the DPU agent and prefetchers do not read replicated volumes yet: use --dpu none with --replicas")
+	}
+	if err := checkMirror(cfg); err != nil {
+		return nil, err
 	}
 	h := &Host{done: make(chan error, 1)}
 	defer func() {
@@ -105,9 +109,18 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
-	st, err := pagestore.New(h.Replicated, opt)
+	// The engine's reads and write-backs go through the same node
+	// connections as the host's: its ordering holds at every replica.
+	remote, err := h.missPath(cfg, &opt, h.Replicated, h.Replicated)
+	if err != nil {
+		return nil, err
+	}
+	st, err := pagestore.New(remote, opt)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
+	}
+	if h.Agent != nil {
+		h.Agent.Resident = st.Resident
 	}
 	h.useStore(ctx, cfg, st)
 	if err := h.leaseVolumes(ctx, cfg); err != nil {

@@ -297,12 +297,8 @@ func serveCmd() *cobra.Command {
 }
 
 // replicatedDefaults turns off, unless asked for, what does not serve
-// replicated volumes yet: the DPU agent and the FUSE mount.
+// replicated volumes yet: the FUSE mount.
 func replicatedDefaults(cmd *cobra.Command, cfg *deploy.HostConfig) {
-	if !cmd.Flags().Changed("dpu") && cfg.DPU != "none" {
-		cfg.DPU = "none"
-		cfg.Log.Info("replicated volumes: no DPU agent (it does not read them yet)")
-	}
 	if !cmd.Flags().Changed("mount") && cfg.Mount != "" {
 		cfg.Mount = ""
 		cfg.Log.Info("replicated volumes: no FUSE mount (not there yet)")
