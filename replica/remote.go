@@ -737,7 +737,10 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 		return fmt.Errorf("replica: volume %q at node %s: %w", v.Name, target, err)
 	}
 	if info.Size < v.Size {
-		return fmt.Errorf("replica: volume %q at node %s is %d bytes, not %d", v.Name, target, info.Size, v.Size)
+		// A copy left from before the volume grew (the node was down).
+		if info, err = c.Resize(ctx, v.Name, v.Size); err != nil {
+			return fmt.Errorf("replica: growing volume %q at node %s to %d bytes: %w", v.Name, target, v.Size, err)
+		}
 	}
 	if tok := v.token.Load(); tok != 0 {
 		if err := c.Fence(ctx, info.ID, tok); err != nil {

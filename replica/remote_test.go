@@ -68,7 +68,7 @@ func clone(s cluster.Stripes) cluster.Stripes { return s.Clone() }
 // newRig places a volume of pages pages in extents of extentPages pages,
 // two replicas each, round robin over nodes a, b, c; wrap, if set, puts a
 // proxy in front of a node (a Gate).
-func newRig(t *testing.T, pages, extentPages int, opTimeout time.Duration, wrap map[string]func(string) string) *rig {
+func newRig(t testing.TB, pages, extentPages int, opTimeout time.Duration, wrap map[string]func(string) string) *rig {
 	t.Helper()
 	ctx := context.Background()
 	r := &rig{srv: map[string]*memnode.Server{}, addr: map[string]string{}, clients: map[string]*memnode.Client{}}
@@ -102,7 +102,7 @@ func newRig(t *testing.T, pages, extentPages int, opTimeout time.Duration, wrap 
 
 func ptr[T any](v T) *T { return &v }
 
-func (r *rig) remote(t *testing.T) *Remote {
+func (r *rig) remote(t testing.TB) *Remote {
 	rem, err := New(r.clients, []Volume{r.vol}, r.drops)
 	require.NoError(t, err)
 	return rem
@@ -309,15 +309,22 @@ func TestRepairUnderWrites(t *testing.T) {
 	}
 }
 
+// withoutB is a rig of extents of two chunks (ab, bc, ca), written, whose
+// node b died and was dropped.
+func withoutB(t *testing.T) (*rig, *Remote) {
+	r := newRig(t, 3*512, 512, 5*time.Second, nil)
+	rem := r.remote(t)
+	writeAll(t, rem, 3*512, 1)
+	r.srv["b"].Close()
+	require.NoError(t, rem.DropNode(context.Background(), "b"))
+	return r, rem
+}
+
 // A joining node that fails during the copy is dropped again, and the
 // extent stays as it was.
 func TestRepairTargetFails(t *testing.T) {
-	r := newRig(t, 3*512, 512, 5*time.Second, nil) // extents of two chunks: ab, bc, ca
-	rem := r.remote(t)
+	r, rem := withoutB(t)
 	ctx := context.Background()
-	writeAll(t, rem, 3*512, 1)
-	r.srv["b"].Close()
-	require.NoError(t, rem.DropNode(ctx, "b"))
 	err := rem.Repair(ctx, 7, 0, "c", r.clients["c"], func(int) { r.srv["c"].Close() })
 	require.Error(t, err)
 	s, _ := rem.Stripes(7)
@@ -399,4 +406,21 @@ func TestReadFnFailsOver(t *testing.T) {
 	assert.Error(t, rem.ReadAsync(context.Background(), 7, 15*pageid.Size, span).Wait(context.Background()))
 	assert.Equal(t, 1, rem.Span(pageid.MakeKey(7, 15), 2))
 	assert.Equal(t, 2, rem.Span(pageid.MakeKey(7, 16), 2))
+}
+
+// A repair target whose copy predates the volume's growth (its node was
+// down during pd3 volume resize) has the copy grown first.
+func TestRepairGrowsASmallerCopy(t *testing.T) {
+	r, rem := withoutB(t)
+	ctx := context.Background()
+	require.NoError(t, r.clients["c"].Delete(ctx, "rv"))
+	_, err := r.clients["c"].Create(ctx, "rv", 1<<20)
+	require.NoError(t, err)
+	require.NoError(t, rem.Repair(ctx, 7, 0, "c", r.clients["c"], nil))
+	info, err := r.clients["c"].Open(ctx, "rv")
+	require.NoError(t, err)
+	assert.Equal(t, r.vol.Size, info.Size)
+	r.srv["a"].Close()
+	require.NoError(t, rem.DropNode(ctx, "a"))
+	readAll(t, rem, 512, 1) // extent 0, from c alone
 }

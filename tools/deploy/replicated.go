@@ -429,6 +429,52 @@ func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName str
 	return cluster.VolumeCreated(ctx, cli, clusterName, rec, id, size)
 }
 
+// ResizeReplicated grows the replicated volume of rec (marked resizing,
+// so no host serves it) to size bytes: the extents added are placed as at
+// creation, every node of the longer map that is up gets its copy grown
+// (or made) to the new size, and the record goes back to ready with the
+// new map and size. A node of the map that is down keeps its smaller
+// copy: it holds none of the new extents, and a repair onto it grows its
+// copy first. Cut short, the record stays resizing with the old map, and
+// running it again finishes it (copies already grown stay so).
+func ResizeReplicated(ctx context.Context, cli *clientv3.Client, clusterName string, nodes []cluster.Node, rec cluster.VolumeRecord, size uint64, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
+	if rec.Stripes == nil {
+		return rec, fmt.Errorf("volume %s is not replicated", rec.Name)
+	}
+	size = (size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
+	s := rec.Stripes.Clone()
+	if want := int((size + s.ExtentBytes - 1) / s.ExtentBytes); want > len(s.Extents) {
+		add, err := cluster.PlaceStripes(nodes, uint64(want-len(s.Extents))*s.ExtentBytes, s.ExtentBytes, s.Replicas, rand.IntN)
+		if err != nil {
+			return rec, err
+		}
+		s.Extents = append(s.Extents, add.Extents...)
+		s.Epoch++
+	}
+	up := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		up[n.ID] = n.Up
+	}
+	for _, id := range s.Nodes() {
+		if !up[id] {
+			continue
+		}
+		c := dial(id)
+		if c == nil {
+			return rec, fmt.Errorf("node %s: unreachable", id)
+		}
+		info, err := c.OpenOrCreate(ctx, rec.Name, size)
+		if err == nil && info.Size < size {
+			_, err = c.Resize(ctx, rec.Name, size)
+		}
+		if err != nil {
+			return rec, fmt.Errorf("node %s: %w", id, err)
+		}
+	}
+	rec.Stripes = &s
+	return cluster.VolumeResized(ctx, cli, clusterName, rec, size)
+}
+
 // etcdControl changes stripe maps in the control plane.
 type etcdControl struct {
 	cli     *clientv3.Client

@@ -575,6 +575,30 @@ func TestDrainAndRebalanceUnderFio(t *testing.T) {
 		out, err := rounds.run(round, true)
 		require.NoError(t, err, "after the rebalance: round %d: %s", round, out)
 	}
+
+	// Grown while no host serves it: new extents placed, two replicas
+	// each; the old blocks still verify and the new range takes writes.
+	host.Stop()
+	out, err = run(t, "", "volume", "resize", "disk0", "--size", "136MiB", "--etcd", etcd)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "volume disk0: 96MiB -> 136MiB, 6 extents -> 9")
+	grown := stripes()
+	require.Len(t, grown.Extents, 9)
+	for e, reps := range grown.Extents {
+		assert.Len(t, reps, 2, "extent %d", e)
+	}
+	host = start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:96MiB",
+		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--writeback", "100ms")
+	rounds.uri = "nbd://" + host.Addrs["NBD server"] + "/disk0"
+	out, err = rounds.run(3, false) // 96–128 MiB: the new extents
+	require.NoError(t, err, out)
+	for round := range 4 {
+		out, err := rounds.run(round, true)
+		require.NoError(t, err, "after the resize: round %d: %s", round, out)
+	}
+	out, err = run(t, "", "volume", "resize", "disk0", "--size", "64MiB", "--etcd", etcd)
+	require.Error(t, err)
+	assert.Contains(t, out, "volume disk0 is 136MiB: it cannot shrink to 64MiB")
 }
 
 // stripesOf is the stripe map of the one replicated volume of the

@@ -183,8 +183,10 @@ func volumeCmd() *cobra.Command {
 		Long: `Grow a volume no host holds. A served volume keeps its size: an NBD
 client learns the size once, when it connects, so stop the host serving
 the volume, resize, and start it again. Volumes only grow: shrinking would
-drop data. A resize cut short (the command killed, the node down) leaves
-the volume "resizing", and no host takes it until resize runs again.`,
+drop data. A replicated volume's new extents are placed as at creation,
+and its copy at every node of its map grows. A resize cut short (the
+command killed, a node down) leaves the volume "resizing", and no host
+takes it until resize runs again.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := units.ParseSize(newSize)
@@ -196,9 +198,6 @@ the volume "resizing", and no host takes it until resize runs again.`,
 				if err != nil {
 					return err
 				}
-				if rec.Stripes != nil {
-					return fmt.Errorf("volume %s is replicated: resizing replicated volumes is not there yet", args[0])
-				}
 				if n < rec.Size {
 					return fmt.Errorf("volume %s is %s: it cannot shrink to %s (volumes only grow)", args[0], units.FormatSize(rec.Size), units.FormatSize(n))
 				}
@@ -208,6 +207,9 @@ the volume "resizing", and no host takes it until resize runs again.`,
 						err = fmt.Errorf("%w; stop the host serving it, resize, and start it again (an NBD client learns the size when it connects)", err)
 					}
 					return err
+				}
+				if rec.Stripes != nil {
+					return resizeReplicated(ctx, cmd.OutOrStdout(), cli, etcd.cluster, rec, n, node)
 				}
 				addr, err := nodeAddr(ctx, cli, etcd.cluster, rec)
 				if err != nil {
@@ -292,18 +294,30 @@ func openAt(ctx context.Context, dial func(context.Context, string) (*memnode.Cl
 	return c.Open(ctx, name)
 }
 
-// createReplicated creates a replicated volume through the control plane
-// and the nodes of its map, each reached once.
-func createReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int,
+// resizeReplicated grows replicated volume rec, marked resizing, through
+// the nodes of its map.
+func resizeReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, clusterName string, rec cluster.VolumeRecord, size uint64,
 	dial func(context.Context, string) (*memnode.Client, error)) error {
+	nodes, err := cluster.Nodes(ctx, cli, clusterName)
+	if err != nil {
+		return fmt.Errorf("volume %s stays marked %s: %w", rec.Name, cluster.VolumeResizing, err)
+	}
+	byID, closeAll := dialByID(ctx, nodes, dial)
+	defer closeAll()
+	from, extents := rec.Size, len(rec.Stripes.Extents)
+	got, err := deploy.ResizeReplicated(ctx, cli, clusterName, nodes, rec, size, byID)
+	if err != nil {
+		return fmt.Errorf("volume %s stays marked %s: %w", rec.Name, cluster.VolumeResizing, err)
+	}
+	fmt.Fprintf(out, "volume %s: %s -> %s, %d extents -> %d\n", rec.Name, units.FormatSize(from), units.FormatSize(got.Size),
+		extents, len(got.Stripes.Extents))
+	return nil
+}
+
+// dialByID returns a node's client by id, dialled once (nil if the node
+// is not up or cannot be reached), and a function closing them all.
+func dialByID(ctx context.Context, nodes []cluster.Node, dial func(context.Context, string) (*memnode.Client, error)) (func(string) *memnode.Client, func()) {
 	clients := map[string]*memnode.Client{}
-	defer func() {
-		for _, c := range clients {
-			if c != nil {
-				c.Close()
-			}
-		}
-	}()
 	byID := func(id string) *memnode.Client {
 		if c, ok := clients[id]; ok {
 			return c
@@ -317,6 +331,21 @@ func createReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, 
 		}
 		return nil
 	}
+	return byID, func() {
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+}
+
+// createReplicated creates a replicated volume through the control plane
+// and the nodes of its map, each reached once.
+func createReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int,
+	dial func(context.Context, string) (*memnode.Client, error)) error {
+	byID, closeAll := dialByID(ctx, nodes, dial)
+	defer closeAll()
 	rec, err := deploy.CreateReplicated(ctx, cli, clusterName, nodes, name, size, replicas, byID)
 	if err != nil {
 		return err
