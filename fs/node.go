@@ -703,6 +703,11 @@ func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) sysca
 			return n.f.errno("fsync", err)
 		}
 		n.f.storedChanged()
+		// With the writeback cache the kernel keeps the attributes it
+		// has until they time out; the next stat should show the
+		// blocks this fsync stored. Attributes only (offset -1): the
+		// pages the kernel holds are the newest.
+		n.NotifyContent(-1, 0)
 	}
 	return n.f.errno("fsync", n.f.syncMeta(ctx))
 }
