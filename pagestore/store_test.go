@@ -1,6 +1,7 @@
 package pagestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -292,7 +293,10 @@ func TestConcurrentFlushesCoverTheirWrites(t *testing.T) {
 // TestWritebackStartsEarly: the background write-back does not wait for
 // its interval (an hour here) when half the cache is dirty, or when a miss
 // had to write back a dirty victim itself; either starts a round that
-// cleans every dirty page, so the misses after it find clean victims.
+// cleans the pages dirty when it begins, so the misses after it find
+// clean victims. Pages dirtied while a round runs wait for the next kick
+// (half the cache dirty again) or the interval: a round started by the
+// 33rd of 40 puts leaves up to 7 dirty, below the mark.
 func TestWritebackStartsEarly(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -316,12 +320,18 @@ func TestWritebackStartsEarly(t *testing.T) {
 			for p := uint64(1000); tc.evict && s.Stats().EvictionWriteBacks == 0; p++ {
 				require.NoError(t, s.Get(ctx, pageid.MakeKey(1, p), buf))
 			}
-			require.Eventually(t, func() bool { return s.Stats().DirtyPages == 0 }, 5*time.Second, 5*time.Millisecond,
+			// A round cleans all but what was dirtied while it ran:
+			// at most the puts after the mark (40 - 32).
+			left := tc.dirty - min(tc.dirty, 64/2)
+			require.Eventually(t, func() bool { return uint64(s.Stats().DirtyPages) <= left }, 5*time.Second, 5*time.Millisecond,
 				"no write-back round before the interval")
+			written := uint64(0)
 			for p := uint64(0); p < tc.dirty; p++ {
-				k := pageid.MakeKey(1, p)
-				require.Equal(t, fill(k, 1), mem.Page(k), "page %d", p)
+				if k := pageid.MakeKey(1, p); bytes.Equal(fill(k, 1), mem.Page(k)) {
+					written++
+				}
 			}
+			assert.GreaterOrEqual(t, written, tc.dirty-left, "pages written back")
 			cancel()
 		})
 	}
