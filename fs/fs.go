@@ -90,6 +90,11 @@ type FS struct {
 	fenced atomic.Bool // the lease was lost: write nothing more
 	stop   chan struct{}
 	done   chan struct{}
+	// deletes are the volumes of freed files, deleted at the memory node
+	// in the background: an unlink does not wait for that round trip. A
+	// crash before they are deleted leaves orphans the next Open deletes.
+	deletes chan string
+	deleted chan struct{} // closed once the deleter has emptied deletes at Close
 }
 
 // Open loads (or creates) the filesystem called cfg.Name at the memory
@@ -116,13 +121,15 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		return nil, fmt.Errorf("fs: metadata volume: %w", err)
 	}
 	f := &FS{
-		cfg:    cfg,
-		meta:   metaStore{c: cfg.Client, vol: mv.ID},
-		inodes: make(map[uint64]*inode),
-		vols:   make(map[uint16]memnode.VolumeInfo),
-		byVol:  make(map[uint16]*inode),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		cfg:     cfg,
+		meta:    metaStore{c: cfg.Client, vol: mv.ID},
+		inodes:  make(map[uint64]*inode),
+		vols:    make(map[uint16]memnode.VolumeInfo),
+		byVol:   make(map[uint16]*inode),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		deletes: make(chan string, pendingDeletes),
+		deleted: make(chan struct{}),
 	}
 	for _, v := range cfg.Volumes {
 		f.vols[v.ID] = v
@@ -199,6 +206,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		}
 	}
 	go f.syncLoop()
+	go f.deleter()
 	return f, nil
 }
 
@@ -207,6 +215,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 func (f *FS) Close(ctx context.Context) error {
 	close(f.stop)
 	<-f.done
+	<-f.deleted
 	if err := f.Sync(ctx); err != nil {
 		return err
 	}
@@ -415,10 +424,52 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	if n.vol == 0 || f.fenced.Load() {
 		return // fenced: the volume may be another holder's file now
 	}
-	f.cfg.Store.RemoveVolume(n.vol)
-	if err := f.deleteVolume(ctx, n.Vol); err != nil {
+	f.mu.RLock()
+	end := (max(n.Size, n.peak.Load()) + pageid.Size - 1) / pageid.Size
+	f.mu.RUnlock()
+	f.cfg.Store.RemoveVolumePages(n.vol, end)
+	select {
+	case f.deletes <- n.Vol:
+	default: // the deleter is behind: this caller waits for the round trip
+		f.freeVolume(ctx, n.Vol)
+	}
+}
+
+// pendingDeletes bounds the volumes of freed files waiting for the
+// deleter.
+const pendingDeletes = 1024
+
+// deleter deletes the volumes of freed files until the syncer stops (at
+// Close, or when the host goes away without it), then those still
+// queued.
+func (f *FS) deleter() {
+	defer close(f.deleted)
+	ctx := context.Background()
+	for {
+		select {
+		case name := <-f.deletes:
+			f.freeVolume(ctx, name)
+		case <-f.done:
+			for {
+				select {
+				case name := <-f.deletes:
+					f.freeVolume(ctx, name)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// freeVolume deletes the volume of a freed file at the memory node.
+func (f *FS) freeVolume(ctx context.Context, name string) {
+	if f.fenced.Load() {
+		return // the volume may be another holder's file now
+	}
+	if err := f.deleteVolume(ctx, name); err != nil {
 		// The next mount deletes it as an orphan.
-		f.cfg.Log.Warn("fs: freeing a deleted file's volume", "volume", n.Vol, "err", err)
+		f.cfg.Log.Warn("fs: freeing a deleted file's volume", "volume", name, "err", err)
 	}
 }
 

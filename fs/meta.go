@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,6 +57,13 @@ type inode struct {
 
 	vol   uint16 // the data volume's id in this run
 	opens int    // open handles; an unlinked file is freed at the last close
+	// peak is the furthest any write of this run reached, whether it
+	// succeeded or not (a failed write may leave pages cached past Size;
+	// truncation drops the pages past the new size itself): no page at
+	// or past max(Size, peak) is cached, so freeing the file looks up
+	// that many pages (pagestore.RemoveVolumePages) instead of scanning
+	// the cache.
+	peak atomic.Uint64
 	// io orders data writes (shared) against truncation (exclusive); it
 	// is not guarded by the model's lock.
 	io sync.RWMutex
@@ -64,6 +72,12 @@ type inode struct {
 func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFDIR }
 func (n *inode) isReg() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFREG }
 func (n *inode) touch(now int64) { n.Mtime, n.Ctime = now, now }
+
+// reach records that the file's pages below size may be cached.
+func (n *inode) reach(size uint64) {
+	for p := n.peak.Load(); p < size && !n.peak.CompareAndSwap(p, size); p = n.peak.Load() {
+	}
+}
 
 // snapshot is what the metadata volume holds.
 type snapshot struct {

@@ -666,6 +666,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		return 0, syscall.EFBIG
 	}
 	c.io.RLock()
+	c.reach(end) // before the pages are cached, even if the write fails
 	err := n.f.cfg.Store.WriteRange(ctx, vol, uint64(off), data)
 	if err == nil {
 		n.f.mu.Lock()

@@ -339,3 +339,25 @@ func TestOnWriteSeesWrittenPages(t *testing.T) {
 		assert.Contains(t, []uint64{0, 1, 5, 6}, p, "page %d was not written", p)
 	}
 }
+
+// TestUnlinkFreesVolumesByUnmount: the volumes of unlinked files are
+// deleted at the memory node in the background, and those still queued
+// when the filesystem is unmounted are deleted before the unmount ends.
+func TestUnlinkFreesVolumesByUnmount(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 1<<20)
+	for i := range 50 {
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), []byte("data"), 0o644))
+	}
+	for i := range 50 {
+		require.NoError(t, os.Remove(e.path(fmt.Sprintf("f%d", i))))
+	}
+	e.unmount()
+	c, err := memnode.Dial(context.Background(), addr, memnode.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	vols, err := c.List(context.Background())
+	require.NoError(t, err)
+	require.Len(t, vols, 1, "only the metadata volume is left: %v", vols)
+	assert.Equal(t, "fs.pd3.meta", vols[0].Name)
+}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // TestErrno: each failure through the real mount gives the errno a local
@@ -308,4 +309,36 @@ func TestAttributesAsToolsExpect(t *testing.T) {
 	require.NoError(t, syscall.Stat(d+"/dir/..", &pst))
 	require.NoError(t, syscall.Stat(d, &st))
 	assert.Equal(t, st.Ino, pst.Ino, "dir/.. is the root")
+}
+
+// TestUnlinkDropsEveryCachedPage: freeing a file drops its pages from the
+// host cache by looking up the pages below its size (a truncation drops
+// those past the new size itself), so that a file given the recycled
+// volume id never sees them.
+func TestUnlinkDropsEveryCachedPage(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 0)
+	p := e.path("shrunk")
+	require.NoError(t, os.WriteFile(p, bytes.Repeat([]byte{9}, 8*4096), 0o644))
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync()) // the kernel's dirty pages reach the host cache
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Fstat(int(f.Fd()), &st))
+	k, ok := e.fs.KeyOf(st.Ino, 0)
+	require.True(t, ok)
+	vol := k.Volume()
+	require.True(t, e.st.Resident(pageid.MakeKey(vol, 7)), "the last page is cached")
+	require.NoError(t, f.Truncate(4096))
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Remove(p))
+	// The kernel sends the file's RELEASE after close returns: the file
+	// is freed when it arrives, before or after the unlink.
+	require.Eventually(t, func() bool {
+		for i := range uint64(8) {
+			if e.st.Resident(pageid.MakeKey(vol, i)) {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "pages of the freed file are still cached")
 }

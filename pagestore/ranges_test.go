@@ -68,28 +68,40 @@ func TestRangesModel(t *testing.T) {
 }
 
 // TestRemoveVolume: a removed volume's cached pages, dirty ones included,
-// are gone, so a new volume with the recycled id reads its own bytes.
+// are gone, so a new volume with the recycled id reads its own bytes —
+// whether every frame is scanned or the pages below a bound are looked up.
 func TestRemoveVolume(t *testing.T) {
-	ctx := context.Background()
-	remote := NewMemRemote()
-	s, err := New(remote, Options{CacheBytes: 64 * PageSize})
-	require.NoError(t, err)
-	v := memnode.VolumeInfo{ID: 3, Name: "f", Size: 16 * PageSize}
-	s.AddVolume(v)
-	page := bytes.Repeat([]byte{0xAB}, PageSize)
-	for i := range 8 {
-		require.NoError(t, s.Put(ctx, pageid.MakeKey(3, uint64(i)), page))
+	for _, tc := range []struct {
+		name   string
+		remove func(s *Store)
+	}{
+		{"scan", func(s *Store) { s.RemoveVolume(3) }},
+		{"lookup below the end", func(s *Store) { s.RemoveVolumePages(3, 8) }},
+		{"end past the cache: scan", func(s *Store) { s.RemoveVolumePages(3, 1000) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			remote := NewMemRemote()
+			s, err := New(remote, Options{CacheBytes: 64 * PageSize})
+			require.NoError(t, err)
+			v := memnode.VolumeInfo{ID: 3, Name: "f", Size: 16 * PageSize}
+			s.AddVolume(v)
+			page := bytes.Repeat([]byte{0xAB}, PageSize)
+			for i := range 8 {
+				require.NoError(t, s.Put(ctx, pageid.MakeKey(3, uint64(i)), page))
+			}
+			tc.remove(s)
+			assert.ErrorIs(t, s.ReadRange(ctx, 3, 0, make([]byte, 1)), pageid.ErrNoVolume)
+			for i := range 8 {
+				assert.False(t, s.Resident(pageid.MakeKey(3, uint64(i))), "page %d still cached", i)
+			}
+			s.AddVolume(v)
+			got := make([]byte, PageSize)
+			require.NoError(t, s.Get(ctx, pageid.MakeKey(3, 1), got))
+			assert.Equal(t, make([]byte, PageSize), got, "old page showed through")
+			require.NoError(t, s.Check())
+		})
 	}
-	s.RemoveVolume(3)
-	assert.ErrorIs(t, s.ReadRange(ctx, 3, 0, make([]byte, 1)), pageid.ErrNoVolume)
-	for i := range 8 {
-		assert.False(t, s.Resident(pageid.MakeKey(3, uint64(i))), "page %d still cached", i)
-	}
-	s.AddVolume(v)
-	got := make([]byte, PageSize)
-	require.NoError(t, s.Get(ctx, pageid.MakeKey(3, 1), got))
-	assert.Equal(t, make([]byte, PageSize), got, "old page showed through")
-	require.NoError(t, s.Check())
 }
 
 // TestConcurrentRunsDoNotStarve: many concurrent multi-page reads through

@@ -212,10 +212,22 @@ func (s *Store) AddVolume(v memnode.VolumeInfo) {
 // writing them back, so that the id can be reused by a new volume (the
 // memory node recycles ids) without the old pages showing through. The
 // caller must have stopped all I/O to the volume.
-func (s *Store) RemoveVolume(id uint16) {
+func (s *Store) RemoveVolume(id uint16) { s.RemoveVolumePages(id, ^uint64(0)) }
+
+// RemoveVolumePages is RemoveVolume for a volume none of whose pages at
+// or past page end was ever cached: when end is below the number of
+// frames, it looks those pages up instead of scanning every frame (a
+// deleted small file costs a few lookups, not a pass over the cache).
+func (s *Store) RemoveVolumePages(id uint16, end uint64) {
 	s.vmu.Lock()
 	delete(s.volumes, id)
 	s.vmu.Unlock()
+	if end < uint64(len(s.frames)) {
+		for p := range end {
+			s.discard(pageid.MakeKey(id, p))
+		}
+		return
+	}
 	for f := range s.frames {
 		fr := &s.frames[f]
 		fr.mu.RLock()

@@ -48,7 +48,9 @@ var fuseDefaultSystems = []string{"pd3", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", 
 func FUSEDefaultSystems() []string { return slices.Clone(fuseDefaultSystems) }
 
 // FUSEJobs name the runs: fio as PATTERN-ENGINE-DEPTH-direct|buffered
-// with an optional -JOBS (threads), and dbench-CLIENTS.
+// with an optional -JOBS (threads), dbench-CLIENTS, and files-OP (one
+// metadata operation timed on 2000 files: create, write4k, stat, rename,
+// unlink; not run unless asked for).
 var FUSEJobs = []string{
 	"seqread1m-psync-1-direct", "seqread1m-psync-1-buffered",
 	"randread-psync-1-direct", "randread-psync-1-direct-4",
@@ -57,6 +59,9 @@ var FUSEJobs = []string{
 
 // fuseJobArgs turns a fio job name into fio options (dbench jobs: nil).
 func fuseJobArgs(job string) ([]string, error) {
+	if _, ok, err := fileOp(job); ok {
+		return nil, err
+	}
 	if n, ok := strings.CutPrefix(job, "dbench-"); ok {
 		if c, err := strconv.Atoi(n); err != nil || c < 1 {
 			return nil, fmt.Errorf("bad FUSE job %q (want dbench-CLIENTS)", job)
@@ -131,6 +136,12 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 					}
 					return runDbench(ctx, filepath.Join(filepath.Dir(file), "dbench"), clients, opt.Runtime)
 				}
+				if op, ok, _ := fileOp(job); ok {
+					if strings.HasPrefix(sys, "nbdfuse") {
+						return Result{}, errSkip
+					}
+					return runFileOps(filepath.Join(filepath.Dir(file), "files"), op)
+				}
 				args, _ := fuseJobArgs(job) // checked above
 				dropCaches()
 				return runFioArgs(ctx, append(append(base, args...), "--time_based", "--runtime="+strconv.Itoa(int(opt.Runtime.Seconds())), "--norandommap", "--randrepeat=0"), nil)
@@ -147,7 +158,7 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 			}
 		}
 	}
-	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; the nbdkit cache chain: %s cache in /dev/shm in front of a second nbdkit holding the data; dbench: MB/s in the ops/s column, nbdfuse (one file, no filesystem) skipped",
+	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; the nbdkit cache chain: %s cache in /dev/shm in front of a second nbdkit holding the data; dbench: MB/s in the ops/s column; files-OP: 2000 files one at a time, p50/p99 per operation; nbdfuse (one file, no filesystem) skipped for both",
 		units.FormatSize(opt.Size), opt.Runtime, units.FormatSize(opt.Cache), units.FormatSize(opt.Cache)))
 	return rep, nil
 }
