@@ -95,6 +95,7 @@ type FS struct {
 	// crash before they are deleted leaves orphans the next Open deletes.
 	deletes chan string
 	deleted chan struct{} // closed once the deleter has emptied deletes at Close
+	pool    *volumePool
 }
 
 // Open loads (or creates) the filesystem called cfg.Name at the memory
@@ -196,6 +197,11 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if f.inodes[rootIno] == nil {
 		return nil, fmt.Errorf("fs: %w: no root directory", pageid.ErrCorrupt)
 	}
+	var used []string
+	for _, n := range snap.Inodes {
+		used = append(used, n.Vol)
+	}
+	f.pool = newVolumePool(poolSeq(cfg.Name, used))
 	prefix := "fs." + cfg.Name + "."
 	for name := range byName {
 		if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "meta" {
@@ -207,6 +213,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	}
 	go f.syncLoop()
 	go f.deleter()
+	go f.fillPool()
 	return f, nil
 }
 
@@ -216,6 +223,7 @@ func (f *FS) Close(ctx context.Context) error {
 	close(f.stop)
 	<-f.done
 	<-f.deleted
+	f.emptyPool(ctx)
 	if err := f.Sync(ctx); err != nil {
 		return err
 	}
@@ -391,10 +399,15 @@ func (f *FS) EndOf(k pageid.Key) uint64 {
 	return 0
 }
 
-// newFile makes the data volume of a new regular file. A volume left by a
-// crashed run under the same name (its inode number was handed out but
+// newVolume is the data volume of a new regular file: one made ahead
+// (pool.go), or else one made now, named after the inode. A volume left by
+// a crashed run under that name (its inode number was handed out but
 // never saved) is replaced.
 func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, error) {
+	if v, ok := f.takeVolume(); ok {
+		f.cfg.Store.AddVolume(v)
+		return v, nil
+	}
 	name := "fs." + f.cfg.Name + "." + strconv.FormatUint(ino, 10)
 	v, err := f.cfg.Client.Create(ctx, name, MaxFileSize)
 	if errors.Is(err, memnode.ErrExists) {

@@ -361,3 +361,52 @@ func TestUnlinkFreesVolumesByUnmount(t *testing.T) {
 	require.Len(t, vols, 1, "only the metadata volume is left: %v", vols)
 	assert.Equal(t, "fs.pd3.meta", vols[0].Name)
 }
+
+// TestCreateTakesVolumesMadeAhead: from the first create on, the mount
+// keeps empty file volumes made ahead and a create takes one; the files
+// made so keep their data across a remount, and new files on the next
+// mount never take their volumes. (TestUnlinkFreesVolumesByUnmount sees
+// the unused ones deleted at unmount.)
+func TestCreateTakesVolumesMadeAhead(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 1<<20)
+	require.NoError(t, os.WriteFile(e.path("first"), []byte("first"), 0o644))
+	require.Eventually(t, func() bool { return fs.PoolReady(e.fs) == fs.PoolSize }, 10*time.Second, 10*time.Millisecond)
+	for i := range 10 {
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), []byte(fmt.Sprintf("file %d", i)), 0o644))
+	}
+	dir := e.dir
+	e.unmount()
+
+	e = mount(t, addr, dir, 1<<20)
+	names := func() []string {
+		vols, err := e.c.List(context.Background())
+		require.NoError(t, err)
+		var out []string
+		for _, v := range vols {
+			out = append(out, v.Name)
+		}
+		return out
+	}
+	made := 0
+	for _, n := range names() {
+		if strings.HasPrefix(n, "fs.pd3.v") {
+			made++
+		}
+	}
+	assert.Equal(t, 10, made, "the ten files' volumes were made ahead, and no unused one is left: %v", names())
+	assert.Len(t, names(), 12, "meta, first and the ten")
+	for i := range 10 {
+		got, err := os.ReadFile(e.path(fmt.Sprintf("f%d", i)))
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("file %d", i), string(got))
+	}
+	for i := range 40 { // past the pool: made ahead on this mount too, under new names
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("g%d", i)), []byte("g"), 0o644))
+	}
+	for i := range 10 {
+		got, err := os.ReadFile(e.path(fmt.Sprintf("f%d", i)))
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("file %d", i), string(got), "a new file took an old one's volume")
+	}
+}
