@@ -12,10 +12,10 @@
 //   - Agent batches accesses, checks Host View (and, for FUSE files, the
 //     kernel's), and hands misses to the Engine; host evictions remove keys
 //     from Host View.
-//   - Engine is the transfer engine: one memory-node connection carrying
-//     the host's reads and write-backs and the agent's prefetches, ordered
-//     by PD3's Table 2 so that a prefetched copy never predates a
-//     write-back of its page.
+//   - Engine is the transfer engine: one Conn (a memory-node connection,
+//     or the replicas of replicated volumes) carrying the host's reads and
+//     write-backs and the agent's prefetches, ordered by PD3's Table 2 so
+//     that a prefetched copy never predates a write-back of its page.
 //   - Leap is the host-side baseline prefetcher (majority delta over the
 //     host's own misses).
 //   - In split mode the agent is its own process behind shared-memory

@@ -2,15 +2,17 @@
 // memory, read and written through the host's page store, so that
 // ordinary programs (cp, sqlite, fio, a build) run on disaggregated memory.
 //
-// Each regular file is one sparse memory-node volume ("fs.NAME.INO", up to
+// Each regular file is one sparse memory-node volume ("fs.NAME.vSEQ", made
+// ahead of the creates that take them, or "fs.NAME.INO", up to
 // MaxFileSize); its pages are keyed like any volume's, so the DPU agent,
 // Host View and the Loading Zone treat FUSE and NBD reads alike. The tree
 // and attributes are a model in host memory saved as a snapshot in the
 // volume "fs.NAME.meta": on fsync, every SyncInterval when changed, and
 // at Close. A snapshot goes to the free one of two slots and a one-page
 // header flips to it, so a crash leaves the previous snapshot whole.
-// Volumes that no snapshot names (files created after the last one) are
-// deleted at the next Open.
+// Volumes that no snapshot names (files created after the last one,
+// volumes made ahead and not used, freed files' volumes not yet deleted
+// in the background) are deleted at the next Open.
 //
 // The NBD volumes appear as files under volumes/, opened with direct I/O
 // so the kernel page cache never hides a write made over NBD; both paths

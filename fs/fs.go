@@ -94,6 +94,7 @@ type FS struct {
 	// in the background: an unlink does not wait for that round trip. A
 	// crash before they are deleted leaves orphans the next Open deletes.
 	deletes chan string
+	pending atomic.Int64  // queued in deletes or being deleted
 	deleted chan struct{} // closed once the deleter has emptied deletes at Close
 	pool    *volumePool
 }
@@ -441,12 +442,18 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	end := (max(n.Size, n.peak.Load()) + pageid.Size - 1) / pageid.Size
 	f.mu.RUnlock()
 	f.cfg.Store.RemoveVolumePages(n.vol, end)
+	f.pending.Add(1)
 	select {
 	case f.deletes <- n.Vol:
 	default: // the deleter is behind: this caller waits for the round trip
 		f.freeVolume(ctx, n.Vol)
+		f.pending.Add(-1)
 	}
 }
+
+// PendingDeletes is how many freed files' volumes are not deleted at the
+// memory node yet (queued, or their DELETE in flight).
+func (f *FS) PendingDeletes() int { return int(f.pending.Load()) }
 
 // pendingDeletes bounds the volumes of freed files waiting for the
 // deleter.
@@ -462,11 +469,13 @@ func (f *FS) deleter() {
 		select {
 		case name := <-f.deletes:
 			f.freeVolume(ctx, name)
+			f.pending.Add(-1)
 		case <-f.done:
 			for {
 				select {
 				case name := <-f.deletes:
 					f.freeVolume(ctx, name)
+					f.pending.Add(-1)
 				default:
 					return
 				}

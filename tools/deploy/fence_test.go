@@ -108,10 +108,12 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 		}
 		require.NoError(t, f.Close())
 	}
+	// Volumes holding a file's data (not the metadata, nor the empty
+	// ones a mount makes ahead of its creates).
 	dataVolumes := func() map[string]memnode.VolumeInfo {
 		m := map[string]memnode.VolumeInfo{}
 		for _, v := range node.Server.Store.List() {
-			if strings.HasPrefix(v.Name, "fs.pd3.") && v.Name != "fs.pd3.meta" {
+			if strings.HasPrefix(v.Name, "fs.pd3.") && v.Name != "fs.pd3.meta" && v.Stored > 0 {
 				m[v.Name] = v
 			}
 		}
@@ -156,6 +158,10 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the old host's unlink never returned")
 	}
+	// The unlink's DELETE goes in the background: wait until the node
+	// has answered it.
+	require.Eventually(t, func() bool { return old.FS.PendingDeletes() == 0 }, 30*time.Second, 10*time.Millisecond,
+		"the old mount's DELETE never returned")
 	vols := dataVolumes()
 	require.Contains(t, vols, doomed, "the superseded mount's DELETE freed a file the new mount kept")
 	delete(vols, doomed)
