@@ -1,7 +1,4 @@
 package fs
 
-// PoolReady is how many made-ahead file volumes f holds, for tests.
-func PoolReady(f *FS) int { return len(f.pool.ready) }
-
-// PoolSize is how many it makes ahead.
+// PoolSize is how many file volumes a mount makes ahead, for tests.
 const PoolSize = poolSize

@@ -371,7 +371,7 @@ func TestCreateTakesVolumesMadeAhead(t *testing.T) {
 	addr := startNode(t, 0)
 	e := mount(t, addr, "", 1<<20)
 	require.NoError(t, os.WriteFile(e.path("first"), []byte("first"), 0o644))
-	require.Eventually(t, func() bool { return fs.PoolReady(e.fs) == fs.PoolSize }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.fs.VolumesMadeAhead() == fs.PoolSize }, 10*time.Second, 10*time.Millisecond)
 	for i := range 10 {
 		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), []byte(fmt.Sprintf("file %d", i)), 0o644))
 	}

@@ -56,6 +56,10 @@ func poolSeq(fsName string, names []string) uint64 {
 	return next
 }
 
+// VolumesMadeAhead is how many empty file volumes the mount holds ready
+// for its next creates.
+func (f *FS) VolumesMadeAhead() int { return len(f.pool.ready) }
+
 // takeVolume is a made-ahead volume if one is ready; either way it asks
 // for the pool to be topped up.
 func (f *FS) takeVolume() (memnode.VolumeInfo, bool) {

@@ -162,6 +162,15 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	// has answered it.
 	require.Eventually(t, func() bool { return old.FS.PendingDeletes() == 0 }, 30*time.Second, 10*time.Millisecond,
 		"the old mount's DELETE never returned")
+	mfs, err := old.Registry().Gather()
+	require.NoError(t, err)
+	gauges := map[string]float64{}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "pd3_fs_") {
+			gauges[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	assert.Equal(t, map[string]float64{"pd3_fs_pending_deletes": 0, "pd3_fs_volumes_made_ahead": float64(old.FS.VolumesMadeAhead())}, gauges)
 	vols := dataVolumes()
 	require.Contains(t, vols, doomed, "the superseded mount's DELETE freed a file the new mount kept")
 	delete(vols, doomed)

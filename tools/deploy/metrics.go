@@ -10,6 +10,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/nbd"
@@ -120,6 +121,12 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("replica_dropped_total", "Replicas taken off a stripe map: they missed a write, or their node went down.", func(r *replica.Remote) uint64 { return r.Dropped.Load() }),
 			counter("replica_repaired_extents_total", "Extents copied to a new replica.", func(r *replica.Remote) uint64 { return r.Repaired.Load() }),
 			counter("replica_repair_bytes_total", "Bytes read to copy extents to new replicas.", func(r *replica.Remote) uint64 { return r.RepairBytes.Load() }),
+		))
+	}
+	if f := h.FS; f != nil {
+		m.R.MustRegister(newCollector(atomics(f),
+			gauge("fs_pending_deletes", "Volumes of freed files not yet deleted at the memory node (deleted in the background).", func(f *fs.FS) float64 { return float64(f.PendingDeletes()) }),
+			gauge("fs_volumes_made_ahead", "Empty file volumes made ahead of the mount's creates.", func(f *fs.FS) float64 { return float64(f.VolumesMadeAhead()) }),
 		))
 	}
 	if c := h.control; c != nil {
