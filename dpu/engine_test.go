@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -193,6 +194,7 @@ func TestPrefetchRacingWriteBacks(t *testing.T) {
 					} else {
 						r.e.Prefetch(memnode.MakeKey(r.vol.ID, 14+i%pages))
 					}
+					runtime.Gosched() // with one P, the writer gets its turn
 				}
 			}()
 			defer func() { close(stop); wg.Wait() }() // before the rig's cleanup closes the engine

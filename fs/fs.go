@@ -434,13 +434,11 @@ func (f *FS) release(ctx context.Context, n *inode) {
 		delete(f.byVol, n.vol)
 	}
 	f.changes++
+	end := (max(n.Size, n.peak.Load()) + pageid.Size - 1) / pageid.Size
 	f.mu.Unlock()
 	if n.vol == 0 || f.fenced.Load() {
 		return // fenced: the volume may be another holder's file now
 	}
-	f.mu.RLock()
-	end := (max(n.Size, n.peak.Load()) + pageid.Size - 1) / pageid.Size
-	f.mu.RUnlock()
 	f.cfg.Store.RemoveVolumePages(n.vol, end)
 	f.pending.Add(1)
 	select {
@@ -465,21 +463,29 @@ const pendingDeletes = 1024
 func (f *FS) deleter() {
 	defer close(f.deleted)
 	ctx := context.Background()
+	free := func(name string) {
+		f.freeVolume(ctx, name)
+		f.pending.Add(-1)
+	}
 	for {
 		select {
 		case name := <-f.deletes:
-			f.freeVolume(ctx, name)
-			f.pending.Add(-1)
+			free(name)
 		case <-f.done:
-			for {
-				select {
-				case name := <-f.deletes:
-					f.freeVolume(ctx, name)
-					f.pending.Add(-1)
-				default:
-					return
-				}
-			}
+			drain(f.deletes, free)
+			return
+		}
+	}
+}
+
+// drain calls fn with each value ch holds now, without waiting for more.
+func drain[T any](ch <-chan T, fn func(T)) {
+	for {
+		select {
+		case x := <-ch:
+			fn(x)
+		default:
+			return
 		}
 	}
 }

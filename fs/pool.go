@@ -134,12 +134,5 @@ func (f *FS) makePoolVolume(ctx context.Context) (memnode.VolumeInfo, error) {
 // has stopped.
 func (f *FS) emptyPool(ctx context.Context) {
 	<-f.pool.done
-	for {
-		select {
-		case v := <-f.pool.ready:
-			f.freeVolume(ctx, v.Name)
-		default:
-			return
-		}
-	}
+	drain(f.pool.ready, func(v memnode.VolumeInfo) { f.freeVolume(ctx, v.Name) })
 }

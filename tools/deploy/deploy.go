@@ -387,12 +387,6 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	if h.Agent != nil {
-		h.Agent.Resident = st.Resident
-	}
-	if h.Link != nil {
-		h.Link.SetResident(st.EachResident)
-	}
 	h.useStore(ctx, cfg, st)
 	for _, vs := range cfg.Volumes {
 		v, err := c.OpenOrCreate(ctx, vs.Name, vs.Size)
@@ -427,6 +421,15 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 // first), so the next holder reads every page; on a failed start, those
 // taken.
 func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store) {
+	// What the host cache holds: the embedded agent counts its Host
+	// View's false negatives against it; a split agent gets the list when
+	// it attaches.
+	if h.Agent != nil {
+		h.Agent.Resident = st.Resident
+	}
+	if h.Link != nil {
+		h.Link.SetResident(st.EachResident)
+	}
 	h.onClose(h.releaseVolumes)
 	if cfg.Writeback > 0 {
 		wctx, cancel := context.WithCancel(ctx)

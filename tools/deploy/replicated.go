@@ -119,9 +119,6 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	if h.Agent != nil {
-		h.Agent.Resident = st.Resident
-	}
 	h.useStore(ctx, cfg, st)
 	if err := h.leaseVolumes(ctx, cfg); err != nil {
 		return nil, err
