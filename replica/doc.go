@@ -19,6 +19,11 @@
 // from a replica under the extent's lock, which orders the copy against
 // the writes in flight, and the node is then promoted to a replica.
 //
+// A Group is volumes that share one map of one extent and one record in
+// the control plane (a filesystem's metadata and files): they are made
+// and freed at the group's nodes without a change of the record, and a
+// failure, repair or move changes the record once for all of them.
+//
 // The host is the only writer of a volume (it holds it in the control
 // plane), so the map changes only through it.
 package replica

@@ -55,15 +55,20 @@ type Volume struct {
 // Remote reads and writes replicated volumes. It is safe for concurrent
 // use.
 type Remote struct {
-	mu    sync.Mutex // serialises changes of nodes
+	mu    sync.Mutex // serialises changes of nodes and of the volume table
 	nodes atomic.Pointer[map[string]*node]
-	vols  map[uint16]*volume
+	// vols is indexed by volume id: a lookup on the I/O path takes no
+	// lock, and volumes come and go (a Group's files) without copying a
+	// map.
+	vols  []atomic.Pointer[volume]
+	nfree uint16 // where the search for an id to hand out starts (below it, down)
 	ctl   Control
 	now   func() time.Time
 
-	// copied, set by tests, runs in a repair between reading a chunk and
+	// copied, set by tests, runs in a repair between reading a chunk of
+	// volume vol and
 	// writing it to the joining node: where a write must not slip in.
-	copied func()
+	copied func(vol uint16)
 
 	reads sync.Pool // *asyncRead
 
@@ -80,21 +85,47 @@ type node struct {
 	failedAt atomic.Int64 // UnixNano of the last failure, 0 if none
 }
 
+// placement is a stripe map and the control plane's record of it: a
+// volume's own, or one a Group's volumes share.
+type placement struct {
+	record string     // the name the control plane keeps the map under
+	mu     sync.Mutex // serialises changes of the map
+	// The map changes (drops, repairs, moves): loaded whole, replaced
+	// whole.
+	stripes atomic.Pointer[cluster.Stripes]
+}
+
+func newPlacement(record string, s cluster.Stripes) *placement {
+	p := &placement{record: record}
+	s = s.Clone()
+	p.stripes.Store(&s)
+	return p
+}
+
 type volume struct {
 	ID   uint16
 	Name string
 	Size uint64
-	// The map and the node-local ids change (drops, repairs, moves):
-	// loaded whole, replaced whole.
-	stripes atomic.Pointer[cluster.Stripes]
-	local   atomic.Pointer[map[string]uint16] // Volume.Local, copied on change
-	token   atomic.Uint64                     // the fencing token presented
-	mu      sync.Mutex                        // serialises changes of the map
+	p    *placement
+	// The node-local ids change (repairs, moves): loaded whole, replaced
+	// whole under mu.
+	local atomic.Pointer[map[string]uint16] // Volume.Local, copied on change
+	token atomic.Uint64                     // the fencing token presented
+	mu    sync.Mutex                        // serialises changes of local
 	// locks order a repair's copy of a chunk after the writes to its
 	// extent already sent: writes hold their extents' locks shared from
 	// send to settle, a repair holds one exclusive while it reads a chunk
 	// from a replica and writes it to the joining node.
 	locks []sync.RWMutex
+}
+
+// setLocal records id as node's id of v's copy.
+func (v *volume) setLocal(node string, id uint16) {
+	v.mu.Lock()
+	local := maps.Clone(*v.local.Load())
+	local[node] = id
+	v.local.Store(&local)
+	v.mu.Unlock()
 }
 
 // localID is node's id of v's copy.
@@ -112,7 +143,7 @@ const maxReplicas = 8
 // New returns a Remote over the memory nodes clients (by node id) serving
 // vols. ctl may be nil (see Control).
 func New(clients map[string]*memnode.Client, vols []Volume, ctl Control) (*Remote, error) {
-	r := &Remote{vols: make(map[uint16]*volume), ctl: ctl, now: time.Now}
+	r := &Remote{vols: make([]atomic.Pointer[volume], 1<<16), nfree: 1<<16 - 1, ctl: ctl, now: time.Now}
 	r.reads.New = func() any {
 		a := &asyncRead{r: r}
 		a.fn = a.finish
@@ -124,39 +155,78 @@ func New(clients map[string]*memnode.Client, vols []Volume, ctl Control) (*Remot
 	}
 	r.nodes.Store(&nodes)
 	for _, v := range vols {
-		if _, dup := r.vols[v.ID]; dup || v.ID == 0 {
+		if v.ID == 0 || r.vols[v.ID].Load() != nil {
 			return nil, fmt.Errorf("replica: volume id %d of %q is 0 or taken", v.ID, v.Name)
 		}
-		if v.Stripes.ExtentBytes == 0 || v.Stripes.ExtentBytes%pageid.Size != 0 {
-			return nil, fmt.Errorf("replica: volume %q: extent size %d", v.Name, v.Stripes.ExtentBytes)
+		if err := checkStripes(v.Name, v.Stripes); err != nil {
+			return nil, err
 		}
-		for _, e := range v.Stripes.Extents {
-			if len(e) > maxReplicas {
-				return nil, fmt.Errorf("replica: volume %q: %d replicas, at most %d", v.Name, len(e), maxReplicas)
-			}
-		}
-		vv := &volume{ID: v.ID, Name: v.Name, Size: v.Size, locks: make([]sync.RWMutex, len(v.Stripes.Extents))}
-		s := v.Stripes.Clone()
-		vv.stripes.Store(&s)
+		vv := &volume{ID: v.ID, Name: v.Name, Size: v.Size, p: newPlacement(v.Name, v.Stripes), locks: make([]sync.RWMutex, len(v.Stripes.Extents))}
 		local := maps.Clone(v.Local)
 		vv.local.Store(&local)
-		r.vols[v.ID] = vv
+		r.vols[v.ID].Store(vv)
 	}
 	return r, nil
 }
 
+func checkStripes(name string, s cluster.Stripes) error {
+	if s.ExtentBytes == 0 || s.ExtentBytes%pageid.Size != 0 {
+		return fmt.Errorf("replica: volume %q: extent size %d", name, s.ExtentBytes)
+	}
+	for _, e := range s.Extents {
+		if len(e) > maxReplicas {
+			return fmt.Errorf("replica: volume %q: %d replicas, at most %d", name, len(e), maxReplicas)
+		}
+	}
+	return nil
+}
+
+// add gives v a free id, the highest (the control plane hands ids out
+// from 1 up, so New's volumes sit low), and serves it.
+func (r *Remote) add(v *volume) (uint16, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for range len(r.vols) {
+		id := r.nfree
+		r.nfree--
+		if r.nfree == 0 {
+			r.nfree = 1<<16 - 1
+		}
+		if id != 0 && r.vols[id].Load() == nil {
+			v.ID = id
+			r.vols[id].Store(v)
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("replica: %w: every volume id is taken", memnode.ErrNoMemory)
+}
+
+// remove stops serving v.
+func (r *Remote) remove(v *volume) { r.vols[v.ID].CompareAndSwap(v, nil) }
+
+// all is every volume served now.
+func (r *Remote) all() []*volume {
+	var out []*volume
+	for i := range r.vols {
+		if v := r.vols[i].Load(); v != nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // Stripes returns the current map of volume id.
 func (r *Remote) Stripes(id uint16) (cluster.Stripes, bool) {
-	v, ok := r.vols[id]
-	if !ok {
+	v := r.vols[id].Load()
+	if v == nil {
 		return cluster.Stripes{}, false
 	}
-	return *v.stripes.Load(), true
+	return *v.p.stripes.Load(), true
 }
 
 func (r *Remote) volume(vol uint16) (*volume, error) {
-	v, ok := r.vols[vol]
-	if !ok {
+	v := r.vols[vol].Load()
+	if v == nil {
 		return nil, fmt.Errorf("%w: %d", ErrUnknownVolume, vol)
 	}
 	return v, nil
@@ -220,7 +290,7 @@ func (r *Remote) ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) e
 	if err != nil {
 		return err
 	}
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	for len(p) > 0 {
 		n := min(uint64(len(p)), s.ExtentBytes-off%s.ExtentBytes)
 		if err := r.readExtent(ctx, v, s, off, p[:n]); err != nil {
@@ -253,7 +323,7 @@ func (r *Remote) oneCopy(vol uint16, off uint64, n int) (*volume, *node, uint16,
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	e := s.Extent(off)
 	if n > 0 && s.Extent(off+uint64(n)-1) != e {
 		return v, nil, 0, fmt.Errorf("replica: %d bytes at %d of volume %q span two extents", n, off, v.Name)
@@ -269,7 +339,7 @@ func (r *Remote) Span(first pagestore.Key, n int) int {
 	if err != nil {
 		return n
 	}
-	eb := v.stripes.Load().ExtentBytes
+	eb := v.p.stripes.Load().ExtentBytes
 	left := (eb - first.Page()*pageid.Size%eb) / pageid.Size
 	return int(min(uint64(n), left))
 }
@@ -449,7 +519,7 @@ func (r *Remote) WriteQueued(ctx context.Context, keys []pagestore.Key, pages []
 	var early error
 	for _, k := range keys {
 		if v, err := r.volume(k.Volume()); err == nil {
-			locks.add(v, v.stripes.Load().Extent(k.Page()*pageid.Size))
+			locks.add(v, v.p.stripes.Load().Extent(k.Page()*pageid.Size))
 		}
 	}
 	locks.lock()
@@ -481,6 +551,24 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 
 // TrimQueued is Trim calling queued, as WriteQueued does.
 func (r *Remote) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error {
+	return r.ranged(ctx, vol, off, n, "trim", queued, func(c *memnode.Client, local uint16, at, m uint64) memnode.Call {
+		return c.TrimAsync(ctx, local, at, m)
+	})
+}
+
+// WriteAt writes p at byte off of volume vol, at every replica of each
+// extent it touches: the bytes of a range that is not whole pages (a
+// filesystem's metadata).
+func (r *Remote) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	return r.ranged(ctx, vol, off, uint64(len(p)), "write", nil, func(c *memnode.Client, local uint16, at, m uint64) memnode.Call {
+		return c.WriteAsync(ctx, local, at, p[at-off:at-off+m])
+	})
+}
+
+// ranged sends n bytes at off of vol, cut at extents, to every node that
+// takes writes of each (send makes one request), calls queued once all
+// are sent, and settles them.
+func (r *Remote) ranged(ctx context.Context, vol uint16, off, n uint64, what string, queued func(), send func(c *memnode.Client, local uint16, at, m uint64) memnode.Call) error {
 	v, err := r.volume(vol)
 	if err != nil {
 		if queued != nil {
@@ -488,7 +576,7 @@ func (r *Remote) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queu
 		}
 		return err
 	}
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	var locks held
 	for at := off; at < off+n; at += s.ExtentBytes - at%s.ExtentBytes {
 		locks.add(v, s.Extent(at))
@@ -500,22 +588,20 @@ func (r *Remote) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queu
 	for n > 0 {
 		m := min(n, s.ExtentBytes-off%s.ExtentBytes)
 		at := off
-		ops = r.issue(ops, items, v, at, func(c *memnode.Client, local uint16) memnode.Call {
-			return c.TrimAsync(ctx, local, at, m)
-		})
+		ops = r.issue(ops, items, v, at, func(c *memnode.Client, local uint16) memnode.Call { return send(c, local, at, m) })
 		items++
 		off, n = off+m, n-m
 	}
 	if queued != nil {
 		queued()
 	}
-	return r.settle(ctx, ops, items, func(int) string { return fmt.Sprintf("trim of volume %q", v.Name) })
+	return r.settle(ctx, ops, items, func(int) string { return fmt.Sprintf("%s of volume %q", what, v.Name) })
 }
 
 // issue sends one request to each node that must take a write to the
 // extent holding off; a node this host does not reach is a failed op.
 func (r *Remote) issue(ops []op, item int, v *volume, off uint64, send func(*memnode.Client, uint16) memnode.Call) []op {
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	e := s.Extent(off)
 	if e >= len(s.Extents) {
 		return append(ops, op{item: item, v: v, ext: e, err: fmt.Errorf("byte %d past volume %q: %w", off, v.Name, memnode.ErrOutOfRange)})
@@ -557,7 +643,7 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 			err = o.call.Wait(ctx)
 		}
 		if err == nil {
-			if slices.Contains(o.v.stripes.Load().Extents[o.ext], o.n.id) {
+			if slices.Contains(o.v.p.stripes.Load().Extents[o.ext], o.n.id) {
 				took[o.item] = true
 			}
 			continue
@@ -592,32 +678,43 @@ func (r *Remote) settle(ctx context.Context, ops []op, items int, what func(int)
 	return nil
 }
 
-// change runs a change of v's map through the control plane and installs
+// change runs a change of map p through the control plane and installs
 // the map it returns, unless a newer one is there already.
-func (r *Remote) change(v *volume, fn func() (cluster.Stripes, error)) error {
+func (r *Remote) change(p *placement, fn func(record string) (cluster.Stripes, error)) error {
 	if r.ctl == nil {
 		return errors.New("no control plane to change the stripe map")
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	s, err := fn()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, err := fn(p.record)
 	if err != nil {
 		return err
 	}
-	if s.Epoch > v.stripes.Load().Epoch {
-		s = s.Clone()
-		v.stripes.Store(&s)
-	}
+	p.install(s)
 	return nil
+}
+
+// install makes s the map unless it is older than the one in use; mu
+// must be held.
+func (p *placement) install(s cluster.Stripes) {
+	if s.Epoch > p.stripes.Load().Epoch {
+		s = s.Clone()
+		p.stripes.Store(&s)
+	}
 }
 
 // dropReplica takes node off extent e of v (a replica or a node joining).
 func (r *Remote) dropReplica(ctx context.Context, v *volume, e int, node string) error {
-	s := v.stripes.Load()
+	return r.drop(ctx, v.p, e, node)
+}
+
+// drop takes node off extent e of map p.
+func (r *Remote) drop(ctx context.Context, p *placement, e int, node string) error {
+	s := p.stripes.Load()
 	if !slices.Contains(s.Writers(e), node) {
 		return nil
 	}
-	err := r.change(v, func() (cluster.Stripes, error) { return r.ctl.DropReplica(ctx, v.Name, e, node) })
+	err := r.change(p, func(rec string) (cluster.Stripes, error) { return r.ctl.DropReplica(ctx, rec, e, node) })
 	if err == nil {
 		r.Dropped.Add(1)
 	}
@@ -631,8 +728,8 @@ func (r *Remote) dropReplica(ctx context.Context, v *volume, e int, node string)
 // reported in the error, after the other extents are dropped.
 func (r *Remote) DropNode(ctx context.Context, id string) error {
 	var errs error
-	for _, v := range r.vols {
-		for e := range v.stripes.Load().Extents {
+	for _, v := range r.all() {
+		for e := range v.p.stripes.Load().Extents {
 			if err := r.dropReplica(ctx, v, e, id); err != nil {
 				errs = errors.Join(errs, fmt.Errorf("volume %q extent %d: %w", v.Name, e, err))
 			}
@@ -651,7 +748,7 @@ func (r *Remote) Fence(ctx context.Context, vol uint16, token uint64) error {
 	}
 	v.token.Store(token)
 	nodes := *r.nodes.Load()
-	for _, id := range v.stripes.Load().Nodes() {
+	for _, id := range v.p.stripes.Load().Nodes() {
 		n, reach := nodes[id]
 		local, has := v.localID(id)
 		if reach && has {
@@ -663,7 +760,7 @@ func (r *Remote) Fence(ctx context.Context, vol uint16, token uint64) error {
 				continue
 			}
 		}
-		for e := range v.stripes.Load().Extents {
+		for e := range v.p.stripes.Load().Extents {
 			if derr := r.dropReplica(ctx, v, e, id); derr != nil {
 				return fmt.Errorf("volume %q: node %s cannot be fenced (%v) nor dropped: %w", v.Name, id, err, derr)
 			}
@@ -680,27 +777,30 @@ func (r *Remote) Suspect(id string) bool {
 }
 
 // AddNode lets the Remote reach memory node id through c (a node a repair
-// copies to). A node it has already is kept.
-func (r *Remote) AddNode(id string, c *memnode.Client) {
+// copies to). A node it has already is kept. It returns the client the
+// Remote writes to the node through: the one a fencing token must be
+// presented on (the node fences each connection apart).
+func (r *Remote) AddNode(id string, c *memnode.Client) *memnode.Client {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cur := *r.nodes.Load()
-	if _, ok := cur[id]; ok {
-		return
+	if n, ok := cur[id]; ok {
+		return n.c
 	}
 	next := maps.Clone(cur)
 	next[id] = &node{id: id, c: c}
 	r.nodes.Store(&next)
+	return c
 }
 
 // Degraded lists the extents of volume vol with fewer replicas than
 // wanted and no node joining them.
 func (r *Remote) Degraded(vol uint16) []int {
-	v, ok := r.vols[vol]
-	if !ok {
+	v := r.vols[vol].Load()
+	if v == nil {
 		return nil
 	}
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	var out []int
 	for e, reps := range s.Extents {
 		if len(reps) < s.Replicas && len(s.Writers(e)) == len(reps) {
@@ -728,10 +828,12 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 	if r.ctl == nil {
 		return errors.New("replica: repair needs the control plane")
 	}
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	if e >= len(s.Extents) || slices.Contains(s.Writers(e), target) {
 		return fmt.Errorf("replica: volume %q extent %d: no such extent, or node %s has it", v.Name, e, target)
 	}
+	// The token goes on the connection the host's writes take.
+	c = r.AddNode(target, c)
 	info, err := c.OpenOrCreate(ctx, v.Name, v.Size)
 	if err != nil {
 		return fmt.Errorf("replica: volume %q at node %s: %w", v.Name, target, err)
@@ -752,13 +854,8 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 	if err := c.Trim(ctx, info.ID, start, end-start); err != nil {
 		return fmt.Errorf("replica: clearing extent %d of volume %q at node %s: %w", e, v.Name, target, err)
 	}
-	r.AddNode(target, c)
-	v.mu.Lock()
-	local := maps.Clone(*v.local.Load())
-	local[target] = info.ID
-	v.local.Store(&local)
-	v.mu.Unlock()
-	if err := r.change(v, func() (cluster.Stripes, error) { return r.ctl.AddJoining(ctx, v.Name, e, target) }); err != nil {
+	v.setLocal(target, info.ID)
+	if err := r.change(v.p, func(rec string) (cluster.Stripes, error) { return r.ctl.AddJoining(ctx, rec, e, target) }); err != nil {
 		return fmt.Errorf("replica: volume %q extent %d: %w", v.Name, e, err)
 	}
 	defer func() {
@@ -770,9 +867,9 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 	for off := start; off < end; off += memnode.ChunkSize {
 		p := buf[:min(memnode.ChunkSize, end-off)]
 		v.locks[e].Lock()
-		err = r.readExtent(ctx, v, v.stripes.Load(), off, p)
+		err = r.readExtent(ctx, v, v.p.stripes.Load(), off, p)
 		if r.copied != nil {
-			r.copied()
+			r.copied(v.ID)
 		}
 		if err == nil && !zero(p) {
 			err = c.WriteAt(ctx, info.ID, off, p)
@@ -786,7 +883,7 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 			pace(len(p))
 		}
 	}
-	if err = r.change(v, func() (cluster.Stripes, error) { return r.ctl.Promote(ctx, v.Name, e, target) }); err != nil {
+	if err = r.change(v.p, func(rec string) (cluster.Stripes, error) { return r.ctl.Promote(ctx, rec, e, target) }); err != nil {
 		return fmt.Errorf("replica: volume %q extent %d: %w", v.Name, e, err)
 	}
 	r.Repaired.Add(1)
@@ -797,16 +894,13 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 // a change made elsewhere (an operator's moves), read from the control
 // plane.
 func (r *Remote) Install(vol uint16, s cluster.Stripes) {
-	v, ok := r.vols[vol]
-	if !ok || len(s.Extents) != len(v.locks) {
+	v := r.vols[vol].Load()
+	if v == nil || len(s.Extents) != len(v.locks) {
 		return
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if s.Epoch > v.stripes.Load().Epoch {
-		s = s.Clone()
-		v.stripes.Store(&s)
-	}
+	v.p.mu.Lock()
+	defer v.p.mu.Unlock()
+	v.p.install(s)
 }
 
 // Move moves extent e of volume vol from node from to node to (reached
@@ -820,7 +914,7 @@ func (r *Remote) Move(ctx context.Context, vol uint16, e int, from, to string, c
 	if err != nil {
 		return err
 	}
-	s := v.stripes.Load()
+	s := v.p.stripes.Load()
 	if e >= len(s.Extents) {
 		return fmt.Errorf("replica: volume %q has no extent %d", v.Name, e)
 	}
@@ -843,7 +937,7 @@ func (r *Remote) Move(ctx context.Context, vol uint16, e int, from, to string, c
 	start := uint64(e) * s.ExtentBytes
 	n.c.Trim(ctx, local, start, min(s.ExtentBytes, v.Size-start))
 	v.locks[e].Unlock()
-	if !slices.Contains(v.stripes.Load().Nodes(), from) {
+	if !slices.Contains(v.p.stripes.Load().Nodes(), from) {
 		n.c.DeleteFenced(ctx, v.Name, v.token.Load())
 	}
 	return nil

@@ -283,7 +283,7 @@ func TestRepairUnderWrites(t *testing.T) {
 		}
 	}()
 	var paced int
-	rem.copied = func() { time.Sleep(5 * time.Millisecond) } // writes keep coming meanwhile
+	rem.copied = func(uint16) { time.Sleep(5 * time.Millisecond) } // writes keep coming meanwhile
 	require.NoError(t, rem.Repair(ctx, 7, 0, "c", r.clients["c"], func(n int) { paced += n }))
 	close(stop)
 	wg.Wait()

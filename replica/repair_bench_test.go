@@ -30,6 +30,6 @@ func BenchmarkRepairExtent(b *testing.B) {
 	b.SetBytes(extentPages * pageid.Size)
 	for i := 0; b.Loop(); i++ {
 		require.NoError(b, rem.Repair(ctx, 7, 0, "c", r.clients["c"], nil))
-		require.NoError(b, rem.dropReplica(ctx, rem.vols[7], 0, "c"))
+		require.NoError(b, rem.dropReplica(ctx, rem.vols[7].Load(), 0, "c"))
 	}
 }
