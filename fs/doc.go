@@ -14,6 +14,12 @@
 // volumes made ahead and not used, freed files' volumes not yet deleted
 // in the background) are deleted at the next Open.
 //
+// The volumes live behind a Backend: one memory node (*memnode.Client,
+// which also holds the mount lease), or a replica.Group that keeps each
+// of them at the same R nodes (the mount is then held in the control
+// plane, Config.Fencing). Written tells what of a volume a copy of it
+// must carry.
+//
 // The NBD volumes appear as files under volumes/, opened with direct I/O
 // so the kernel page cache never hides a write made over NBD; both paths
 // go through the same page store.

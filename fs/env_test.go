@@ -80,7 +80,7 @@ func mountWith(t *testing.T, addr, dir string, cache int64, tweak func(*fs.Confi
 		st.AddVolume(v)
 		e.nbd = append(e.nbd, v)
 	}
-	cfg := fs.Config{Client: c, Store: st, Volumes: e.nbd, SyncInterval: -1, LeaseTTL: time.Second}
+	cfg := fs.Config{Backend: c, Store: st, Volumes: e.nbd, SyncInterval: -1, LeaseTTL: time.Second}
 	if tweak != nil {
 		tweak(&cfg)
 	}

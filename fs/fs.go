@@ -24,9 +24,11 @@ import (
 type Config struct {
 	// Name tells filesystems on one memory node apart: its volumes are
 	// "fs.NAME.meta" and "fs.NAME.INO". Default "pd3".
-	Name   string
-	Client *memnode.Client
-	Store  *pagestore.Store
+	Name string
+	// Backend holds the filesystem's volumes: one memory node (a
+	// *memnode.Client), or a replica.Group over many.
+	Backend Backend
+	Store   *pagestore.Store
 	// Volumes appear as files under volumes/ (the NBD exports' pages, read
 	// and written through the same cache).
 	Volumes []memnode.VolumeInfo
@@ -53,6 +55,21 @@ type Config struct {
 	// host cache (the agent's Host View adds them).
 	OnWrite func(first pageid.Key, pages int)
 	Log     *slog.Logger
+}
+
+// Backend is where a filesystem's volumes live. Only a *memnode.Client
+// also holds the mount lease (memnode.Lease): with any other, the mount
+// must be held elsewhere (Config.Fencing), or Open refuses.
+type Backend interface {
+	OpenOrCreate(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error)
+	Create(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error)
+	Delete(ctx context.Context, name string) error
+	DeleteFenced(ctx context.Context, name string, token uint64) error
+	// List is every volume there (only the filesystem's are looked at),
+	// with the memory each holds.
+	List(ctx context.Context) ([]memnode.VolumeInfo, error)
+	ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error
+	WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error
 }
 
 // Fencing is how a mount held outside the memory node takes and shows its
@@ -118,13 +135,17 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 5 * time.Second
 	}
-	mv, err := cfg.Client.OpenOrCreate(ctx, "fs."+cfg.Name+".meta", metaVolSize)
+	node, onNode := cfg.Backend.(*memnode.Client)
+	if !onNode && cfg.Fencing == nil {
+		return nil, errors.New("fs: a filesystem over many memory nodes is held through the control plane: Fencing is needed")
+	}
+	mv, err := cfg.Backend.OpenOrCreate(ctx, "fs."+cfg.Name+".meta", metaVolSize)
 	if err != nil {
 		return nil, fmt.Errorf("fs: metadata volume: %w", err)
 	}
 	f := &FS{
 		cfg:     cfg,
-		meta:    metaStore{c: cfg.Client, vol: mv.ID},
+		meta:    metaStore{c: cfg.Backend, vol: mv.ID},
 		inodes:  make(map[uint64]*inode),
 		vols:    make(map[uint16]memnode.VolumeInfo),
 		byVol:   make(map[uint16]*inode),
@@ -146,7 +167,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 			return nil, err
 		}
 	} else {
-		f.lease = memnode.Lease{C: cfg.Client, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
+		f.lease = memnode.Lease{C: node, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
 		if err := f.lease.Acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
 			return nil, mountErr(err)
 		}
@@ -167,7 +188,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		f.changes = 1
 	}
 	f.nextIno = snap.NextIno
-	all, err := cfg.Client.List(ctx)
+	all, err := cfg.Backend.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("fs: listing volumes: %w", err)
 	}
@@ -251,9 +272,9 @@ func (f *FS) present(ctx context.Context, vol uint16) error {
 // it.
 func (f *FS) deleteVolume(ctx context.Context, name string) error {
 	if f.cfg.Fencing == nil {
-		return f.cfg.Client.Delete(ctx, name)
+		return f.cfg.Backend.Delete(ctx, name)
 	}
-	return f.cfg.Client.DeleteFenced(ctx, name, f.token)
+	return f.cfg.Backend.DeleteFenced(ctx, name, f.token)
 }
 
 // Fenced reports whether Fence (or a lease lost at the node) stopped
@@ -400,6 +421,28 @@ func (f *FS) EndOf(k pageid.Key) uint64 {
 	return 0
 }
 
+// Written calls each with the byte ranges of volume vol that hold the
+// filesystem's data (the metadata's header and newest snapshot; a file's
+// bytes up to the furthest it was written): what a copy of the volume
+// made elsewhere must carry. Nothing for a volume that is not the
+// filesystem's.
+func (f *FS) Written(vol uint16, each func(off, n uint64)) {
+	if vol == f.meta.vol {
+		f.meta.written(each)
+		return
+	}
+	f.mu.RLock()
+	n := f.byVol[vol]
+	var size uint64
+	if n != nil {
+		size = max(n.Size, n.peak.Load())
+	}
+	f.mu.RUnlock()
+	if end := (size + pageid.Size - 1) &^ (pageid.Size - 1); end > 0 {
+		each(0, end)
+	}
+}
+
 // newVolume is the data volume of a new regular file: one made ahead
 // (pool.go), or else one made now, named after the inode. A volume left by
 // a crashed run under that name (its inode number was handed out but
@@ -410,10 +453,10 @@ func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, err
 		return v, nil
 	}
 	name := "fs." + f.cfg.Name + "." + strconv.FormatUint(ino, 10)
-	v, err := f.cfg.Client.Create(ctx, name, MaxFileSize)
+	v, err := f.cfg.Backend.Create(ctx, name, MaxFileSize)
 	if errors.Is(err, memnode.ErrExists) {
 		if err = f.deleteVolume(ctx, name); err == nil {
-			v, err = f.cfg.Client.Create(ctx, name, MaxFileSize)
+			v, err = f.cfg.Backend.Create(ctx, name, MaxFileSize)
 		}
 	}
 	if err != nil {

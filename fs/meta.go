@@ -104,12 +104,13 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // metaStore reads and writes snapshots in the metadata volume.
 type metaStore struct {
-	c   *memnode.Client
+	c   Backend
 	vol uint16
 
 	mu   sync.Mutex // one snapshot write at a time
 	gen  uint64
 	slot int
+	n    uint64 // bytes of the snapshot in slot
 }
 
 // load returns the newest snapshot, or nil for a fresh volume.
@@ -145,8 +146,18 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: metadata generation %d: %w", gen, err)
 	}
-	m.gen, m.slot = gen, slot
+	m.gen, m.slot, m.n = gen, slot, n
 	return s, nil
+}
+
+// written calls each with the ranges of the metadata volume that hold
+// the header and the newest snapshot.
+func (m *metaStore) written(each func(off, n uint64)) {
+	m.mu.Lock()
+	slot, n := m.slot, m.n
+	m.mu.Unlock()
+	each(0, pageid.Size)
+	each(uint64(metaSlot0+slot*metaSlotSize), n)
 }
 
 // decodeSnapshot decodes and checks a snapshot: a root directory, every
@@ -205,15 +216,16 @@ func (m *metaStore) save(ctx context.Context, b []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	slot := 1 - m.slot
-	calls := make([]memnode.Call, 0, len(b)/memnode.MaxIO+1)
-	for off := 0; off < len(b); off += memnode.MaxIO {
-		end := min(len(b), off+memnode.MaxIO)
-		calls = append(calls, m.c.WriteAsync(ctx, m.vol, uint64(metaSlot0+slot*metaSlotSize+off), b[off:end]))
+	// The chunks at once: one round trip, not one per MiB.
+	errs := make([]error, (len(b)+memnode.MaxIO-1)/memnode.MaxIO)
+	var wg sync.WaitGroup
+	for i := range errs {
+		off := i * memnode.MaxIO
+		wg.Go(func() {
+			errs[i] = m.c.WriteAt(ctx, m.vol, uint64(metaSlot0+slot*metaSlotSize+off), b[off:min(len(b), off+memnode.MaxIO)])
+		})
 	}
-	var errs []error
-	for _, c := range calls {
-		errs = append(errs, c.Wait(ctx))
-	}
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("fs: writing metadata: %w", err)
 	}
@@ -227,7 +239,7 @@ func (m *metaStore) save(ctx context.Context, b []byte) error {
 		return fmt.Errorf("fs: writing the metadata header: %w", err)
 	}
 	m.gen++
-	m.slot = slot
+	m.slot, m.n = slot, uint64(len(b))
 	return nil
 }
 

@@ -246,7 +246,7 @@ func TestLease(t *testing.T) {
 	st2, err := pagestore.New(pagestore.MemnodeRemote{C: c2}, pagestore.Options{CacheBytes: 1 << 20})
 	require.NoError(t, err)
 	start := time.Now()
-	_, err = fs.Open(ctx, fs.Config{Client: c2, Store: st2, LeaseTTL: time.Second})
+	_, err = fs.Open(ctx, fs.Config{Backend: c2, Store: st2, LeaseTTL: time.Second})
 	assert.ErrorIs(t, err, fs.ErrMounted)
 	assert.Less(t, time.Since(start), 5*time.Second)
 

@@ -115,7 +115,7 @@ func (f *FS) fillPool() {
 func (f *FS) makePoolVolume(ctx context.Context) (memnode.VolumeInfo, error) {
 	for {
 		name := "fs." + f.cfg.Name + ".v" + strconv.FormatUint(f.pool.seq.Add(1)-1, 10)
-		v, err := f.cfg.Client.Create(ctx, name, MaxFileSize)
+		v, err := f.cfg.Backend.Create(ctx, name, MaxFileSize)
 		if errors.Is(err, memnode.ErrExists) {
 			continue // not this mount's (Open deleted its orphans): the next name
 		}

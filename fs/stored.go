@@ -41,7 +41,7 @@ func (f *FS) refreshStored(ctx context.Context) {
 	if fresh {
 		return
 	}
-	vs, err := f.cfg.Client.List(ctx)
+	vs, err := f.cfg.Backend.List(ctx)
 	if err != nil {
 		return
 	}

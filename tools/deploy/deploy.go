@@ -728,7 +728,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if stale {
 		cfg.Log.Warn(fmt.Sprintf("detached a dead pd3 mount at %s, left by a pd3 that ended without unmounting", cfg.Mount))
 	}
-	fcfg := fs.Config{Name: cfg.FSName, Client: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
+	fcfg := fs.Config{Name: cfg.FSName, Backend: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
 	// The FUSE request mirror and the tracker's events go to the agent:
 	// in this process, or as messages to an agent process.
 	var readAhead func(src int, first memnode.Key, n int, end uint64)
