@@ -39,7 +39,7 @@ type FUSEOptions struct {
 // FUSE file system) and tmpfs (no FUSE at all). pd3-cached is pd3 with a
 // host cache larger than the file: every FUSE READ a host hit, the
 // ceiling of pd3's FUSE path at any cache size.
-var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs", "pd3-cached"}
+var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs", "pd3-cached", "pd3-r1", "pd3-r2"}
 
 // fuseDefaultSystems leave out pd3's own variants.
 var fuseDefaultSystems = []string{"pd3", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs"}
@@ -157,6 +157,9 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
 			}
 		}
+		if iops["pd3-r1"][job] > 0 && iops["pd3-r2"][job] > 0 {
+			rep.Ratios["pd3-r2/pd3-r1@"+job] = iops["pd3-r2"][job] / iops["pd3-r1"][job]
+		}
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("fio on a %s file, %v per job, kernel page cache dropped before each; pd3: memory node in its own process, %s host cache; the nbdkit cache chain: %s cache in /dev/shm in front of a second nbdkit holding the data; dbench: MB/s in the ops/s column; files-OP: 2000 files one at a time, p50/p99 per operation; nbdfuse (one file, no filesystem) skipped for both",
 		units.FormatSize(opt.Size), opt.Runtime, units.FormatSize(opt.Cache), units.FormatSize(opt.Cache)))
@@ -258,6 +261,14 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			return "", nil, nil, nil, err
 		}
 		return filepath.Join(mnt, "bench"), host, node, stop, nil
+	case "pd3-r1", "pd3-r2":
+		// The filesystem over two memory nodes, in one copy or two.
+		_, host, node, stop, err := startReplicated(ctx, opt.Exe, opt.Cache, "4MiB", strings.TrimPrefix(sys, "pd3-r"), "embedded", "--mount", mnt)
+		if err != nil {
+			cleanup()
+			return "", nil, nil, nil, err
+		}
+		return filepath.Join(mnt, "bench"), host, node, func() { stop(); cleanup() }, nil
 	case "nbdfuse-nbdkit", "nbdfuse-cache-nbd":
 		for _, bin := range []string{"nbdkit", "nbdfuse"} {
 			if _, err := exec.LookPath(bin); err != nil {

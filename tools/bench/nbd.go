@@ -155,7 +155,7 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 		if noAgent {
 			dpuMode = "none"
 		}
-		return startReplicated(ctx, opt, size, replicas, dpuMode)
+		return startReplicated(ctx, opt.Exe, opt.Cache, size, replicas, dpuMode)
 	case "go-nbd":
 		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
 		if err != nil {
@@ -179,9 +179,10 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 }
 
 // startReplicated starts a control plane, two memory nodes registered
-// with it and a host serving disk0 with replicas copies of each extent;
-// the node returned for measuring is the first.
-func startReplicated(ctx context.Context, opt NBDOptions, size, replicas, dpuMode string) (string, *Child, *Child, func(), error) {
+// with it and a host serving disk0 with replicas copies of each extent
+// (hostArgs added to its command line); the node returned for measuring
+// is the first.
+func startReplicated(ctx context.Context, exe string, cache uint64, size, replicas, dpuMode string, hostArgs ...string) (string, *Child, *Child, func(), error) {
 	dir, err := os.MkdirTemp("", "pd3-coord-")
 	if err != nil {
 		return "", nil, nil, nil, err
@@ -193,7 +194,7 @@ func startReplicated(ctx context.Context, opt NBDOptions, size, replicas, dpuMod
 		}
 		os.RemoveAll(dir)
 	}
-	coord, err := StartChild(ctx, opt.Exe, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", dir)
+	coord, err := StartChild(ctx, exe, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", dir)
 	if err != nil {
 		stop()
 		return "", nil, nil, nil, err
@@ -201,15 +202,15 @@ func startReplicated(ctx context.Context, opt NBDOptions, size, replicas, dpuMod
 	children = append(children, coord)
 	etcd := coord.Addrs["etcd"]
 	for range 2 {
-		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+		node, err := StartChild(ctx, exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
 		if err != nil {
 			stop()
 			return "", nil, nil, nil, err
 		}
 		children = append(children, node)
 	}
-	host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--replicas", replicas, "--etcd", etcd,
-		"--volume", "disk0:"+size, "--cache", strconv.FormatUint(opt.Cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", dpuMode)
+	host, err := StartChild(ctx, exe, []string{"NBD server"}, append([]string{"serve", "--replicas", replicas, "--etcd", etcd,
+		"--volume", "disk0:" + size, "--cache", strconv.FormatUint(cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", dpuMode}, hostArgs...)...)
 	if err != nil {
 		stop()
 		return "", nil, nil, nil, err

@@ -309,6 +309,9 @@ type Host struct {
 	// Replicated is the Remote of replicated volumes (Replicas > 0);
 	// Client is then nil.
 	Replicated *replica.Remote
+	group      *replica.Group                  // the filesystem's volumes, over Replicated
+	dialNode   func(id string) *memnode.Client // with Replicated: a node's client (nil: unreachable)
+	etcd       *clientv3.Client                // with Replicated
 	Zone       *loadingzone.Zone
 	HostView   *hostview.Set
 	FS         *fs.FS
@@ -648,6 +651,11 @@ func (h *Host) holdFS(ctx context.Context, cfg HostConfig, fcfg *fs.Config) erro
 		Token:   func(ctx context.Context, meta uint16) (uint64, error) { return h.takeToken(ctx, h.epochs, meta) },
 		Present: h.present,
 	}
+	if h.Replicated != nil {
+		// No epochs volume over many nodes: the hold's revision in etcd
+		// is newer than any earlier holder's.
+		fcfg.Fencing.Token = func(context.Context, uint16) (uint64, error) { return hold.Token(), nil }
+	}
 	return nil
 }
 
@@ -728,7 +736,10 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if stale {
 		cfg.Log.Warn(fmt.Sprintf("detached a dead pd3 mount at %s, left by a pd3 that ended without unmounting", cfg.Mount))
 	}
-	fcfg := fs.Config{Name: cfg.FSName, Backend: h.Client, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
+	fcfg := fs.Config{Name: cfg.FSName, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
+	if h.Client != nil {
+		fcfg.Backend = h.Client
+	}
 	// The FUSE request mirror and the tracker's events go to the agent:
 	// in this process, or as messages to an agent process.
 	var readAhead func(src int, first memnode.Key, n int, end uint64)
@@ -745,6 +756,13 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		if err := h.holdFS(ctx, cfg, &fcfg); err != nil {
 			return err
 		}
+	}
+	if h.Replicated != nil {
+		g, err := h.openGroup(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("host: fs %q: %w", cfg.FSName, err)
+		}
+		h.group, fcfg.Backend = g, g
 	}
 	f, err := fs.Open(ctx, fcfg)
 	if err != nil {

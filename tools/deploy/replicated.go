@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/replica"
@@ -25,11 +27,8 @@ var _ dpu.Conn = (*replica.Remote)(nil)
 // its extents, and serves it through a replica.Remote whose dropped
 // replicas are recorded in etcd.
 func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
-	switch {
-	case !cfg.Etcd.Enabled():
+	if !cfg.Etcd.Enabled() {
 		return nil, errors.New("host: replicated volumes (--replicas) need the control plane (--etcd)")
-	case cfg.Mount != "":
-		return nil, errors.New("host: a FUSE mount over replicated volumes is not there yet: use --mount '' with --replicas")
 	}
 	if err := checkMirror(cfg); err != nil {
 		return nil, err
@@ -45,6 +44,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	h.onClose(cli.Close)
+	h.etcd = cli
 	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
@@ -76,6 +76,14 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		}
 		clients[id] = nil
 		return nil
+	}
+	h.dialNode = dial
+	if cfg.Mount != "" {
+		// Placed now, while the nodes are dialled; opened once the
+		// filesystem is held (mount).
+		if _, err := fsGroupRecord(ctx, cli, cfg, nodes); err != nil {
+			return nil, fmt.Errorf("host: fs %q: %w", cfg.FSName, err)
+		}
 	}
 	var vols []replica.Volume
 	for _, vs := range cfg.Volumes {
@@ -126,15 +134,75 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	for _, v := range h.Volumes {
 		st.AddVolume(v)
 	}
-	t := &tender{cli: cli, cfg: cfg, r: h.Replicated, vols: h.Volumes, dial: func(ctx context.Context, addr string) (*memnode.Client, error) {
-		return memnode.Dial(ctx, addr, copt)
-	}}
-	stop := t.run(ctx)
-	h.onClose(func() error { stop(); return nil })
 	if err := h.serve(ctx, cfg); err != nil {
 		return nil, err
 	}
+	t := &tender{cli: cli, cfg: cfg, r: h.Replicated, vols: h.Volumes, dial: func(ctx context.Context, addr string) (*memnode.Client, error) {
+		return memnode.Dial(ctx, addr, copt)
+	}}
+	if cfg.Mount != "" {
+		if err := h.mount(ctx, cfg); err != nil {
+			return nil, err
+		}
+		t.groups = append(t.groups, fsGroup{g: h.group, written: h.FS.Written})
+	}
+	stop := t.run(ctx)
+	h.onClose(func() error { stop(); return nil })
 	return h, nil
+}
+
+// fsGroupRecord is the control plane's record of filesystem cfg.FSName's
+// placement, made if there is none: every volume of the filesystem (its
+// metadata and each file) lives at the same cfg.Replicas nodes, chosen by
+// free memory as an extent is, in one map of one extent covering every
+// offset a file can have. One record for the whole tree keeps creates and
+// unlinks off the control plane, and a repair joins a node to the group
+// once.
+func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg HostConfig, nodes []cluster.Node) (cluster.VolumeRecord, error) {
+	name := "fs." + cfg.FSName
+	rec, err := cluster.GetVolume(ctx, cli, cfg.Cluster, name)
+	switch {
+	case err == nil && (rec.Stripes == nil || len(rec.Stripes.Extents) != 1):
+		return rec, fmt.Errorf("the control plane's record %q is not a filesystem's placement", name)
+	case err == nil:
+		return rec, nil
+	case !errors.Is(err, cluster.ErrNoVolume):
+		return rec, err
+	}
+	// Placed as one extent of a MiB: a node is fit if it has room for a
+	// start, as the files grow wherever their group is.
+	s, err := cluster.PlaceStripes(nodes, 1<<20, 1<<20, cfg.Replicas, rand.IntN)
+	if err != nil {
+		return rec, err
+	}
+	s.ExtentBytes = fs.MaxFileSize
+	rec, err = reserveReplicated(ctx, cli, cfg.Cluster, name, fs.MaxFileSize, s, nil)
+	if errors.Is(err, cluster.ErrVolumeExists) {
+		return fsGroupRecord(ctx, cli, cfg, nodes) // another host placed it first
+	}
+	if err == nil {
+		cfg.Log.Info(fmt.Sprintf("filesystem %s placed over nodes %s", cfg.FSName, strings.Join(s.Extents[0], ", ")))
+	}
+	return rec, err
+}
+
+// openGroup opens the filesystem's group of volumes once it is held: its
+// record as it is now (a previous holder's repairs may have changed it),
+// every node of it reached.
+func (h *Host) openGroup(ctx context.Context, cfg HostConfig) (*replica.Group, error) {
+	rec, err := cluster.GetVolume(ctx, h.etcd, cfg.Cluster, "fs."+cfg.FSName)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Stripes == nil || len(rec.Stripes.Extents) != 1 {
+		return nil, fmt.Errorf("the control plane's record %q is not a filesystem's placement", rec.Name)
+	}
+	for _, id := range rec.Stripes.Nodes() {
+		if c := h.dialNode(id); c != nil {
+			h.Replicated.AddNode(id, c)
+		}
+	}
+	return h.Replicated.OpenGroup(ctx, rec.Name, "fs."+cfg.FSName+".", *rec.Stripes)
 }
 
 // tendEvery is how often a host of replicated volumes looks at the
@@ -150,11 +218,12 @@ const tendEvery = time.Second
 // crashes mid-copy leaves a node joining the extent; the next holder
 // drops it and starts that extent over.
 type tender struct {
-	cli  *clientv3.Client
-	cfg  HostConfig
-	r    *replica.Remote
-	vols []memnode.VolumeInfo
-	dial func(ctx context.Context, addr string) (*memnode.Client, error)
+	cli    *clientv3.Client
+	cfg    HostConfig
+	r      *replica.Remote
+	vols   []memnode.VolumeInfo
+	groups []fsGroup
+	dial   func(ctx context.Context, addr string) (*memnode.Client, error)
 
 	mu      sync.Mutex
 	clients map[string]*memnode.Client // repair targets dialled, by node id
@@ -210,9 +279,27 @@ func (t *tender) run(ctx context.Context) (stop func()) {
 	}
 }
 
+// fsGroup is a filesystem's volumes, and what of each a copy must carry.
+type fsGroup struct {
+	g       *replica.Group
+	written func(vol uint16, each func(off, n uint64))
+}
+
 // dropJoining drops the nodes left joining an extent by a holder that
 // stopped mid-copy: their copy is partial, and the repair starts over.
 func (t *tender) dropJoining(ctx context.Context) {
+	for _, fg := range t.groups {
+		s := fg.g.Stripes()
+		for e, joining := range s.Joining {
+			for _, id := range joining {
+				if ns, err := cluster.DropReplica(ctx, t.cli, t.cfg.Cluster, fg.g.Record(), e, id); err != nil {
+					t.cfg.Log.Warn("host: dropping a repair left half-done", "fs", fg.g.Record(), "node", id, "err", err)
+				} else {
+					fg.g.Install(ns)
+				}
+			}
+		}
+	}
 	for _, v := range t.vols {
 		s, _ := t.r.Stripes(v.ID)
 		for e, joining := range s.Joining {
@@ -228,6 +315,11 @@ func (t *tender) dropJoining(ctx context.Context) {
 // refresh installs the stripe maps of the control plane where they are
 // newer: an operator's moves.
 func (t *tender) refresh(ctx context.Context) {
+	for _, fg := range t.groups {
+		if rec, err := cluster.GetVolume(ctx, t.cli, t.cfg.Cluster, fg.g.Record()); err == nil && rec.Stripes != nil {
+			fg.g.Install(*rec.Stripes)
+		}
+	}
 	for _, v := range t.vols {
 		if rec, err := cluster.GetVolume(ctx, t.cli, t.cfg.Cluster, v.Name); err == nil && rec.Stripes != nil {
 			t.r.Install(v.ID, *rec.Stripes)
@@ -239,9 +331,15 @@ func (t *tender) refresh(ctx context.Context) {
 // not draining, not failing lately, not holding it; prefer is taken if
 // it is one of those.
 func (t *tender) target(ctx context.Context, nodes []cluster.Node, s cluster.Stripes, e int, prefer string) (cluster.Node, *memnode.Client, error) {
+	return t.targetFor(ctx, nodes, s.Writers(e), s.ExtentBytes, prefer)
+}
+
+// targetFor chooses a node to copy need bytes to, up, not draining, not
+// failing lately and not one of has; prefer is taken if it is fit.
+func (t *tender) targetFor(ctx context.Context, nodes []cluster.Node, has []string, need uint64, prefer string) (cluster.Node, *memnode.Client, error) {
 	var fit []cluster.Node
 	for _, n := range nodes {
-		if n.Up && !n.Draining && !slices.Contains(s.Writers(e), n.ID) && !t.r.Suspect(n.ID) {
+		if n.Up && !n.Draining && !slices.Contains(has, n.ID) && !t.r.Suspect(n.ID) {
 			if n.ID == prefer {
 				fit = []cluster.Node{n}
 				break
@@ -249,7 +347,7 @@ func (t *tender) target(ctx context.Context, nodes []cluster.Node, s cluster.Str
 			fit = append(fit, n)
 		}
 	}
-	target, err := cluster.Place(fit, s.ExtentBytes, rand.IntN)
+	target, err := cluster.Place(fit, need, rand.IntN)
 	if err != nil {
 		return target, nil, err
 	}
@@ -277,6 +375,34 @@ func (t *tender) pacer() func(int) {
 // move carries out the moves operators asked for, one extent at a time,
 // until one fails (the next round tries again).
 func (t *tender) move(ctx context.Context, nodes []cluster.Node) {
+	for _, fg := range t.groups {
+		for _, m := range fg.g.Stripes().Moves {
+			if ctx.Err() != nil {
+				return
+			}
+			s := fg.g.Stripes()
+			if slices.Contains(s.Extents[0], m.From) {
+				to, c := m.To, (*memnode.Client)(nil)
+				if !slices.Contains(s.Extents[0], m.To) {
+					target, tc, err := t.targetFor(ctx, nodes, s.Writers(0), 0, m.To)
+					if err != nil {
+						t.cfg.Log.Warn("host: no node to move a filesystem to", "fs", fg.g.Record(), "from", m.From, "err", err)
+						break
+					}
+					to, c = target.ID, tc
+				}
+				start := time.Now()
+				if err := fg.g.Move(ctx, m.From, to, c, t.pacer(), fg.written); err != nil {
+					t.cfg.Log.Warn("host: moving a filesystem failed; retrying", "fs", fg.g.Record(), "from", m.From, "to", to, "err", err)
+					break
+				}
+				t.cfg.Log.Info(fmt.Sprintf("filesystem %s moved from node %s to %s in %v", fg.g.Record(), m.From, to, time.Since(start).Round(time.Millisecond)))
+			}
+			if ns, err := cluster.DoneMove(ctx, t.cli, t.cfg.Cluster, fg.g.Record(), m); err == nil {
+				fg.g.Install(ns)
+			}
+		}
+	}
 	for _, v := range t.vols {
 		s, _ := t.r.Stripes(v.ID)
 		for _, m := range s.Moves {
@@ -312,6 +438,26 @@ func (t *tender) move(ctx context.Context, nodes []cluster.Node) {
 // repair copies degraded extents until none is left or one fails (the
 // next round tries again), within ctx.
 func (t *tender) repair(ctx context.Context, nodes []cluster.Node) {
+	for _, fg := range t.groups {
+		if ctx.Err() != nil || !fg.g.Degraded() {
+			continue
+		}
+		s := fg.g.Stripes()
+		target, c, err := t.targetFor(ctx, nodes, s.Writers(0), 0, "")
+		if errors.Is(err, cluster.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			t.cfg.Log.Warn("host: repair target unreachable", "node", target.ID, "err", err)
+			continue
+		}
+		start := time.Now()
+		if err := fg.g.Repair(ctx, target.ID, c, t.pacer(), fg.written); err != nil {
+			t.cfg.Log.Warn("host: repair of a filesystem failed; retrying", "fs", fg.g.Record(), "node", target.ID, "err", err)
+			continue
+		}
+		t.cfg.Log.Info(fmt.Sprintf("filesystem %s copied to node %s in %v", fg.g.Record(), target.ID, time.Since(start).Round(time.Millisecond)))
+	}
 	for _, v := range t.vols {
 		for _, e := range t.r.Degraded(v.ID) {
 			if ctx.Err() != nil {
@@ -396,6 +542,13 @@ func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName str
 	if err != nil {
 		return cluster.VolumeRecord{}, err
 	}
+	return reserveReplicated(ctx, cli, clusterName, name, size, stripes, dial)
+}
+
+// reserveReplicated records a replicated volume placed as stripes and,
+// unless dial is nil, creates its copy at every node of the map; on a
+// failure the record and the copies made are removed.
+func reserveReplicated(ctx context.Context, cli *clientv3.Client, clusterName, name string, size uint64, stripes cluster.Stripes, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
 	id, err := cluster.NextVolumeID(ctx, cli, clusterName)
 	if err != nil {
 		return cluster.VolumeRecord{}, err
@@ -409,6 +562,9 @@ func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName str
 	// extents placed on it.
 	var made []*memnode.Client
 	for _, nid := range stripes.Nodes() {
+		if dial == nil {
+			break
+		}
 		c := dial(nid)
 		if c == nil {
 			err = fmt.Errorf("node %s: unreachable", nid)

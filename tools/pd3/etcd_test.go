@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -319,16 +320,19 @@ func TestPartitionedHostIsFencedOverARealLink(t *testing.T) {
 
 // Replicated volumes over real processes: three memory nodes, each in its
 // own network namespace, a host with --replicas 2 in the root one. fio
-// writes crc32c-verified blocks over NBD (a FLUSH every 16 writes) while
-// one node is cut off (link down, no reset) past the op timeout and
-// healed, then while another is SIGKILLed: no client error, every block
-// verifies afterwards. The cut-off node is dropped from the extents
+// writes crc32c-verified blocks over NBD (a FLUSH every 16 writes) and,
+// at the same time, to a file of the host's FUSE mount (an fsync every
+// 16) while one node is cut off (link down, no reset) past the op
+// timeout and healed, then while another is SIGKILLed: no client error,
+// every block verifies afterwards. The cut-off node is dropped from the extents
 // written meanwhile (it missed writes: never read again); the dead one
 // from every extent once its lease is gone. The host copies the degraded
 // extents to the nodes left until pd3 cluster status says healthy; then
 // a second node dies and nothing is lost. The first two nodes are chosen
 // so that no extent of the first round is on both: that extent would be
-// lost before any repair (TestLostExtentFailsItsPagesOnly covers it).
+// lost before any repair (TestLostExtentFailsItsPagesOnly covers it); the
+// filesystem's volumes live on two nodes, which may be those two, so
+// the kill waits for the cut's repair.
 func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -366,9 +370,20 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 		}
 		return true
 	}, 20*time.Second, 200*time.Millisecond, "three nodes registered")
+	mnt := t.TempDir()
+	t.Cleanup(func() { exec.Command("fusermount3", "-uz", mnt).Run() }) // after the host stops, if it did not unmount
 	host := start(t, []string{"NBD server"}, "serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:64MiB",
-		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "1s", "--writeback", "100ms")
+		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "1s", "--writeback", "100ms", "--mount", mnt)
 	assert.Contains(t, host.Output(), "volume disk0 placed: 4 extents of 16 MiB over 3 nodes, 2 replicas each")
+	assert.Regexp(t, `filesystem pd3 placed over nodes \w+, \w+`, host.Output())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("host:\n%s", host.Output())
+		}
+	})
+	file := filepath.Join(mnt, "fio.dat")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	require.NoError(t, os.Truncate(file, 64<<20))
 	stripes := func() cluster.Stripes { return stripesOf(t, etcd) }
 	// The pair of nodes no extent of the first 32 MiB is on: cut one,
 	// kill the other.
@@ -396,13 +411,28 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 
 	rounds := fioRounds{t: t, uri: "nbd://" + host.Addrs["NBD server"] + "/disk0", dir: t.TempDir(), region: 32 << 20, seed: 3000,
 		args: []string{"--io_size=6m"}}
-	fio, underFio := rounds.run, rounds.under
+	onFile := rounds
+	onFile.uri, onFile.file, onFile.dir, onFile.seed = "", file, t.TempDir(), 3100
+	both := []fioRounds{rounds, onFile}
+	fio := func(round int, verify bool) (string, error) {
+		var outs []string
+		for _, r := range both {
+			out, err := r.run(round, verify)
+			if err != nil {
+				return out, err
+			}
+			outs = append(outs, out)
+		}
+		return strings.Join(outs, "\n"), nil
+	}
+	underFio := func(round int, what string, act func()) { underAll(t, both, round, what, act) }
 	status := func() string {
 		out, err := run(t, "", "cluster", "status", "--etcd", etcd)
 		require.NoError(t, err, out)
 		return out
 	}
 	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+0\s+0\s+1\s+healthy`, status())
+	healthy := regexp.MustCompile(`disk0\s+64MiB\s+4\s+2\s+0\s+0\s+\d+\s+healthy\s+fs\.pd3\s+4TiB\s+1\s+2\s+0\s+0\s+\d+\s+healthy`)
 
 	underFio(0, "a node cut off and healed", func() {
 		heal := links[cut].Cut()
@@ -418,6 +448,11 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 			assert.NotEqual(t, cut, index[id], "extent %d still lists the node that missed writes", e)
 		}
 	}
+	// The filesystem's two nodes may be the cut one and the one to kill:
+	// its copy to the third node must be done first.
+	var last string
+	require.Eventually(t, func() bool { last = status(); return healthy.MatchString(last) }, 30*time.Second, 500*time.Millisecond,
+		"repaired after the cut: %s", last)
 	underFio(1, "SIGKILL of a memory node", func() { require.NoError(t, syscall.Kill(nodes[kill].Pid, syscall.SIGKILL)) })
 	require.NoError(t, host.WaitOutput("memory node down; its replicas are dropped", 15*time.Second))
 	verify := func(when string) {
@@ -430,11 +465,8 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 	verify("after the kill")
 	// The two nodes left hold every extent twice again: re-replicated
 	// from the survivors, the cut-off node included (cleared first).
-	var last string
-	require.Eventually(t, func() bool {
-		last = status()
-		return regexp.MustCompile(`disk0\s+64MiB\s+4\s+2\s+0\s+0\s+\d+\s+healthy`).MatchString(last)
-	}, 30*time.Second, 500*time.Millisecond, "repaired: %s", last)
+	require.Eventually(t, func() bool { last = status(); return healthy.MatchString(last) }, 30*time.Second, 500*time.Millisecond,
+		"repaired: %s", last)
 	assert.Contains(t, host.Output(), "; 0 extents degraded")
 	verify("after the repair")
 
@@ -462,6 +494,7 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 type fioRounds struct {
 	t        *testing.T
 	uri, dir string
+	file     string // if set, fio writes this file (O_DIRECT), not uri
 	region   int
 	seed     int
 	args     []string
@@ -469,9 +502,13 @@ type fioRounds struct {
 
 // run writes round's blocks, or with verify checks them.
 func (f fioRounds) run(round int, verify bool) (string, error) {
-	args := append([]string{"--name=r" + strconv.Itoa(round), "--ioengine=nbd", "--uri=" + f.uri, "--rw=randwrite", "--bs=4k",
+	target := []string{"--ioengine=nbd", "--uri=" + f.uri}
+	if f.file != "" {
+		target = []string{"--ioengine=psync", "--direct=1", "--filename=" + f.file}
+	}
+	args := append([]string{"--name=r" + strconv.Itoa(round), "--rw=randwrite", "--bs=4k",
 		"--offset=" + strconv.Itoa(round*f.region), "--size=" + strconv.Itoa(f.region), "--iodepth=8", "--fsync=16",
-		"--verify=crc32c", "--verify_fatal=1", "--randseed=" + strconv.Itoa(f.seed+round)}, f.args...)
+		"--verify=crc32c", "--verify_fatal=1", "--randseed=" + strconv.Itoa(f.seed+round)}, append(target, f.args...)...)
 	if verify {
 		args = append(args, "--verify_only", "--verify_state_load=1")
 	} else {
@@ -482,16 +519,24 @@ func (f fioRounds) run(round int, verify bool) (string, error) {
 
 // under runs act a second into a round of writes, which must see no error.
 func (f fioRounds) under(round int, what string, act func()) {
-	done := make(chan error, 1)
-	var out string
-	go func() {
-		var err error
-		out, err = f.run(round, false)
-		done <- err
-	}()
+	underAll(f.t, []fioRounds{f}, round, what, act)
+}
+
+// underAll runs act a second into a round of writes of each of rs at
+// once, which must see no error.
+func underAll(t *testing.T, rs []fioRounds, round int, what string, act func()) {
+	errs := make([]error, len(rs))
+	outs := make([]string, len(rs))
+	var wg sync.WaitGroup
+	for i, f := range rs {
+		wg.Go(func() { outs[i], errs[i] = f.run(round, false) })
+	}
 	time.Sleep(time.Second)
 	act()
-	require.NoError(f.t, <-done, "%s under fio: %s", what, out)
+	wg.Wait()
+	for i := range rs {
+		require.NoError(t, errs[i], "%s under fio: %s", what, outs[i])
+	}
 }
 
 // pd3 node drain and pd3 cluster rebalance under fio, real processes: a
@@ -609,7 +654,8 @@ func stripesOf(t *testing.T, etcd string) cluster.Stripes {
 	require.NoError(t, err, out)
 	var rows []cluster.VolumeRecord
 	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
-	require.Len(t, rows, 1)
-	require.NotNil(t, rows[0].Stripes)
-	return *rows[0].Stripes
+	i := slices.IndexFunc(rows, func(r cluster.VolumeRecord) bool { return r.Name == "disk0" })
+	require.NotEqual(t, -1, i, out)
+	require.NotNil(t, rows[i].Stripes)
+	return *rows[i].Stripes
 }

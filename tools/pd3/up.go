@@ -151,9 +151,6 @@ back to the memory node first.`,
 					cfg.Replicas = 2
 				}
 			}
-			if cfg.Replicas > 0 {
-				replicatedDefaults(cmd, &cfg)
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runUp(ctx, cfg, e, f.metrics)
@@ -283,7 +280,6 @@ func serveCmd() *cobra.Command {
 				if !cfg.Etcd.Enabled() {
 					return usageError{errors.New("--replicas places volumes through the control plane: give --etcd URLS")}
 				}
-				replicatedDefaults(cmd, &cfg)
 			} else if cfg.Memnode == "" && !cfg.Local {
 				return errors.New("--memnode ADDR is required (start one with: pd3 memnode --listen 127.0.0.1:7100)")
 			}
@@ -294,15 +290,6 @@ func serveCmd() *cobra.Command {
 	}
 	f.add(cmd, "memory node address (host:port or unix:/path)")
 	return cmd
-}
-
-// replicatedDefaults turns off, unless asked for, what does not serve
-// replicated volumes yet: the FUSE mount.
-func replicatedDefaults(cmd *cobra.Command, cfg *deploy.HostConfig) {
-	if !cmd.Flags().Changed("mount") && cfg.Mount != "" {
-		cfg.Mount = ""
-		cfg.Log.Info("replicated volumes: no FUSE mount (not there yet)")
-	}
 }
 
 func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
