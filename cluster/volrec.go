@@ -54,6 +54,10 @@ type VolumeRecord struct {
 	// (Node and NodeAddr are then empty, and ID is the cluster's id of
 	// the volume, not a node's).
 	Stripes *Stripes `json:"stripes,omitempty"`
+	// Filesystem marks the placement of a filesystem's volumes: one
+	// extent as large as a file may be, holding what its files hold,
+	// so placing it weighs nothing up front.
+	Filesystem bool `json:"filesystem,omitempty"`
 
 	rev int64 // ModRevision the record was read at
 }

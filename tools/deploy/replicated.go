@@ -162,7 +162,7 @@ func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg HostConfig, no
 	name := "fs." + cfg.FSName
 	rec, err := cluster.GetVolume(ctx, cli, cfg.Cluster, name)
 	switch {
-	case err == nil && (rec.Stripes == nil || len(rec.Stripes.Extents) != 1):
+	case err == nil && (!rec.Filesystem || rec.Stripes == nil || len(rec.Stripes.Extents) != 1):
 		return rec, fmt.Errorf("the control plane's record %q is not a filesystem's placement", name)
 	case err == nil:
 		return rec, nil
@@ -176,7 +176,7 @@ func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg HostConfig, no
 		return rec, err
 	}
 	s.ExtentBytes = fs.MaxFileSize
-	rec, err = reserveReplicated(ctx, cli, cfg.Cluster, name, fs.MaxFileSize, s, nil)
+	rec, err = reserveReplicated(ctx, cli, cfg.Cluster, cluster.VolumeRecord{Name: name, Size: fs.MaxFileSize, Stripes: &s, Filesystem: true}, nil)
 	if errors.Is(err, cluster.ErrVolumeExists) {
 		return fsGroupRecord(ctx, cli, cfg, nodes) // another host placed it first
 	}
@@ -194,7 +194,7 @@ func (h *Host) openGroup(ctx context.Context, cfg HostConfig) (*replica.Group, e
 	if err != nil {
 		return nil, err
 	}
-	if rec.Stripes == nil || len(rec.Stripes.Extents) != 1 {
+	if !rec.Filesystem || rec.Stripes == nil || len(rec.Stripes.Extents) != 1 {
 		return nil, fmt.Errorf("the control plane's record %q is not a filesystem's placement", rec.Name)
 	}
 	for _, id := range rec.Stripes.Nodes() {
@@ -509,6 +509,8 @@ func (t *tender) client(ctx context.Context, n cluster.Node) (*memnode.Client, e
 func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, nodes []cluster.Node, vs VolumeSpec, dial func(string) *memnode.Client) (cluster.VolumeRecord, error) {
 	rec, err := cluster.GetVolume(ctx, cli, cfg.Cluster, vs.Name)
 	switch {
+	case err == nil && rec.Filesystem:
+		return rec, errors.New("it is a filesystem's placement, not a volume")
 	case err == nil && rec.Stripes == nil:
 		return rec, fmt.Errorf("it lives on one memory node (%s), not replicated: serve it without --replicas", rec.NodeAddr)
 	case err == nil && rec.State != cluster.VolumeReady:
@@ -542,19 +544,21 @@ func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName str
 	if err != nil {
 		return cluster.VolumeRecord{}, err
 	}
-	return reserveReplicated(ctx, cli, clusterName, name, size, stripes, dial)
+	return reserveReplicated(ctx, cli, clusterName, cluster.VolumeRecord{Name: name, Size: size, Stripes: &stripes}, dial)
 }
 
-// reserveReplicated records a replicated volume placed as stripes and,
-// unless dial is nil, creates its copy at every node of the map; on a
-// failure the record and the copies made are removed.
-func reserveReplicated(ctx context.Context, cli *clientv3.Client, clusterName, name string, size uint64, stripes cluster.Stripes, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
+// reserveReplicated records replicated volume rec (name, size, stripes;
+// the id is handed out here) and, unless dial is nil, creates its copy at
+// every node of the map; on a failure the record and the copies made are
+// removed.
+func reserveReplicated(ctx context.Context, cli *clientv3.Client, clusterName string, rec cluster.VolumeRecord, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
+	name, size, stripes := rec.Name, rec.Size, *rec.Stripes
 	id, err := cluster.NextVolumeID(ctx, cli, clusterName)
 	if err != nil {
 		return cluster.VolumeRecord{}, err
 	}
-	rec, err := cluster.ReserveVolume(ctx, cli, clusterName, cluster.VolumeRecord{Name: name, ID: id, Size: size,
-		PageSize: pagestore.PageSize, Stripes: &stripes})
+	rec.ID, rec.PageSize = id, pagestore.PageSize
+	rec, err = cluster.ReserveVolume(ctx, cli, clusterName, rec)
 	if err != nil {
 		return rec, err
 	}

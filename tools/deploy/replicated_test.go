@@ -18,13 +18,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A FUSE mount over replicated volumes, host after host: the first
-// writes a tree and unmounts; one of the filesystem's two nodes stops;
-// the second host reads the tree from the other, writes more, and copies
-// the filesystem to the third node (its tender, as for an extent); the
-// last original node stops; a third host reads everything from the copy.
-// Only what fs.Written reports is copied, so this fails if a file's
-// bytes or the metadata's newest snapshot are left out.
+// A FUSE mount over replicated volumes, host after host, over four
+// nodes: the first host writes a tree and unmounts; one of the
+// filesystem's two nodes stops; the second host reads the tree from the
+// other, writes more, and copies the filesystem to another node (its
+// tender, as for an extent), then moves it off the last original node
+// (as pd3 node drain asks), which then holds none of it; every node not
+// holding the filesystem stops; a third host reads everything from the
+// copies. Only what fs.Written reports is copied, so this fails if a
+// file's bytes or the metadata's newest snapshot are left out.
 func TestMountOverReplicatedVolumes(t *testing.T) {
 	if err := fs.Available(); err != nil {
 		t.Skip(err)
@@ -35,7 +37,7 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 	defer etcd.Close()
 	access := cluster.Access{Endpoints: []string{etcd.Endpoint}}
 	nodes := map[string]*Memnode{}
-	for range 3 {
+	for range 4 {
 		n, err := StartMemnode(ctx, MemnodeConfig{Etcd: access})
 		require.NoError(t, err)
 		defer n.Close()
@@ -65,12 +67,13 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 			require.True(t, bytes.Equal(want, got), "%s: %s differs", when, name)
 		}
 	}
+	cli, err := cluster.Dial(ctx, access)
+	require.NoError(t, err)
+	defer cli.Close()
 	group := func() []string {
-		cli, err := cluster.Dial(ctx, access)
-		require.NoError(t, err)
-		defer cli.Close()
 		rec, err := cluster.GetVolume(ctx, cli, "", "fs.pd3")
 		require.NoError(t, err)
+		require.True(t, rec.Filesystem)
 		return rec.Stripes.Extents[0]
 	}
 
@@ -95,8 +98,27 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 		return len(s.Extents[0]) == 2 && !slices.Contains(s.Extents[0], first[0])
 	}, 30*time.Second, 100*time.Millisecond, "copied to the third node: %v", b.group.Stripes())
 	assert.Positive(t, b.Replicated.Repaired.Load())
+	var spare string
+	for id := range nodes {
+		if id != first[0] && !slices.Contains(group(), id) {
+			spare = id
+		}
+	}
+	_, err = cluster.AddMoves(ctx, cli, "", "fs.pd3", []cluster.Move{{Extent: 0, From: first[1], To: spare}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s := b.group.Stripes()
+		return len(s.Moves) == 0 && slices.Contains(s.Extents[0], spare) && !slices.Contains(s.Extents[0], first[1])
+	}, 30*time.Second, 100*time.Millisecond, "moved off %s: %v", first[1], b.group.Stripes())
+	for _, v := range nodes[first[1]].Server.Store.List() {
+		assert.NotContains(t, v.Name, "fs.pd3.", "the node moved off holds none of the filesystem")
+	}
 	require.NoError(t, b.Close(ctx))
-	require.NoError(t, nodes[first[1]].Close())
+	for id, n := range nodes {
+		if !slices.Contains(group(), id) {
+			require.NoError(t, n.Close())
+		}
+	}
 
 	dirC := t.TempDir()
 	c := host(dirC)

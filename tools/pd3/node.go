@@ -62,7 +62,13 @@ mark off. Volumes of one node (not replicated) cannot move: they are named.`,
 					case v.Stripes == nil && v.Node == id:
 						fmt.Fprintf(cmd.ErrOrStderr(), "pd3: volume %s lives on node %s alone (not replicated): it stays\n", v.Name, id)
 					case v.Stripes != nil:
-						moves, err := movesOff(nodes, *v.Stripes, id)
+						// A filesystem's placement grows with its files:
+						// it needs no room up front.
+						need := v.Stripes.ExtentBytes
+						if v.Filesystem {
+							need = 0
+						}
+						moves, err := movesOff(nodes, *v.Stripes, need, id)
 						if err != nil {
 							return fmt.Errorf("volume %s: %w", v.Name, err)
 						}
@@ -121,7 +127,7 @@ func withEtcd(cmd *cobra.Command, etcd *etcdFlags, wait time.Duration, fn func(c
 // movesOff asks for every extent at node id to move to another node up,
 // not draining and not holding it: the freer of two drawn, counting what
 // these moves add.
-func movesOff(nodes []cluster.Node, s cluster.Stripes, id string) ([]cluster.Move, error) {
+func movesOff(nodes []cluster.Node, s cluster.Stripes, need uint64, id string) ([]cluster.Move, error) {
 	var moves []cluster.Move
 	added := map[string]uint64{}
 	for e, reps := range s.Extents {
@@ -135,11 +141,11 @@ func movesOff(nodes []cluster.Node, s cluster.Stripes, id string) ([]cluster.Mov
 				fit = append(fit, n)
 			}
 		}
-		to, err := cluster.Place(fit, s.ExtentBytes, rand.IntN)
+		to, err := cluster.Place(fit, need, rand.IntN)
 		if err != nil {
 			return nil, fmt.Errorf("extent %d: %w", e, err)
 		}
-		added[to.ID] += s.ExtentBytes
+		added[to.ID] += need
 		moves = append(moves, cluster.Move{Extent: e, From: id, To: to.ID})
 	}
 	return moves, nil

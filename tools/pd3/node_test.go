@@ -5,6 +5,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestRebalanceMoves(t *testing.T) {
@@ -37,7 +38,7 @@ func TestMovesOff(t *testing.T) {
 	s := cluster.Stripes{Replicas: 2, ExtentBytes: 1 << 20, Extents: [][]string{{"a", "b"}, {"b", "c"}, {"c", "a"}}}
 	a := up("a")
 	a.Draining = true
-	moves, err := movesOff([]cluster.Node{a, up("b"), up("c"), up("d")}, s, "a")
+	moves, err := movesOff([]cluster.Node{a, up("b"), up("c"), up("d")}, s, s.ExtentBytes, "a")
 	assert.NoError(t, err)
 	assert.Len(t, moves, 2)
 	for _, m := range moves {
@@ -45,6 +46,18 @@ func TestMovesOff(t *testing.T) {
 		assert.NotContains(t, s.Extents[m.Extent], m.To)
 		assert.NotEqual(t, "a", m.To)
 	}
-	_, err = movesOff([]cluster.Node{a, up("b")}, s, "a")
+	_, err = movesOff([]cluster.Node{a, up("b")}, s, s.ExtentBytes, "a")
 	assert.ErrorIs(t, err, cluster.ErrNoNode, "extent 0 has b already, and nothing else is up")
+
+	// A filesystem's placement (one extent of 4 TiB) off a node, onto
+	// nodes of 1 GiB: weighed as what it is, it fits nowhere; as nothing
+	// up front (its files grow where it is), anywhere.
+	fsys := cluster.Stripes{Replicas: 2, ExtentBytes: 4 << 40, Extents: [][]string{{"a", "b"}}}
+	small := up("c")
+	small.Capacity = 1 << 30
+	_, err = movesOff([]cluster.Node{a, up("b"), small}, fsys, fsys.ExtentBytes, "a")
+	assert.ErrorIs(t, err, cluster.ErrNoNode)
+	moves, err = movesOff([]cluster.Node{a, up("b"), small}, fsys, 0, "a")
+	require.NoError(t, err)
+	assert.Equal(t, []cluster.Move{{Extent: 0, From: "a", To: "c"}}, moves)
 }
