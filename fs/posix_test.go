@@ -342,3 +342,44 @@ func TestUnlinkDropsEveryCachedPage(t *testing.T) {
 		return true
 	}, 5*time.Second, 10*time.Millisecond, "pages of the freed file are still cached")
 }
+
+// The kernel keeps entries, attributes and names that do not exist for
+// 30 s: a name looked up and missing, then made, renamed, linked,
+// changed and removed through the mount, is seen as it is at each step
+// (the kernel updates or drops what it cached), and so after a remount.
+func TestKernelCachesFollowChanges(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0)
+	p := e.path
+	_, err := os.Stat(p("later"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, os.WriteFile(p("later"), []byte("now"), 0o600))
+	st, err := os.Stat(p("later"))
+	require.NoError(t, err, "a name cached as missing, made")
+	assert.Equal(t, int64(3), st.Size())
+	require.NoError(t, os.Chmod(p("later"), 0o640))
+	require.NoError(t, os.Link(p("later"), p("again")))
+	st, err = os.Stat(p("again"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o640), st.Mode().Perm())
+	assert.Equal(t, uint64(2), st.Sys().(*syscall.Stat_t).Nlink)
+	require.NoError(t, os.Rename(p("later"), p("moved")))
+	_, err = os.Stat(p("later"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, os.Truncate(p("moved"), 10))
+	st, err = os.Stat(p("again"))
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), st.Size(), "the other name of the file")
+	require.NoError(t, os.Remove(p("again")))
+	st, err = os.Stat(p("moved"))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), st.Sys().(*syscall.Stat_t).Nlink)
+	e.unmount()
+
+	e = mount(t, addr, "", 0)
+	_, err = os.Stat(e.path("again"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	got, err := os.ReadFile(e.path("moved"))
+	require.NoError(t, err)
+	assert.Equal(t, append([]byte("now"), make([]byte, 7)...), got)
+}

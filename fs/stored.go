@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// storedTTL bounds how old the st_blocks of a file may be: the kernel
-// caches attributes as long, so a fresher answer would not be seen.
+// storedTTL bounds how old the st_blocks the host answers may be. The
+// kernel keeps attributes longer (attrTimeout) unless a fsync drops
+// them, so a stat may show older blocks still; this bounds the LISTs.
 const storedTTL = time.Second
 
 // storedCache is the memory each volume holds at the memory node, for
