@@ -487,7 +487,9 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	select {
 	case f.deletes <- n.Vol:
 	default: // the deleter is behind: this caller waits for the round trip
-		f.freeVolume(ctx, n.Vol)
+		// The inode is gone whatever becomes of the request: an
+		// interrupted unlink must not leave its volume behind.
+		f.freeVolume(context.WithoutCancel(ctx), n.Vol)
 		f.pending.Add(-1)
 	}
 }
