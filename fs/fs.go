@@ -432,13 +432,12 @@ func (f *FS) Written(vol uint16, each func(off, n uint64)) {
 		return
 	}
 	f.mu.RLock()
-	n := f.byVol[vol]
-	var size uint64
-	if n != nil {
-		size = max(n.Size, n.peak.Load())
+	var end uint64
+	if n := f.byVol[vol]; n != nil {
+		end = n.written()
 	}
 	f.mu.RUnlock()
-	if end := (size + pageid.Size - 1) &^ (pageid.Size - 1); end > 0 {
+	if end > 0 {
 		each(0, end)
 	}
 }
@@ -477,7 +476,7 @@ func (f *FS) release(ctx context.Context, n *inode) {
 		delete(f.byVol, n.vol)
 	}
 	f.changes++
-	end := (max(n.Size, n.peak.Load()) + pageid.Size - 1) / pageid.Size
+	end := n.written() / pageid.Size
 	f.mu.Unlock()
 	if n.vol == 0 || f.fenced.Load() {
 		return // fenced: the volume may be another holder's file now

@@ -73,6 +73,13 @@ func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFD
 func (n *inode) isReg() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFREG }
 func (n *inode) touch(now int64) { n.Mtime, n.Ctime = now, now }
 
+// written is how far the file's bytes may reach, in whole pages: its
+// size or the furthest any write of this run reached. The model's lock
+// must be held (Size).
+func (n *inode) written() uint64 {
+	return (max(n.Size, n.peak.Load()) + pageid.Size - 1) &^ (pageid.Size - 1)
+}
+
 // reach records that the file's pages below size may be cached.
 func (n *inode) reach(size uint64) {
 	for p := n.peak.Load(); p < size && !n.peak.CompareAndSwap(p, size); p = n.peak.Load() {

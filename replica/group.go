@@ -108,12 +108,9 @@ func (g *Group) Stripes() cluster.Stripes { return *g.p.stripes.Load() }
 // Install makes s the group's map if it is newer (a change read from the
 // control plane).
 func (g *Group) Install(s cluster.Stripes) {
-	if len(s.Extents) != 1 {
-		return
+	if len(s.Extents) == 1 {
+		g.p.install(s)
 	}
-	g.p.mu.Lock()
-	defer g.p.mu.Unlock()
-	g.p.install(s)
 }
 
 // Degraded reports whether the group has fewer replicas than wanted and
@@ -269,10 +266,9 @@ func (g *Group) delete(ctx context.Context, name string, del func(*memnode.Clien
 // List is the group's volumes, with the memory each holds at one replica.
 func (g *Group) List(ctx context.Context) ([]memnode.VolumeInfo, error) {
 	stored := map[string]uint64{}
-	nodes := *g.r.nodes.Load()
 	var buf [maxReplicas]*node
 	for _, n := range g.r.replicas(g.p.stripes.Load(), 0, &buf) {
-		infos, err := nodes[n.id].c.List(ctx)
+		infos, err := n.c.List(ctx)
 		if err != nil {
 			continue
 		}
@@ -330,10 +326,11 @@ func (g *Group) Repair(ctx context.Context, target string, c *memnode.Client, pa
 	}()
 	buf := make([]byte, memnode.ChunkSize)
 	for _, v := range g.members() {
+		local, _ := v.localID(target)
 		copyRange := func(off, n uint64) {
 			end := min(off+n, v.Size)
 			for ; err == nil && off < end; off += memnode.ChunkSize {
-				err = g.copyChunk(ctx, v, target, c, off, buf[:min(memnode.ChunkSize, end-off)], pace)
+				err = r.copyChunk(ctx, v, 0, c, local, off, buf[:min(memnode.ChunkSize, end-off)], pace)
 			}
 		}
 		written(v.ID, copyRange)
@@ -379,33 +376,6 @@ func (g *Group) prepare(ctx context.Context, target string, c *memnode.Client) e
 	err = g.r.change(g.p, func(rec string) (cluster.Stripes, error) { return g.r.ctl.AddJoining(ctx, rec, 0, target) })
 	if err != nil {
 		return fmt.Errorf("replica: group %q: %w", g.p.record, err)
-	}
-	return nil
-}
-
-// copyChunk copies p's length of bytes at off of v from a replica to
-// target under v's lock; a volume deleted meanwhile is skipped.
-func (g *Group) copyChunk(ctx context.Context, v *volume, target string, c *memnode.Client, off uint64, p []byte, pace func(int)) error {
-	v.locks[0].Lock()
-	defer v.locks[0].Unlock()
-	if g.r.vols[v.ID].Load() != v {
-		return nil // deleted: gone at every node
-	}
-	if err := g.r.readExtent(ctx, v, v.p.stripes.Load(), off, p); err != nil {
-		return err
-	}
-	if g.r.copied != nil {
-		g.r.copied(v.ID)
-	}
-	if !zero(p) {
-		local, _ := v.localID(target)
-		if err := c.WriteAt(ctx, local, off, p); err != nil {
-			return err
-		}
-	}
-	g.r.RepairBytes.Add(uint64(len(p)))
-	if pace != nil {
-		pace(len(p))
 	}
 	return nil
 }

@@ -66,8 +66,8 @@ type Remote struct {
 	now   func() time.Time
 
 	// copied, set by tests, runs in a repair between reading a chunk of
-	// volume vol and
-	// writing it to the joining node: where a write must not slip in.
+	// volume vol and writing it to the joining node: where a write must
+	// not slip in.
 	copied func(vol uint16)
 
 	reads sync.Pool // *asyncRead
@@ -690,13 +690,19 @@ func (r *Remote) change(p *placement, fn func(record string) (cluster.Stripes, e
 	if err != nil {
 		return err
 	}
-	p.install(s)
+	p.installLocked(s)
 	return nil
 }
 
-// install makes s the map unless it is older than the one in use; mu
-// must be held.
+// install makes s the map unless the one in use is as new.
 func (p *placement) install(s cluster.Stripes) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.installLocked(s)
+}
+
+// installLocked is install with mu held.
+func (p *placement) installLocked(s cluster.Stripes) {
 	if s.Epoch > p.stripes.Load().Epoch {
 		s = s.Clone()
 		p.stripes.Store(&s)
@@ -865,22 +871,8 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 	}()
 	buf := make([]byte, memnode.ChunkSize)
 	for off := start; off < end; off += memnode.ChunkSize {
-		p := buf[:min(memnode.ChunkSize, end-off)]
-		v.locks[e].Lock()
-		err = r.readExtent(ctx, v, v.p.stripes.Load(), off, p)
-		if r.copied != nil {
-			r.copied(v.ID)
-		}
-		if err == nil && !zero(p) {
-			err = c.WriteAt(ctx, info.ID, off, p)
-		}
-		v.locks[e].Unlock()
-		if err != nil {
+		if err = r.copyChunk(ctx, v, e, c, info.ID, off, buf[:min(memnode.ChunkSize, end-off)], pace); err != nil {
 			return fmt.Errorf("replica: copying extent %d of volume %q to node %s: %w", e, v.Name, target, err)
-		}
-		r.RepairBytes.Add(uint64(len(p)))
-		if pace != nil {
-			pace(len(p))
 		}
 	}
 	if err = r.change(v.p, func(rec string) (cluster.Stripes, error) { return r.ctl.Promote(ctx, rec, e, target) }); err != nil {
@@ -890,17 +882,43 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 	return nil
 }
 
+// copyChunk copies len(p) bytes at off of extent e of v from a replica
+// to local, v's copy at a joining node reached through c, under the
+// extent's lock: the copy is ordered after the writes already sent and
+// before those not yet sent, which reach the joining node themselves.
+// Chunks of zeroes are not written (the copy was cleared or made
+// afresh); a volume no longer served (deleted) is skipped.
+func (r *Remote) copyChunk(ctx context.Context, v *volume, e int, c *memnode.Client, local uint16, off uint64, p []byte, pace func(int)) error {
+	v.locks[e].Lock()
+	defer v.locks[e].Unlock()
+	if r.vols[v.ID].Load() != v {
+		return nil // deleted: gone at every node
+	}
+	if err := r.readExtent(ctx, v, v.p.stripes.Load(), off, p); err != nil {
+		return err
+	}
+	if r.copied != nil {
+		r.copied(v.ID)
+	}
+	if !zero(p) {
+		if err := c.WriteAt(ctx, local, off, p); err != nil {
+			return err
+		}
+	}
+	r.RepairBytes.Add(uint64(len(p)))
+	if pace != nil {
+		pace(len(p))
+	}
+	return nil
+}
+
 // Install makes s volume vol's map if it is newer than the one in use:
 // a change made elsewhere (an operator's moves), read from the control
 // plane.
 func (r *Remote) Install(vol uint16, s cluster.Stripes) {
-	v := r.vols[vol].Load()
-	if v == nil || len(s.Extents) != len(v.locks) {
-		return
+	if v := r.vols[vol].Load(); v != nil && len(s.Extents) == len(v.locks) {
+		v.p.install(s)
 	}
-	v.p.mu.Lock()
-	defer v.p.mu.Unlock()
-	v.p.install(s)
 }
 
 // Move moves extent e of volume vol from node from to node to (reached

@@ -162,10 +162,8 @@ func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg HostConfig, no
 	name := "fs." + cfg.FSName
 	rec, err := cluster.GetVolume(ctx, cli, cfg.Cluster, name)
 	switch {
-	case err == nil && (!rec.Filesystem || rec.Stripes == nil || len(rec.Stripes.Extents) != 1):
-		return rec, fmt.Errorf("the control plane's record %q is not a filesystem's placement", name)
 	case err == nil:
-		return rec, nil
+		return rec, checkFSRecord(rec)
 	case !errors.Is(err, cluster.ErrNoVolume):
 		return rec, err
 	}
@@ -186,16 +184,25 @@ func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg HostConfig, no
 	return rec, err
 }
 
+// checkFSRecord refuses a record that is not a filesystem's placement (a
+// volume of that name).
+func checkFSRecord(rec cluster.VolumeRecord) error {
+	if !rec.Filesystem || rec.Stripes == nil || len(rec.Stripes.Extents) != 1 {
+		return fmt.Errorf("the control plane's record %q is not a filesystem's placement", rec.Name)
+	}
+	return nil
+}
+
 // openGroup opens the filesystem's group of volumes once it is held: its
 // record as it is now (a previous holder's repairs may have changed it),
 // every node of it reached.
 func (h *Host) openGroup(ctx context.Context, cfg HostConfig) (*replica.Group, error) {
 	rec, err := cluster.GetVolume(ctx, h.etcd, cfg.Cluster, "fs."+cfg.FSName)
+	if err == nil {
+		err = checkFSRecord(rec)
+	}
 	if err != nil {
 		return nil, err
-	}
-	if !rec.Filesystem || rec.Stripes == nil || len(rec.Stripes.Extents) != 1 {
-		return nil, fmt.Errorf("the control plane's record %q is not a filesystem's placement", rec.Name)
 	}
 	for _, id := range rec.Stripes.Nodes() {
 		if c := h.dialNode(id); c != nil {
@@ -552,7 +559,13 @@ func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName str
 // every node of the map; on a failure the record and the copies made are
 // removed.
 func reserveReplicated(ctx context.Context, cli *clientv3.Client, clusterName string, rec cluster.VolumeRecord, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
-	name, size, stripes := rec.Name, rec.Size, *rec.Stripes
+	name, size := rec.Name, rec.Size
+	// A copy at every node of the map, sparse: a node stores only the
+	// extents placed on it.
+	var copies []string
+	if dial != nil {
+		copies = rec.Stripes.Nodes()
+	}
 	id, err := cluster.NextVolumeID(ctx, cli, clusterName)
 	if err != nil {
 		return cluster.VolumeRecord{}, err
@@ -562,13 +575,8 @@ func reserveReplicated(ctx context.Context, cli *clientv3.Client, clusterName st
 	if err != nil {
 		return rec, err
 	}
-	// A copy at every node of the map, sparse: a node stores only the
-	// extents placed on it.
 	var made []*memnode.Client
-	for _, nid := range stripes.Nodes() {
-		if dial == nil {
-			break
-		}
+	for _, nid := range copies {
 		c := dial(nid)
 		if c == nil {
 			err = fmt.Errorf("node %s: unreachable", nid)
