@@ -161,6 +161,14 @@ func NBDBreakdown(ctx context.Context, opt BreakdownOptions) (*Breakdown, error)
 		row.System, row.What = sys.name, sys.what
 		out.Rows = append(out.Rows, row)
 	}
+	for _, f := range crossingFloors {
+		row, err := runCrossingFloor(ctx, opt.Exe, f, opt.Requests)
+		if err != nil {
+			return nil, err
+		}
+		out.Rows = append(out.Rows, row)
+	}
+	out.Notes = append(out.Notes, "go-* rows: the crossing floor, Go processes that pass a 28-byte request and a 4 KiB answer over loopback TCP and do nothing else (pd3 bench crossing-server), sleeping in poll(2) as pd3 does or busy-polling")
 	out.Notes = append(out.Notes, fmt.Sprintf("%d one-page reads per system at queue depth 1 (pd3's Go NBD client, uniform over %s); pd3 %s cache, embedded agent; a stage's time runs from the stage before it; pd3 rows count only the reads that took that path (misses, hits), stamped by client, host and memory node in one shared-memory recorder",
 		opt.Requests, unitsSize(opt.Size), unitsSize(opt.Cache)))
 	return out, nil

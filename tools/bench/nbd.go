@@ -48,7 +48,13 @@ type NBDOptions struct {
 // pd3-r1 and pd3-r2 are replicated volumes (--replicas 1 and 2) over two
 // memory node processes and a pd3 coord, with the embedded agent as pd3:
 // the cost of the second replica; -noagent, the same with --dpu none.
-var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent"}
+//
+// go-relay-nbdkit-memory is the ceiling of a miss: a Go process that only
+// relays bytes (sleeping in poll(2) for them, as pd3's host does) in front
+// of nbdkit memory in a process of its own, so every read makes a miss's
+// four crossings and nothing else. No design in which a host forwards a
+// read to a memory node and sleeps while it waits can beat it here.
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -97,6 +103,12 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		for _, base := range opt.Systems {
 			if base != "pd3" && base != "pd3-persist" && iops[base][job] > 0 && iops["pd3"][job] > 0 {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
+			}
+		}
+		// The ceiling's own ratios: the most pd3's could be.
+		for _, peer := range []string{"nbdkit-cache-nbd", "nbdkit-memory"} {
+			if iops["go-relay-nbdkit-memory"][job] > 0 && iops[peer][job] > 0 {
+				rep.Ratios["go-relay-nbdkit-memory/"+peer+"@"+job] = iops["go-relay-nbdkit-memory"][job] / iops[peer][job]
 			}
 		}
 		if iops["pd3-local"][job] > 0 && iops["nbdkit-memory"][job] > 0 {
@@ -168,6 +180,17 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			return "", nil, nil, nil, err
 		}
 		return "nbd://" + addr, c, nil, c.Stop, nil
+	case "go-relay-nbdkit-memory":
+		remote, raddr, err := startNbdkit(ctx, nil, "memory", size)
+		if err != nil {
+			return "", nil, nil, nil, err
+		}
+		relay, err := StartChild(ctx, opt.Exe, []string{"crossing server"}, "bench", "crossing-server", "--listen", "127.0.0.1:0", "--proxy", "--forward", raddr)
+		if err != nil {
+			remote.Stop()
+			return "", nil, nil, nil, err
+		}
+		return "nbd://" + relay.Addrs["crossing server"], relay, remote, func() { relay.Stop(); remote.Stop() }, nil
 	case "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd":
 		front, remote, addr, err := startNbdkitCacheChain(ctx, opt.Size, opt.Cache, sys == "nbdkit-readahead-cache-nbd")
 		if err != nil {

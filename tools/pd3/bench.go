@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -142,7 +143,6 @@ func benchCmd() *cobra.Command {
 	hv.Flags().IntVar(&hvopt.Keys, "keys", 100_000_000, "keys in the set")
 	hv.Flags().IntVar(&hvopt.Lookups, "lookups", 20_000_000, "lookups per row")
 
-	var listen string
 	var lzopt bench.LZOptions
 	var threads string
 	lzc := &cobra.Command{
@@ -210,7 +210,7 @@ func benchCmd() *cobra.Command {
 			return emit(rep)
 		},
 	}
-	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,nbdkit-cache-nbd,nbdkit-readahead-cache-nbd,pd3-local", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
+	nbdc.Flags().StringVar(&nsystems, "systems", "pd3,nbdkit-memory,nbdkit-cache-nbd,nbdkit-readahead-cache-nbd,pd3-local,go-relay-nbdkit-memory", "servers to compare: "+strings.Join(bench.NBDSystems, ","))
 	nbdc.Flags().StringVar(&njobs, "jobs", strings.Join(bench.NBDJobs, ","), "fio jobs (tools/fio/NAME.fio)")
 	pagesVar(nbdc.Flags(), &nopt.Size, "size", "1GiB", "export size")
 	pagesVar(nbdc.Flags(), &nopt.Cache, "cache", "64MiB", "pd3 host cache")
@@ -249,42 +249,29 @@ func benchCmd() *cobra.Command {
 	fusec.Flags().DurationVar(&fopt.Runtime, "runtime", 10*time.Second, "per job")
 
 	var gsize string
-	gonbd := &cobra.Command{
-		Use: "gonbd-server", Hidden: true, Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := units.ParseSize(gsize)
-			if err != nil {
-				return err
-			}
-			ln, err := deploy.Listen(listen)
-			if err != nil {
-				return err
-			}
-			logger().Info(fmt.Sprintf("go-nbd server listening on %s", ln.Addr()))
-			ctx, stop := sigctx(cmd)
-			defer stop()
-			return bench.ServeGoNBD(ctx, ln, n)
-		},
-	}
-	gonbd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
+	gonbd := benchServer("gonbd-server", "go-nbd server", func(ctx context.Context, ln net.Listener) error {
+		n, err := units.ParseSize(gsize)
+		if err != nil {
+			return err
+		}
+		return bench.ServeGoNBD(ctx, ln, n)
+	})
 	gonbd.Flags().StringVar(&gsize, "size", "1GiB", "export size")
 
 	var region uint64
-	raw := &cobra.Command{
-		Use: "raw-server", Hidden: true, Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ln, err := deploy.Listen(listen)
-			if err != nil {
-				return err
-			}
-			logger().Info(fmt.Sprintf("raw server listening on %s", ln.Addr()))
-			ctx, stop := sigctx(cmd)
-			defer stop()
-			return bench.ServeRaw(ctx, ln, region)
-		},
-	}
-	raw.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
+	raw := benchServer("raw-server", "raw server", func(ctx context.Context, ln net.Listener) error {
+		return bench.ServeRaw(ctx, ln, region)
+	})
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
+
+	var forward, busy string
+	var proxy bool
+	crossing := benchServer("crossing-server", "crossing server", func(ctx context.Context, ln net.Listener) error {
+		return bench.ServeCrossing(ctx, ln, forward, busy, proxy)
+	})
+	crossing.Flags().StringVar(&forward, "forward", "", "relay each request to this address")
+	crossing.Flags().BoolVar(&proxy, "proxy", false, "relay bytes to --forward in both directions (any protocol)")
+	crossing.Flags().StringVar(&busy, "poll", "", "busy-poll instead of sleeping in poll(2): all (every input) or upstream (the forwarded request's answer)")
 	ropt := bench.RepairOptions{Nodes: 3, Replicas: 2}
 	repairc := &cobra.Command{
 		Use:   "repair",
@@ -309,7 +296,7 @@ func benchCmd() *cobra.Command {
 	repairc.Flags().IntVar(&ropt.Nodes, "nodes", 3, "memory node processes")
 	repairc.Flags().IntVar(&ropt.Replicas, "replicas", 2, "replicas of each extent")
 	repairc.Flags().DurationVar(&ropt.Timeout, "timeout", 2*time.Minute, "give up on each wait after this long")
-	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, repairc)
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, repairc)
 	return cmd
 }
 
@@ -348,3 +335,25 @@ func (p *barProgress) End() {
 // watched reports whether a person watches stderr (a terminal), so that
 // progress is worth drawing; never with --json.
 func watched(asJSON bool) bool { return !asJSON && term.IsTerminal(int(os.Stderr.Fd())) }
+
+// benchServer is a hidden command that a benchmark starts as a peer: it
+// listens on --listen, says so as role (what StartChild waits for) and
+// serves until a signal.
+func benchServer(use, role string, serve func(context.Context, net.Listener) error) *cobra.Command {
+	var listen string
+	c := &cobra.Command{
+		Use: use, Hidden: true, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ln, err := deploy.Listen(listen)
+			if err != nil {
+				return err
+			}
+			logger().Info(fmt.Sprintf("%s listening on %s", role, ln.Addr()))
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return serve(ctx, ln)
+		},
+	}
+	c.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "listen address")
+	return c
+}

@@ -357,11 +357,13 @@ func TestBenchNBDSmoke(t *testing.T) {
 	assert.Greater(t, len(colours), 8, "not a blank canvas")
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	assert.Len(t, rep.Results, 10) // pd3, nbdkit-memory, two nbdkit cache chains, pd3-local
+	assert.Len(t, rep.Results, 12) // pd3, nbdkit-memory, two nbdkit cache chains, pd3-local, the relay ceiling
 	assert.Contains(t, rep.Ratios, "pd3/nbdkit-memory@randread-q32t1")
 	assert.Contains(t, rep.Ratios, "pd3/nbdkit-cache-nbd@randread-q32t1")
 	assert.Contains(t, rep.Ratios, "pd3/nbdkit-readahead-cache-nbd@randwrite-q32t1")
 	assert.Contains(t, rep.Ratios, "pd3-local/nbdkit-memory@randread-q32t1")
+	assert.Contains(t, rep.Ratios, "pd3/go-relay-nbdkit-memory@randread-q32t1")
+	assert.Contains(t, rep.Ratios, "go-relay-nbdkit-memory/nbdkit-cache-nbd@randread-q32t1")
 	// CPU time comes from /proc in 10 ms ticks, and on a loaded machine a
 	// remote may use less than one tick in a 1 s job; summed over the jobs
 	// it is measured at all, which is what this smoke test checks.
@@ -370,7 +372,7 @@ func TestBenchNBDSmoke(t *testing.T) {
 		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
 		remoteCPU[r.System] += r.MemnodeCPUusOp
 	}
-	for _, sys := range []string{"pd3", "nbdkit-cache-nbd"} {
+	for _, sys := range []string{"pd3", "nbdkit-cache-nbd", "go-relay-nbdkit-memory"} {
 		assert.Positive(t, remoteCPU[sys], "the remote process's CPU is measured for %s", sys)
 	}
 	idle := 0
@@ -379,7 +381,7 @@ func TestBenchNBDSmoke(t *testing.T) {
 			idle++
 		}
 	}
-	assert.Equal(t, 5, idle, "every system's idle CPU is reported: %v", rep.Notes)
+	assert.Equal(t, 6, idle, "every system's idle CPU is reported: %v", rep.Notes)
 }
 
 // TestBenchNBDBreakdownSmoke: the per-stage breakdown stamps every stage
@@ -405,6 +407,10 @@ func TestBenchNBDBreakdownSmoke(t *testing.T) {
 	require.Contains(t, rows, "pd3")
 	require.Contains(t, rows, "pd3-local")
 	require.Contains(t, rows, "nbdkit-nbd")
+	for _, floor := range []string{"go-crossing", "go-crossing-poll", "go-relay", "go-relay-two-threads", "go-relay-poll-outstanding", "go-relay-poll-servers", "go-relay-poll"} {
+		require.Contains(t, rows, floor)
+		assert.Equal(t, 300, rows[floor].Requests, floor)
+	}
 	assert.Len(t, rows["pd3"].Stages, 9, "every stage of a miss")
 	assert.Len(t, rows["pd3-local"].Stages, 4, "every stage of a hit")
 	assert.Greater(t, rows["pd3"].Requests, 100, "most reads of a 4 MiB cache over 64 MiB miss")
