@@ -85,18 +85,9 @@ func (c *crossReader) readFull(p []byte) error {
 // (NBD with its handshake): each direction is copied by a goroutine of
 // its own that sleeps in poll(2), and requests pipeline through it.
 func ServeCrossing(ctx context.Context, ln net.Listener, forward string, poll string, proxy bool) error {
-	if proxy && (forward == "" || poll != "") {
-		return fmt.Errorf("crossing: a proxy needs --forward and sleeps in poll(2)")
-	}
-	in, up := waitPoll2, waitPoll2
-	switch poll {
-	case "":
-	case "all":
-		in, up = waitBusy, waitBusy
-	case "upstream":
-		up = waitBusy
-	default:
-		return fmt.Errorf("crossing: --poll %q: want all or upstream", poll)
+	in, up, err := crossingModes(forward, poll, proxy)
+	if err != nil {
+		return err
 	}
 	go func() { <-ctx.Done(); ln.Close() }()
 	for {
@@ -155,6 +146,32 @@ func crossConn(ctx context.Context, nc net.Conn, forward string, inMode, upMode 
 			return err
 		}
 	}
+}
+
+// CheckCrossing checks ServeCrossing's settings, for a command line
+// before it listens.
+func CheckCrossing(forward, poll string, proxy bool) error {
+	_, _, err := crossingModes(forward, poll, proxy)
+	return err
+}
+
+// crossingModes checks ServeCrossing's settings and returns how the
+// server waits for its client's input and for the forwarded answers.
+func crossingModes(forward, poll string, proxy bool) (in, up waitMode, err error) {
+	if proxy && (forward == "" || poll != "") {
+		return 0, 0, fmt.Errorf("crossing: a proxy needs --forward and sleeps in poll(2)")
+	}
+	in, up = waitPoll2, waitPoll2
+	switch poll {
+	case "":
+	case "all":
+		in, up = waitBusy, waitBusy
+	case "upstream":
+		up = waitBusy
+	default:
+		return 0, 0, fmt.Errorf("crossing: --poll %q: want all or upstream", poll)
+	}
+	return in, up, nil
 }
 
 // proxyConn copies nc to a connection to forward and back until either

@@ -269,6 +269,9 @@ func benchCmd() *cobra.Command {
 	crossing := benchServer("crossing-server", "crossing server", func(ctx context.Context, ln net.Listener) error {
 		return bench.ServeCrossing(ctx, ln, forward, busy, proxy)
 	})
+	crossing.PreRunE = func(*cobra.Command, []string) error {
+		return bench.CheckCrossing(forward, busy, proxy)
+	}
 	crossing.Flags().StringVar(&forward, "forward", "", "relay each request to this address")
 	crossing.Flags().BoolVar(&proxy, "proxy", false, "relay bytes to --forward in both directions (any protocol)")
 	crossing.Flags().StringVar(&busy, "poll", "", "busy-poll instead of sleeping in poll(2): all (every input) or upstream (the forwarded request's answer)")
