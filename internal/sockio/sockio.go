@@ -9,14 +9,16 @@
 // 3 context switches (a non-blocking and a blocking epoll_pwait, a read
 // that found nothing, futex wake-ups of an idle thread to spin for work)
 // where nbdkit makes 3 and 1. Blocked in poll(2), the thread is woken by
-// the kernel directly when the bytes arrive, keeps its P (the Go
-// scheduler does not retake a P whose syscall it has no other work for),
-// and goes on with no scheduler involvement: poll, read, write.
+// the kernel directly when the bytes arrive and, if it still has its P,
+// goes on with no scheduler involvement: poll, read, write.
 //
 // The cost: a thread blocked here holds its P while other goroutines may
-// want it; the runtime's monitor takes the P back when they do (within
-// its 20 µs–10 ms period), so other work is delayed, never stopped. Use
-// it for a few connections that carry most of a process's work, not for
+// want it; the runtime's monitor takes the P back when they do, or when
+// no P is idle (within its 20 µs–10 ms period), so other work is
+// delayed, never stopped. A retaken thread, woken by its socket, must
+// find a P again: with as many threads blocked here as Ps, it parks and
+// another thread runs it, a wake-up more (docs/ARCHITECTURE.md). Use it
+// for a few connections that carry most of a process's work, not for
 // every connection of a busy server.
 //
 // A blocked poll holds the socket's descriptor, so closing the connection
