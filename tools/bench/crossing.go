@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/sockio"
@@ -60,7 +61,12 @@ func (c *crossReader) readFull(p []byte) error {
 		var err error
 		switch c.mode {
 		case waitBusy:
-			n, err = c.r.TryRead(p)
+			// Yield between attempts: a spinner must not starve the
+			// other goroutines of its own process (a relay's other
+			// direction, or a test running every process in one).
+			if n, err = c.r.TryRead(p); n == 0 && err == nil {
+				runtime.Gosched()
+			}
 		case waitPoll2:
 			n, err = c.r.Read(p)
 		default:
@@ -182,20 +188,16 @@ func proxyConn(ctx context.Context, nc net.Conn, forward string) error {
 	if err != nil {
 		return err
 	}
-	if tc, ok := up.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
 	errc := make(chan error, 2)
 	copyTo := func(dst, src net.Conn) {
-		r := sockio.NewReader(src)
-		if r == nil {
-			errc <- fmt.Errorf("crossing: %T is not a socket", src)
+		r, err := newCrossReader(src, waitPoll2)
+		if err != nil {
+			errc <- err
 			return
 		}
-		r.Direct()
 		buf := make([]byte, 256<<10)
 		for {
-			n, err := r.Read(buf)
+			n, err := r.r.Read(buf)
 			if err != nil {
 				errc <- err
 				return

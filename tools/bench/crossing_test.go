@@ -35,7 +35,7 @@ func TestCrossingFloors(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			addr := serveCrossing(t, "", f.echoPoll, false)
 			if f.hops == 2 {
-				addr = serveCrossing(t, addr, f.relayPoll, false)
+				addr = serveCrossing(t, addr, f.relayPoll, f.proxy)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -49,11 +49,12 @@ type NBDOptions struct {
 // memory node processes and a pd3 coord, with the embedded agent as pd3:
 // the cost of the second replica; -noagent, the same with --dpu none.
 //
-// go-relay-nbdkit-memory is the ceiling of a miss: a Go process that only
-// relays bytes (sleeping in poll(2) for them, as pd3's host does) in front
-// of nbdkit memory in a process of its own, so every read makes a miss's
-// four crossings and nothing else. No design in which a host forwards a
-// read to a memory node and sleeps while it waits can beat it here.
+// go-relay-nbdkit-memory is the ceiling of a miss as pd3's host makes it:
+// a Go process that only relays bytes (each direction on a goroutine
+// sleeping in poll(2), as pd3's host reads) in front of nbdkit memory in
+// a process of its own, so every read makes a miss's four crossings and
+// nothing else. A relay whose sending thread reads each answer itself is
+// faster still (pd3 bench nbd --breakdown, the go-relay rows).
 var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
 
 // NBDJobs are the default fio jobs.
