@@ -28,6 +28,7 @@ FUZZ_TARGETS := \
 	./dpu:FuzzNBDParser:300000 \
 	./dpu:FuzzRingMsg:300000 \
 	./fs:FuzzSnapshot:100000 \
+	./fs:FuzzJournalRecord:100000 \
 	./dpu/mirror/packet:FuzzSegment:300000
 
 .PHONY: all build run deps-run test test-long vet fuzz bench bench-nbd bench-fuse pgbench-nbd deps deps-system deps-bpf generate tools-check clean

@@ -6,11 +6,14 @@
 // ahead of the creates that take them, or "fs.NAME.INO", up to
 // MaxFileSize); its pages are keyed like any volume's, so the DPU agent,
 // Host View and the Loading Zone treat FUSE and NBD reads alike. The tree
-// and attributes are a model in host memory saved as a snapshot in the
-// volume "fs.NAME.meta": on fsync, every SyncInterval when changed, and
-// at Close. A snapshot goes to the free one of two slots and a one-page
-// header flips to it, so a crash leaves the previous snapshot whole.
-// Volumes that no snapshot names (files created after the last one,
+// and attributes are a model in host memory kept in the volume
+// "fs.NAME.meta" as a snapshot and a journal of what changed since: a
+// record on fsync, every SyncInterval when changed, and at Close, each
+// holding only what changed. A snapshot goes to the free one of two slots
+// and a one-page header flips to it, so a crash leaves the previous
+// snapshot and its journal whole; the syncer writes one when the journal
+// outgrows twice the last, and loading replays records up to a torn tail.
+// Volumes that the tree does not name (files created after the last save,
 // volumes made ahead and not used, freed files' volumes not yet deleted
 // in the background) are deleted at the next Open.
 //

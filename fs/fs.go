@@ -95,9 +95,17 @@ type FS struct {
 	inodes  map[uint64]*inode
 	nextIno uint64
 	changes uint64 // bumped by every metadata change
-	saved   uint64 // changes covered by the last snapshot
-	vols    map[uint16]memnode.VolumeInfo
-	byVol   map[uint16]*inode // regular files by data volume id
+	saved   uint64 // changes covered by what the metadata volume holds
+	// dirty and dents are what changed since the last journal record:
+	// inodes, and directory entries by directory and name.
+	dirty map[uint64]struct{}
+	dents map[dentKey]struct{}
+	// snapshotDue makes the next sync write a snapshot, not a record:
+	// there is none yet, or a write failed and the journal may have
+	// lost a record.
+	snapshotDue bool
+	vols        map[uint16]memnode.VolumeInfo
+	byVol       map[uint16]*inode // regular files by data volume id
 
 	storedCache storedCache // st_blocks and statfs
 
@@ -147,6 +155,8 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		cfg:     cfg,
 		meta:    metaStore{c: cfg.Backend, vol: mv.ID},
 		inodes:  make(map[uint64]*inode),
+		dirty:   make(map[uint64]struct{}),
+		dents:   make(map[dentKey]struct{}),
 		vols:    make(map[uint16]memnode.VolumeInfo),
 		byVol:   make(map[uint16]*inode),
 		stop:    make(chan struct{}),
@@ -182,10 +192,13 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if snap == nil {
 		now := nowNs()
 		snap = &snapshot{Version: snapshotVersion, NextIno: firstIno, Inodes: []*inode{{
-			Ino: rootIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Parent: rootIno,
-			Atime: now, Mtime: now, Ctime: now, Entries: map[string]uint64{},
+			attrs: attrs{
+				Ino: rootIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Parent: rootIno,
+				Atime: now, Mtime: now, Ctime: now,
+			},
+			Entries: map[string]uint64{},
 		}}}
-		f.changes = 1
+		f.changes, f.snapshotDue = 1, true
 	}
 	f.nextIno = snap.NextIno
 	all, err := cfg.Backend.List(ctx)
@@ -303,22 +316,53 @@ func (f *FS) Sync(ctx context.Context) error {
 	if err := f.cfg.Store.Flush(ctx); err != nil {
 		return fmt.Errorf("fs: writing back data: %w", err)
 	}
-	return f.syncMeta(ctx)
+	return f.syncMeta(ctx, false)
 }
 
-// syncMeta writes a snapshot if the metadata changed since the last one.
-func (f *FS) syncMeta(ctx context.Context) error {
+// syncMeta makes the metadata volume hold every change so far: a
+// journal record of what changed since the last one, or (compact, or
+// when no journal can be trusted) a whole snapshot.
+func (f *FS) syncMeta(ctx context.Context, compact bool) error {
 	if f.fenced.Load() {
 		return fmt.Errorf("fs: %w: not writing metadata", ErrMounted)
 	}
 	f.syncMu.Lock()
 	defer f.syncMu.Unlock()
-	f.mu.RLock()
-	if f.changes == f.saved {
-		f.mu.RUnlock()
+	f.mu.Lock()
+	if f.changes == f.saved && !compact {
+		f.mu.Unlock()
 		return nil
 	}
 	at := f.changes
+	if !compact && !f.snapshotDue {
+		rec, err := json.Marshal(f.takeRecordLocked())
+		f.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("fs: encoding a journal record: %w", err)
+		}
+		err = f.meta.appendRecord(ctx, rec)
+		if err == nil {
+			f.markSaved(at)
+			return nil
+		}
+		if !errors.Is(err, errJournalFull) {
+			// The record may be lost: only a snapshot covers it now.
+			f.mu.Lock()
+			f.snapshotDue = true
+			f.mu.Unlock()
+			return err
+		}
+		f.mu.Lock()
+	}
+	// A snapshot holds every change up to at; what changes after this
+	// goes into the next record, which replays the same way whether or
+	// not the snapshot caught it.
+	at = f.changes
+	clear(f.dirty)
+	clear(f.dents)
+	f.snapshotDue = true // until the snapshot is written
+	f.mu.Unlock()
+	f.mu.RLock()
 	snap := snapshot{Version: snapshotVersion, NextIno: f.nextIno, Inodes: make([]*inode, 0, len(f.inodes))}
 	for _, n := range f.inodes {
 		if n.Nlink > 0 {
@@ -335,9 +379,63 @@ func (f *FS) syncMeta(ctx context.Context) error {
 		return err
 	}
 	f.mu.Lock()
+	f.snapshotDue = false
+	f.mu.Unlock()
+	f.markSaved(at)
+	return nil
+}
+
+func (f *FS) markSaved(at uint64) {
+	f.mu.Lock()
 	f.saved = max(f.saved, at)
 	f.mu.Unlock()
-	return nil
+}
+
+// dentKey names a directory entry that changed.
+type dentKey struct {
+	dir  uint64
+	name string
+}
+
+// changedLocked notes that inodes changed (f.mu held for writing).
+func (f *FS) changedLocked(ns ...*inode) {
+	f.changes++
+	for _, n := range ns {
+		f.dirty[n.Ino] = struct{}{}
+	}
+}
+
+// setEntryLocked makes name in directory d name inode ino (0: removes
+// it), f.mu held for writing.
+func (f *FS) setEntryLocked(d *inode, name string, ino uint64) {
+	if ino == 0 {
+		delete(d.Entries, name)
+	} else {
+		d.Entries[name] = ino
+	}
+	f.dents[dentKey{d.Ino, name}] = struct{}{}
+}
+
+// takeRecordLocked returns what changed since the last record, as it is
+// now, and starts the next (f.mu held for writing).
+func (f *FS) takeRecordLocked() *record {
+	r := &record{NextIno: f.nextIno}
+	for ino := range f.dirty {
+		if n := f.inodes[ino]; n != nil && n.Nlink > 0 {
+			r.Inodes = append(r.Inodes, n.attrs)
+		} else {
+			r.Freed = append(r.Freed, ino)
+		}
+	}
+	for k := range f.dents {
+		// A directory that is gone is in Freed, with its entries.
+		if d := f.inodes[k.dir]; d != nil && d.Nlink > 0 {
+			r.Entries = append(r.Entries, dentry{Dir: k.dir, Name: k.name, Ino: d.Entries[k.name]})
+		}
+	}
+	clear(f.dirty)
+	clear(f.dents)
+	return r
 }
 
 // syncLoop renews the lease (every third of its TTL) and saves changed
@@ -374,10 +472,15 @@ func (f *FS) syncLoop() {
 				}
 			}
 			if f.cfg.SyncInterval > 0 && now.Sub(lastSync) >= f.cfg.SyncInterval {
-				if err := f.syncMeta(ctx); err != nil {
+				if err := f.syncMeta(ctx, false); err != nil {
 					f.cfg.Log.Warn("fs: background metadata sync", "err", err)
 				}
 				lastSync = now
+			}
+			if !f.fenced.Load() && f.meta.compactDue() {
+				if err := f.syncMeta(ctx, true); err != nil {
+					f.cfg.Log.Warn("fs: folding the metadata journal into a snapshot", "err", err)
+				}
 			}
 			cancel()
 		}
@@ -475,7 +578,7 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	if f.byVol[n.vol] == n {
 		delete(f.byVol, n.vol)
 	}
-	f.changes++
+	f.changedLocked(n)
 	end := n.written() / pageid.Size
 	f.mu.Unlock()
 	if n.vol == 0 || f.fenced.Load() {

@@ -35,9 +35,10 @@ const MaxFileSize = 4 << 40
 // maxName is NAME_MAX.
 const maxName = 255
 
-// inode is the persistent state of a file, directory or symlink. Fields
-// are exported for the JSON snapshot; the model's lock guards them.
-type inode struct {
+// attrs is what the metadata keeps of an inode besides a directory's
+// entries. A journal record carries it whole; fields are exported for
+// JSON, and the model's lock guards them.
+type attrs struct {
 	Ino   uint64
 	Mode  uint32 // type and permission bits
 	UID   uint32
@@ -49,11 +50,18 @@ type inode struct {
 	Ctime int64
 	// Parent is a directory's parent (for the rename-into-itself check);
 	// files may have several and do not record them.
-	Parent  uint64
-	Target  string            // symlink
+	Parent uint64
+	Target string            // symlink
+	Xattr  map[string][]byte `json:",omitempty"`
+	Vol    string            `json:",omitempty"` // regular file: its data volume's name
+}
+
+// inode is the state of a file, directory or symlink. The embedded attrs
+// and Entries are persistent (a snapshot holds them as one JSON object);
+// the rest lives for this run.
+type inode struct {
+	attrs
 	Entries map[string]uint64 // directory
-	Xattr   map[string][]byte
-	Vol     string // regular file: its data volume's name
 
 	vol   uint16 // the data volume's id in this run
 	opens int    // open handles; an unlinked file is freed at the last close
@@ -86,7 +94,7 @@ func (n *inode) reach(size uint64) {
 	}
 }
 
-// snapshot is what the metadata volume holds.
+// snapshot is the whole tree, as a slot of the metadata volume holds it.
 type snapshot struct {
 	Version int
 	NextIno uint64
@@ -95,32 +103,92 @@ type snapshot struct {
 
 const snapshotVersion = 2 // 2: JSON (1 was gob)
 
-// Metadata volume layout: a header page at 0 names which of two slots holds
+// record is one journal record: what changed since the record before it
+// (or the snapshot), as the state it changed to, so that replaying a
+// record twice, or one whose change a snapshot already holds, changes
+// nothing. Its size follows the change, not the tree: a directory's
+// entries travel one name at a time.
+type record struct {
+	NextIno uint64
+	// Inodes are new or changed inodes, whole but for a directory's
+	// entries.
+	Inodes []attrs `json:",omitempty"`
+	// Entries are directory entries as they now are: Ino 0 means the
+	// name is gone.
+	Entries []dentry `json:",omitempty"`
+	// Freed are inodes that no longer exist (no names, or no names left
+	// and only open handles, which a crash closes).
+	Freed []uint64 `json:",omitempty"`
+}
+
+// dentry is a directory entry: name in directory Dir names inode Ino.
+type dentry struct {
+	Dir  uint64
+	Name string
+	Ino  uint64
+}
+
+// Metadata volume layout. A header page at 0 names the slot that holds
 // the newest snapshot, with its generation, length and CRC. A snapshot is
 // written to the other slot and acknowledged before the header moves to
-// it, so a crash mid-write leaves the previous snapshot intact; the header
-// is one page, which the memory node writes atomically.
+// it, so a crash mid-write leaves the previous snapshot and its journal
+// intact; the header is one page, which the memory node writes atomically.
+//
+// The journal of a snapshot follows it in its slot, from the first page
+// boundary after it: records back to back, each
+//
+//	off  size  field
+//	0    4     magic "PD3J"
+//	4    4     CRC-32C of bytes 8 to the payload's end
+//	8    8     generation: the header's when the record was written
+//	16   4     sequence number: 0, 1, ... after the snapshot
+//	20   4     payload length
+//	24   n     payload: a record in JSON
+//
+// A record is appended only after the one before it is acknowledged, so
+// only the last can be torn; loading replays records until the first
+// whose magic, generation, sequence or checksum is wrong (a torn tail, or
+// an older generation's records in a reused slot). Once the journal
+// outgrows twice its snapshot (and compactMin), the syncer folds it into
+// a new snapshot: writing snapshots then costs at most half of what the
+// journal did, so a change costs O(its size).
 const (
 	metaMagic    = "PD3FSMD1"
 	metaSlot0    = 1 << 20
 	metaSlotSize = 1 << 30
 	metaVolSize  = metaSlot0 + 2*metaSlotSize
+
+	journalMagic  = "PD3J"
+	journalHeader = 24
+	compactMin    = 4 << 20
 )
+
+// errJournalFull means a record does not fit in the slot: the caller
+// writes a snapshot instead.
+var errJournalFull = errors.New("fs: the metadata journal is full")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// metaStore reads and writes snapshots in the metadata volume.
+// metaStore reads and writes snapshots and journal records in the
+// metadata volume.
 type metaStore struct {
 	c   Backend
 	vol uint16
 
-	mu   sync.Mutex // one snapshot write at a time
+	mu   sync.Mutex // one write at a time
 	gen  uint64
 	slot int
 	n    uint64 // bytes of the snapshot in slot
+	jlen uint64 // bytes of its journal
+	seq  uint32 // the next record's sequence number
 }
 
-// load returns the newest snapshot, or nil for a fresh volume.
+func slotOff(slot int) uint64 { return uint64(metaSlot0 + slot*metaSlotSize) }
+
+func pageUp(n uint64) uint64 { return (n + pageid.Size - 1) &^ (pageid.Size - 1) }
+
+// load returns the newest snapshot with its journal replayed, or nil for
+// a fresh volume.
 func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 	hdr := make([]byte, pageid.Size)
 	if err := m.c.ReadAt(ctx, m.vol, 0, hdr); err != nil {
@@ -140,11 +208,8 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 		return nil, fmt.Errorf("fs: metadata header: %w: slot %d, %d bytes", pageid.ErrCorrupt, slot, n)
 	}
 	buf := make([]byte, n)
-	for off := uint64(0); off < n; off += memnode.MaxIO {
-		end := min(n, off+memnode.MaxIO)
-		if err := m.c.ReadAt(ctx, m.vol, uint64(metaSlot0+slot*metaSlotSize)+off, buf[off:end]); err != nil {
-			return nil, fmt.Errorf("fs: reading metadata: %w", err)
-		}
+	if err := m.read(ctx, slotOff(slot), buf); err != nil {
+		return nil, fmt.Errorf("fs: reading metadata: %w", err)
 	}
 	if crc32.Checksum(buf, castagnoli) != sum {
 		return nil, fmt.Errorf("fs: metadata generation %d: %w: checksum mismatch", gen, pageid.ErrCorrupt)
@@ -153,23 +218,143 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: metadata generation %d: %w", gen, err)
 	}
-	m.gen, m.slot, m.n = gen, slot, n
+	j := journalReader{m: m, ctx: ctx, at: slotOff(slot) + pageUp(n), end: slotOff(slot) + metaSlotSize}
+	recs, jlen, err := j.records(gen)
+	if err != nil {
+		return nil, fmt.Errorf("fs: reading the metadata journal: %w", err)
+	}
+	if err := replay(s, recs); err != nil {
+		return nil, fmt.Errorf("fs: metadata generation %d, journal: %w", gen, err)
+	}
+	m.gen, m.slot, m.n, m.jlen, m.seq = gen, slot, n, jlen, uint32(len(recs))
 	return s, nil
 }
 
-// written calls each with the ranges of the metadata volume that hold
-// the header and the newest snapshot.
-func (m *metaStore) written(each func(off, n uint64)) {
-	m.mu.Lock()
-	slot, n := m.slot, m.n
-	m.mu.Unlock()
-	each(0, pageid.Size)
-	each(uint64(metaSlot0+slot*metaSlotSize), n)
+// read fills p from off of the metadata volume, a chunk per request.
+func (m *metaStore) read(ctx context.Context, off uint64, p []byte) error {
+	for at := 0; at < len(p); at += memnode.MaxIO {
+		if err := m.c.ReadAt(ctx, m.vol, off+uint64(at), p[at:min(len(p), at+memnode.MaxIO)]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// decodeSnapshot decodes and checks a snapshot: a root directory, every
-// entry naming an inode, every directory's parent a directory reaching
-// the root. The model relies on all of it (rename walks parents).
+// write writes p at off of the metadata volume, its chunks at once: one
+// round trip, not one per MiB.
+func (m *metaStore) write(ctx context.Context, off uint64, p []byte) error {
+	if len(p) <= memnode.MaxIO {
+		return m.c.WriteAt(ctx, m.vol, off, p)
+	}
+	errs := make([]error, (len(p)+memnode.MaxIO-1)/memnode.MaxIO)
+	var wg sync.WaitGroup
+	for i := range errs {
+		at := i * memnode.MaxIO
+		wg.Go(func() {
+			errs[i] = m.c.WriteAt(ctx, m.vol, off+uint64(at), p[at:min(len(p), at+memnode.MaxIO)])
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// journalReader reads a slot's journal a chunk at a time, so that loading
+// reads what the journal holds, not the slot.
+type journalReader struct {
+	m       *metaStore
+	ctx     context.Context
+	at, end uint64 // the journal's start and the slot's end in the volume
+	buf     []byte // the journal's bytes read so far
+}
+
+// fill makes buf hold at least n bytes, or reports that the slot ends
+// first.
+func (j *journalReader) fill(n uint64) (bool, error) {
+	if n > j.end-j.at {
+		return false, nil
+	}
+	for uint64(len(j.buf)) < n {
+		have := uint64(len(j.buf))
+		more := min(uint64(memnode.MaxIO), j.end-j.at-have)
+		j.buf = append(j.buf, make([]byte, more)...)
+		if err := j.m.c.ReadAt(j.ctx, j.m.vol, j.at+have, j.buf[have:]); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// records returns the payloads of generation gen's records in order and
+// the bytes they take, stopping at the first that is not one of them.
+func (j *journalReader) records(gen uint64) ([][]byte, uint64, error) {
+	var recs [][]byte
+	var pos uint64
+	for {
+		ok, err := j.fill(pos + journalHeader)
+		if err != nil || !ok {
+			return recs, pos, err
+		}
+		h := j.buf[pos : pos+journalHeader]
+		size := uint64(binary.LittleEndian.Uint32(h[20:]))
+		if string(h[:4]) != journalMagic || binary.LittleEndian.Uint64(h[8:]) != gen ||
+			binary.LittleEndian.Uint32(h[16:]) != uint32(len(recs)) {
+			return recs, pos, nil
+		}
+		if ok, err = j.fill(pos + journalHeader + size); err != nil || !ok {
+			return recs, pos, err
+		}
+		e := j.buf[pos : pos+journalHeader+size]
+		if crc32.Checksum(e[8:], castagnoli) != binary.LittleEndian.Uint32(e[4:]) {
+			return recs, pos, nil
+		}
+		recs = append(recs, e[journalHeader:])
+		pos += journalHeader + size
+	}
+}
+
+// appendRecord appends an encoded record to the newest snapshot's
+// journal; errJournalFull if the slot has no room for it.
+func (m *metaStore) appendRecord(ctx context.Context, payload []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	start := pageUp(m.n) + m.jlen
+	size := uint64(journalHeader + len(payload))
+	if start+size > metaSlotSize {
+		return errJournalFull
+	}
+	e := make([]byte, size)
+	copy(e, journalMagic)
+	binary.LittleEndian.PutUint64(e[8:], m.gen)
+	binary.LittleEndian.PutUint32(e[16:], m.seq)
+	binary.LittleEndian.PutUint32(e[20:], uint32(len(payload)))
+	copy(e[journalHeader:], payload)
+	binary.LittleEndian.PutUint32(e[4:], crc32.Checksum(e[8:], castagnoli))
+	if err := m.write(ctx, slotOff(m.slot)+start, e); err != nil {
+		return fmt.Errorf("fs: appending to the metadata journal: %w", err)
+	}
+	m.jlen += size
+	m.seq++
+	return nil
+}
+
+// compactDue reports whether the journal has outgrown its snapshot.
+func (m *metaStore) compactDue() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.jlen >= max(compactMin, 2*m.n)
+}
+
+// written calls each with the ranges of the metadata volume that hold
+// the header and the newest snapshot with its journal.
+func (m *metaStore) written(each func(off, n uint64)) {
+	m.mu.Lock()
+	slot, n := m.slot, pageUp(m.n)+m.jlen
+	m.mu.Unlock()
+	each(0, pageid.Size)
+	each(slotOff(slot), n)
+}
+
+// decodeSnapshot decodes and checks a snapshot.
 func decodeSnapshot(b []byte) (*snapshot, error) {
 	var s snapshot
 	// JSON, not gob: gob trusts the lengths it reads and a damaged
@@ -183,22 +368,37 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 	}
 	byIno := make(map[uint64]*inode, len(s.Inodes))
 	for _, n := range s.Inodes {
-		if n == nil || n.Ino == 0 || n.Ino >= volumeInoBase || byIno[n.Ino] != nil || (n.Ino >= s.NextIno && n.Ino != rootIno) {
+		if n == nil || byIno[n.Ino] != nil {
 			return nil, fmt.Errorf("%w: bad or repeated inode", pageid.ErrCorrupt)
-		}
-		if n.isReg() && n.Vol == "" {
-			return nil, fmt.Errorf("%w: file %d without a data volume", pageid.ErrCorrupt, n.Ino)
 		}
 		byIno[n.Ino] = n
 	}
-	if r := byIno[rootIno]; r == nil || !r.isDir() {
-		return nil, fmt.Errorf("%w: no root directory", pageid.ErrCorrupt)
+	if err := check(byIno, s.NextIno); err != nil {
+		return nil, err
 	}
-	for _, n := range s.Inodes {
+	return &s, nil
+}
+
+// check checks a tree: sound inode numbers, a root directory, every entry
+// naming an inode, every directory's parent a directory reaching the
+// root. The model relies on all of it (rename walks parents).
+func check(byIno map[uint64]*inode, nextIno uint64) error {
+	for _, n := range byIno {
+		if n.Ino == 0 || n.Ino >= volumeInoBase || (n.Ino >= nextIno && n.Ino != rootIno) {
+			return fmt.Errorf("%w: bad inode number %d", pageid.ErrCorrupt, n.Ino)
+		}
+		if n.isReg() && n.Vol == "" {
+			return fmt.Errorf("%w: file %d without a data volume", pageid.ErrCorrupt, n.Ino)
+		}
+	}
+	if r := byIno[rootIno]; r == nil || !r.isDir() {
+		return fmt.Errorf("%w: no root directory", pageid.ErrCorrupt)
+	}
+	for _, n := range byIno {
 		for name, ino := range n.Entries {
 			c := byIno[ino]
 			if !n.isDir() || c == nil || checkName(name) != 0 || ino == rootIno || (c.isDir() && c.Parent != n.Ino) {
-				return nil, fmt.Errorf("%w: directory %d entry %q", pageid.ErrCorrupt, n.Ino, name)
+				return fmt.Errorf("%w: directory %d entry %q", pageid.ErrCorrupt, n.Ino, name)
 			}
 		}
 		if !n.isDir() {
@@ -206,16 +406,78 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 		}
 		p, steps := n, 0
 		for p.Ino != rootIno {
-			if p = byIno[p.Parent]; p == nil || !p.isDir() || steps > len(s.Inodes) {
-				return nil, fmt.Errorf("%w: directory %d does not reach the root", pageid.ErrCorrupt, n.Ino)
+			if p = byIno[p.Parent]; p == nil || !p.isDir() || steps > len(byIno) {
+				return fmt.Errorf("%w: directory %d does not reach the root", pageid.ErrCorrupt, n.Ino)
 			}
 			steps++
 		}
 	}
-	return &s, nil
+	return nil
 }
 
-// save writes an encoded snapshot to the free slot, then flips the header.
+// replay applies journal records to s in order and checks the tree they
+// make. A record that passed its checksum but does not apply means the
+// journal is damaged beyond a torn tail: an error, not a guess.
+func replay(s *snapshot, recs [][]byte) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	byIno := make(map[uint64]*inode, len(s.Inodes))
+	for _, n := range s.Inodes {
+		byIno[n.Ino] = n
+	}
+	for i, b := range recs {
+		var r record
+		if err := json.Unmarshal(b, &r); err != nil {
+			return fmt.Errorf("record %d: %w: %v", i, pageid.ErrCorrupt, err)
+		}
+		if err := r.apply(byIno); err != nil {
+			return fmt.Errorf("record %d: %w", i, err)
+		}
+		s.NextIno = max(s.NextIno, r.NextIno)
+	}
+	if err := check(byIno, s.NextIno); err != nil {
+		return err
+	}
+	s.Inodes = s.Inodes[:0]
+	for _, n := range byIno {
+		s.Inodes = append(s.Inodes, n)
+	}
+	return nil
+}
+
+// apply changes the tree byIno as r says.
+func (r *record) apply(byIno map[uint64]*inode) error {
+	for _, a := range r.Inodes {
+		n := byIno[a.Ino]
+		if n == nil {
+			n = &inode{}
+			byIno[a.Ino] = n
+		}
+		n.attrs = a
+		if n.isDir() && n.Entries == nil {
+			n.Entries = map[string]uint64{}
+		}
+	}
+	for _, e := range r.Entries {
+		d := byIno[e.Dir]
+		if d == nil || !d.isDir() {
+			return fmt.Errorf("%w: entry %q of %d, which is no directory", pageid.ErrCorrupt, e.Name, e.Dir)
+		}
+		if e.Ino == 0 {
+			delete(d.Entries, e.Name)
+		} else {
+			d.Entries[e.Name] = e.Ino
+		}
+	}
+	for _, ino := range r.Freed {
+		delete(byIno, ino)
+	}
+	return nil
+}
+
+// save writes an encoded snapshot to the free slot, then flips the
+// header; the new snapshot's journal starts empty.
 func (m *metaStore) save(ctx context.Context, b []byte) error {
 	if len(b) > metaSlotSize {
 		return fmt.Errorf("fs: metadata of %d bytes: %w", len(b), syscall.ENOSPC)
@@ -223,17 +485,7 @@ func (m *metaStore) save(ctx context.Context, b []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	slot := 1 - m.slot
-	// The chunks at once: one round trip, not one per MiB.
-	errs := make([]error, (len(b)+memnode.MaxIO-1)/memnode.MaxIO)
-	var wg sync.WaitGroup
-	for i := range errs {
-		off := i * memnode.MaxIO
-		wg.Go(func() {
-			errs[i] = m.c.WriteAt(ctx, m.vol, uint64(metaSlot0+slot*metaSlotSize+off), b[off:min(len(b), off+memnode.MaxIO)])
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := m.write(ctx, slotOff(slot), b); err != nil {
 		return fmt.Errorf("fs: writing metadata: %w", err)
 	}
 	hdr := make([]byte, pageid.Size)
@@ -246,7 +498,7 @@ func (m *metaStore) save(ctx context.Context, b []byte) error {
 		return fmt.Errorf("fs: writing the metadata header: %w", err)
 	}
 	m.gen++
-	m.slot, m.n = slot, uint64(len(b))
+	m.slot, m.n, m.jlen, m.seq = slot, uint64(len(b)), 0, 0
 	return nil
 }
 

@@ -154,7 +154,7 @@ func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrI
 		c.Mtime = t.UnixNano()
 	}
 	c.Ctime = now
-	f.changes++
+	f.changedLocked(c)
 	n.f.fillAttr(c, &out.Attr)
 	return 0
 }
@@ -190,7 +190,7 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	f.mu.Lock()
 	c.Size = size
 	c.touch(nowNs())
-	f.changes++
+	f.changedLocked(c)
 	f.mu.Unlock()
 	return 0
 }
@@ -207,13 +207,13 @@ func (n *node) add(name string, c *inode) syscall.Errno {
 	if _, ok := d.Entries[name]; ok || n.isVolumes(name) {
 		return syscall.EEXIST
 	}
-	d.Entries[name] = c.Ino
+	f.setEntryLocked(d, name, c.Ino)
 	if c.isDir() {
 		d.Nlink++
 	}
 	d.touch(c.Ctime)
 	f.inodes[c.Ino] = c
-	f.changes++
+	f.changedLocked(d, c)
 	return 0
 }
 
@@ -226,7 +226,7 @@ func (n *node) newInode(ctx context.Context, mode uint32) *inode {
 	n.f.nextIno++
 	n.f.changes++
 	n.f.mu.Unlock()
-	return &inode{Ino: ino, Mode: mode, UID: uid, GID: gid, Nlink: 1, Atime: now, Mtime: now, Ctime: now}
+	return &inode{attrs: attrs{Ino: ino, Mode: mode, UID: uid, GID: gid, Nlink: 1, Atime: now, Mtime: now, Ctime: now}}
 }
 
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
@@ -332,11 +332,11 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 		return nil, syscall.EEXIST
 	}
 	now := nowNs()
-	d.Entries[name] = c.Ino
+	f.setEntryLocked(d, name, c.Ino)
 	d.touch(now)
 	c.Nlink++
 	c.Ctime = now
-	f.changes++
+	f.changedLocked(d, c)
 	n.f.fillAttr(c, &out.Attr)
 	return t.EmbeddedInode(), 0
 }
@@ -348,7 +348,7 @@ func (f *FS) unlinkLocked(c *inode, now int64) bool {
 	if c.isDir() {
 		c.Nlink = 0
 	}
-	f.changes++
+	f.changedLocked(c)
 	return c.Nlink == 0 && c.opens == 0
 }
 
@@ -371,8 +371,9 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.EISDIR
 	}
 	now := nowNs()
-	delete(d.Entries, name)
+	f.setEntryLocked(d, name, 0)
 	d.touch(now)
+	f.changedLocked(d)
 	free := f.unlinkLocked(c, now)
 	f.mu.Unlock()
 	if free {
@@ -401,9 +402,10 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return syscall.ENOTEMPTY
 	}
 	now := nowNs()
-	delete(d.Entries, name)
+	f.setEntryLocked(d, name, 0)
 	d.Nlink--
 	d.touch(now)
+	f.changedLocked(d)
 	f.unlinkLocked(c, now)
 	delete(f.inodes, c.Ino)
 	return 0
@@ -475,7 +477,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			f.mu.Unlock()
 			return syscall.ENOENT
 		}
-		src.Entries[name], dst.Entries[newName] = old.Ino, c.Ino
+		f.setEntryLocked(src, name, old.Ino)
+		f.setEntryLocked(dst, newName, c.Ino)
 		if c.isDir() != old.isDir() {
 			if c.isDir() {
 				src.Nlink--
@@ -511,8 +514,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 				free = old
 			}
 		}
-		delete(src.Entries, name)
-		dst.Entries[newName] = c.Ino
+		f.setEntryLocked(src, name, 0)
+		f.setEntryLocked(dst, newName, c.Ino)
 		if c.isDir() {
 			src.Nlink--
 			dst.Nlink++
@@ -524,7 +527,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	c.Ctime = now
 	src.touch(now)
 	dst.touch(now)
-	f.changes++
+	f.changedLocked(src, dst, c)
+	if old != nil {
+		f.changedLocked(old)
+	}
 	f.mu.Unlock()
 	if free != nil {
 		f.release(ctx, free)
@@ -672,7 +678,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		n.f.mu.Lock()
 		c.Size = max(c.Size, end)
 		c.touch(nowNs())
-		n.f.changes++
+		n.f.changedLocked(c)
 		n.f.mu.Unlock()
 	}
 	c.io.RUnlock()
@@ -710,7 +716,7 @@ func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) sysca
 		// pages the kernel holds are the newest.
 		n.NotifyContent(-1, 0)
 	}
-	return n.f.errno("fsync", n.f.syncMeta(ctx))
+	return n.f.errno("fsync", n.f.syncMeta(ctx, false))
 }
 
 // Allocate implements fallocate: plain allocation only extends the size
@@ -750,7 +756,7 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 		c.Size = end
 	}
 	c.touch(nowNs())
-	n.f.changes++
+	n.f.changedLocked(c)
 	n.f.mu.Unlock()
 	return 0
 }

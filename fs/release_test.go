@@ -100,7 +100,7 @@ func TestReleaseWhenTheDeleterIsBehind(t *testing.T) {
 	file := func(i int) *inode {
 		v, err := b.Create(ctx, fmt.Sprintf("fs.pd3.%d", 100+i), MaxFileSize)
 		require.NoError(t, err)
-		n := &inode{Ino: uint64(100 + i), Vol: v.Name, vol: v.ID}
+		n := &inode{attrs: attrs{Ino: uint64(100 + i), Vol: v.Name}, vol: v.ID}
 		f.mu.Lock()
 		f.inodes[n.Ino], f.byVol[v.ID] = n, n
 		f.mu.Unlock()

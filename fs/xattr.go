@@ -56,7 +56,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	}
 	c.Xattr[attr] = append([]byte(nil), data...)
 	c.Ctime = nowNs()
-	n.f.changes++
+	n.f.changedLocked(c)
 	return 0
 }
 
@@ -75,7 +75,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	}
 	delete(c.Xattr, attr)
 	c.Ctime = nowNs()
-	n.f.changes++
+	n.f.changedLocked(c)
 	return 0
 }
 

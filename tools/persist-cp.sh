@@ -11,18 +11,8 @@ FILES=${FILES:-1000}
 ROUNDS=${ROUNDS:-3}
 PORT=${PORT:-17171}
 
-[ "$(id -u)" = 0 ] || { echo "persist-cp: run as root (FUSE mounts)"; exit 1; }
-work=$(mktemp -d /tmp/pd3-persist-cp-XXXXXX)
-node_pid= host_pid=
-cleanup() {
-  [ -n "$host_pid" ] && kill "$host_pid" 2>/dev/null && wait "$host_pid" 2>/dev/null || true
-  [ -n "$node_pid" ] && kill "$node_pid" 2>/dev/null && wait "$node_pid" 2>/dev/null || true
-  mountpoint -q "$work/mnt" && umount -l "$work/mnt" || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-mkdir -p "$work/src" "$work/mnt"
+. "$(dirname "$0")/mount-lib.sh"
+mkdir -p "$work/src"
 per=$(( (FILES + 19) / 20 ))
 for d in $(seq 1 20); do
   mkdir "$work/src/d$d"
@@ -33,17 +23,13 @@ done
 one() {
   local args=()
   if [ "$1" = persist ]; then rm -rf "$work/node"; args=(--persist "$work/node"); fi
-  "$PD3" memnode --listen 127.0.0.1:"$PORT" "${args[@]}" >"$work/node.log" 2>&1 & node_pid=$!
-  for _ in $(seq 1 100); do grep -q "listening" "$work/node.log" && break; sleep 0.1; done
-  "$PD3" serve --memnode 127.0.0.1:"$PORT" --mount "$work/mnt" --nbd "" --page "" --volume disk0:4MiB >"$work/host.log" 2>&1 & host_pid=$!
-  for _ in $(seq 1 300); do grep -q "mounted at" "$work/host.log" && break; sleep 0.1; done
+  mount_pd3 "${args[@]}"
   local s e
   s=$(date +%s.%N)
   cp -r "$work/src" "$work/mnt/run"
   sync -f "$work/mnt/run"
   e=$(date +%s.%N)
-  kill "$host_pid"; wait "$host_pid" || true; host_pid=
-  kill "$node_pid"; wait "$node_pid" || true; node_pid=
+  unmount_pd3
   echo "$e - $s" | bc
 }
 
