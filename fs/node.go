@@ -701,15 +701,16 @@ func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { ret
 func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
 	n.f.mu.RLock()
 	var vol uint16
+	var name string
 	if c := n.f.inodes[n.ino]; c != nil {
-		vol = c.vol
+		vol, name = c.vol, c.Vol
 	}
 	n.f.mu.RUnlock()
 	if vol != 0 {
 		if err := n.f.cfg.Store.FlushVolume(ctx, vol); err != nil {
 			return n.f.errno("fsync", err)
 		}
-		n.f.storedChanged()
+		n.f.storedChanged(ctx, vol, name)
 		// With the writeback cache the kernel keeps the attributes it
 		// has until they time out; the next stat should show the
 		// blocks this fsync stored. Attributes only (offset -1): the

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pd3-go/pd3/memnode"
 )
 
 // storedTTL bounds how old the st_blocks the host answers may be. The
@@ -68,10 +70,25 @@ func (f *FS) storedOf(vol uint16) (bytes, total uint64) {
 	return s.by[vol], s.total
 }
 
-// storedChanged makes the next stat ask the node (after an fsync, whose
-// caller may well look at the blocks next).
-func (f *FS) storedChanged() {
-	f.storedCache.mu.Lock()
-	f.storedCache.at = time.Time{}
-	f.storedCache.mu.Unlock()
+// storedChanged refreshes what volume vol (named name) stores, after an
+// fsync whose caller may well look at the blocks next. One memory node
+// answers for that volume alone (OPEN), so the cost does not grow with
+// the number of files; over a replica group, whose volumes are not one
+// node's, the next stat asks for all (LIST).
+func (f *FS) storedChanged(ctx context.Context, vol uint16, name string) {
+	s := &f.storedCache
+	if c, ok := f.cfg.Backend.(*memnode.Client); ok {
+		if v, err := c.Open(ctx, name); err == nil && v.ID == vol {
+			s.mu.Lock()
+			if s.by != nil {
+				s.total += v.Stored - s.by[vol]
+				s.by[vol] = v.Stored
+			}
+			s.mu.Unlock()
+			return
+		}
+	}
+	s.mu.Lock()
+	s.at = time.Time{}
+	s.mu.Unlock()
 }
