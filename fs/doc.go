@@ -2,9 +2,10 @@
 // memory, read and written through the host's page store, so that
 // ordinary programs (cp, sqlite, fio, a build) run on disaggregated memory.
 //
-// Each regular file is one sparse memory-node volume ("fs.NAME.vSEQ", made
-// ahead of the creates that take them, or "fs.NAME.INO", up to
-// MaxFileSize); its pages are keyed like any volume's, so the DPU agent,
+// A regular file of a page or less keeps its bytes in its inode, in the
+// metadata (inline.go). A larger one is one sparse memory-node volume
+// ("fs.NAME.vSEQ", made ahead of the files that take them, or
+// "fs.NAME.INO", up to MaxFileSize); its pages are keyed like any volume's, so the DPU agent,
 // Host View and the Loading Zone treat FUSE and NBD reads alike. The tree
 // and attributes are a model in host memory kept in the volume
 // "fs.NAME.meta" as a snapshot and a journal of what changed since: a

@@ -84,7 +84,8 @@ type Fencing struct {
 }
 
 // FS is the filesystem model: inodes, directories and their persistence.
-// Data lives in one memory-node volume per regular file, read and written
+// Data lives in the inode for files of a page or less (inline.go), else in
+// one memory-node volume per regular file, read and written
 // through the page store. mu guards all inodes; an inode's own io lock
 // orders its data writes (shared) against truncation (exclusive).
 type FS struct {
@@ -214,7 +215,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		if n.Entries == nil && n.isDir() {
 			n.Entries = map[string]uint64{}
 		}
-		if !n.isReg() {
+		if !n.isReg() || n.inline() {
 			continue
 		}
 		v, ok := byName[n.Vol]
@@ -693,6 +694,8 @@ func (f *FS) fillAttr(n *inode, a *fuse.Attr) {
 	if n.vol != 0 {
 		stored, _ := f.storedOf(n.vol)
 		a.Blocks = stored / 512
+	} else if n.inline() {
+		a.Blocks = pageUp(uint64(len(n.Data))) / 512
 	}
 	a.Blksize = pageid.Size
 	a.Uid, a.Gid = n.UID, n.GID

@@ -54,6 +54,10 @@ type attrs struct {
 	Target string            // symlink
 	Xattr  map[string][]byte `json:",omitempty"`
 	Vol    string            `json:",omitempty"` // regular file: its data volume's name
+	// Data is the bytes of a regular file without a volume: a file
+	// created holds them here (len(Data) == Size) until a write or
+	// truncation takes it past inlineMax (see inline.go).
+	Data []byte `json:",omitempty"`
 }
 
 // inode is the state of a file, directory or symlink. The embedded attrs
@@ -387,8 +391,8 @@ func check(byIno map[uint64]*inode, nextIno uint64) error {
 		if n.Ino == 0 || n.Ino >= volumeInoBase || (n.Ino >= nextIno && n.Ino != rootIno) {
 			return fmt.Errorf("%w: bad inode number %d", pageid.ErrCorrupt, n.Ino)
 		}
-		if n.isReg() && n.Vol == "" {
-			return fmt.Errorf("%w: file %d without a data volume", pageid.ErrCorrupt, n.Ino)
+		if len(n.Data) > 0 && !n.inline() || n.inline() && (n.Size > inlineMax || uint64(len(n.Data)) != n.Size) {
+			return fmt.Errorf("%w: file %d: %d bytes in the inode, size %d, volume %q", pageid.ErrCorrupt, n.Ino, len(n.Data), n.Size, n.Vol)
 		}
 	}
 	if r := byIno[rootIno]; r == nil || !r.isDir() {

@@ -178,6 +178,12 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	}
 	c.io.Lock()
 	defer c.io.Unlock()
+	if f.truncateInline(c, size) {
+		return 0
+	}
+	if err := f.promote(ctx, c); err != nil {
+		return f.errno("truncate", err)
+	}
 	f.mu.RLock()
 	old, vol := c.Size, c.vol
 	f.mu.RUnlock()
@@ -236,19 +242,13 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if e := checkName(name); e != 0 {
 		return nil, nil, 0, e
 	}
+	// No volume yet: the file's bytes live in its inode until it
+	// outgrows inlineMax (inline.go).
 	c := n.newInode(ctx, syscall.S_IFREG|mode&0o7777)
-	v, err := n.f.newVolume(ctx, c.Ino)
-	if err != nil {
-		return nil, nil, 0, n.f.errno("create", err)
-	}
-	c.Vol, c.vol, c.opens = v.Name, v.ID, 1
+	c.opens = 1
 	if e := n.add(name, c); e != 0 {
-		n.f.release(ctx, c)
 		return nil, nil, 0, e
 	}
-	n.f.mu.Lock()
-	n.f.byVol[v.ID] = c
-	n.f.mu.Unlock()
 	n.f.mu.RLock()
 	n.f.fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
@@ -637,12 +637,20 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 		return fuse.ReadResultData(nil), 0
 	}
 	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
+	c.io.RLock()
+	if vol == 0 {
+		k, ok := n.f.readInline(c, uint64(off), dest)
+		if ok {
+			c.io.RUnlock()
+			return fuse.ReadResultData(dest[:k]), 0
+		}
+		vol = n.f.volOf(c) // it got a volume since
+	}
 	if n.f.cfg.OnRead != nil {
 		first := uint64(off) / pageid.Size
 		last := (uint64(off) + uint64(len(dest)) - 1) / pageid.Size
 		n.f.cfg.OnRead(pageid.MakeKey(vol, first), int(last-first+1), (size+pageid.Size-1)/pageid.Size)
 	}
-	c.io.RLock()
 	var err error
 	if len(dest) >= streamRead {
 		err = n.f.cfg.Store.ReadStream(ctx, vol, uint64(off), dest)
@@ -671,6 +679,14 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	if end > MaxFileSize {
 		return 0, syscall.EFBIG
 	}
+	if vol == 0 {
+		if vol, e = n.writeInline(ctx, c, uint64(off), data); e != 0 {
+			return 0, e
+		}
+		if vol == 0 {
+			return uint32(len(data)), 0 // in the inode
+		}
+	}
 	c.io.RLock()
 	c.reach(end) // before the pages are cached, even if the write fails
 	err := n.f.cfg.Store.WriteRange(ctx, vol, uint64(off), data)
@@ -690,6 +706,25 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		return 0, n.f.errno("write", err)
 	}
 	return uint32(len(data)), 0
+}
+
+// writeInline writes to a file created without a volume: into its inode
+// while it fits (vol 0), else it moves the file to a volume and returns
+// that for the caller to write to.
+func (n *node) writeInline(ctx context.Context, c *inode, off uint64, data []byte) (vol uint16, e syscall.Errno) {
+	c.io.RLock()
+	done := n.f.writeInline(c, off, data)
+	c.io.RUnlock()
+	if done {
+		return 0, 0
+	}
+	c.io.Lock()
+	err := n.f.promote(ctx, c)
+	c.io.Unlock()
+	if err != nil {
+		return 0, n.f.errno("write", err)
+	}
+	return n.f.volOf(c), 0
 }
 
 // Flush (every close) does nothing: the page store holds the data and
@@ -745,8 +780,17 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 	if e != 0 {
 		return e
 	}
+	if vol == 0 {
+		c.io.Lock()
+		err := n.f.promote(ctx, c)
+		c.io.Unlock()
+		if err != nil {
+			return n.f.errno("fallocate", err)
+		}
+	}
 	c.io.RLock()
 	defer c.io.RUnlock()
+	vol = n.f.volOf(c)
 	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 && off < cur {
 		if err := n.f.cfg.Store.ZeroRange(ctx, vol, off, min(end, cur)-off, false); err != nil {
 			return n.f.errno("fallocate", err)
@@ -777,7 +821,9 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	out.Blocks = capacity / pageid.Size
 	out.Bfree = (capacity - min(used, capacity)) / pageid.Size
 	out.Bavail = out.Bfree
-	out.Files = 1 << 16 // one memory-node volume per file
+	// Files past a page take a memory-node volume each (16-bit ids);
+	// smaller ones are bounded only by the host's memory.
+	out.Files = 1 << 16
 	out.Ffree = out.Files - min(files, out.Files)
 	return 0
 }

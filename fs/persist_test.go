@@ -346,8 +346,8 @@ func TestOnWriteSeesWrittenPages(t *testing.T) {
 func TestUnlinkFreesVolumesByUnmount(t *testing.T) {
 	addr := startNode(t, 0)
 	e := mount(t, addr, "", 1<<20)
-	for i := range 50 {
-		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), []byte("data"), 0o644))
+	for i := range 50 { // past inlineMax: each has a volume
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), make([]byte, 5000), 0o644))
 	}
 	for i := range 50 {
 		require.NoError(t, os.Remove(e.path(fmt.Sprintf("f%d", i))))
@@ -362,18 +362,21 @@ func TestUnlinkFreesVolumesByUnmount(t *testing.T) {
 	assert.Equal(t, "fs.pd3.meta", vols[0].Name)
 }
 
-// TestCreateTakesVolumesMadeAhead: from the first create on, the mount
-// keeps empty file volumes made ahead and a create takes one; the files
+// TestCreateTakesVolumesMadeAhead: from the first file that outgrows its
+// inode on, the mount keeps empty file volumes made ahead and such a file
+// takes one; the files
 // made so keep their data across a remount, and new files on the next
 // mount never take their volumes. (TestUnlinkFreesVolumesByUnmount sees
 // the unused ones deleted at unmount.)
 func TestCreateTakesVolumesMadeAhead(t *testing.T) {
 	addr := startNode(t, 0)
 	e := mount(t, addr, "", 1<<20)
-	require.NoError(t, os.WriteFile(e.path("first"), []byte("first"), 0o644))
+	// Past inlineMax: files of a page or less take no volume.
+	big := func(s string) []byte { return append([]byte(s), make([]byte, 5000)...) }
+	require.NoError(t, os.WriteFile(e.path("first"), big("first"), 0o644))
 	require.Eventually(t, func() bool { return e.fs.VolumesMadeAhead() == fs.PoolSize }, 10*time.Second, 10*time.Millisecond)
 	for i := range 10 {
-		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), []byte(fmt.Sprintf("file %d", i)), 0o644))
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("f%d", i)), big(fmt.Sprintf("file %d", i)), 0o644))
 	}
 	dir := e.dir
 	e.unmount()
@@ -399,14 +402,14 @@ func TestCreateTakesVolumesMadeAhead(t *testing.T) {
 	for i := range 10 {
 		got, err := os.ReadFile(e.path(fmt.Sprintf("f%d", i)))
 		require.NoError(t, err)
-		assert.Equal(t, fmt.Sprintf("file %d", i), string(got))
+		assert.Equal(t, big(fmt.Sprintf("file %d", i)), got)
 	}
 	for i := range 40 { // past the pool: made ahead on this mount too, under new names
-		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("g%d", i)), []byte("g"), 0o644))
+		require.NoError(t, os.WriteFile(e.path(fmt.Sprintf("g%d", i)), big("g"), 0o644))
 	}
 	for i := range 10 {
 		got, err := os.ReadFile(e.path(fmt.Sprintf("f%d", i)))
 		require.NoError(t, err)
-		assert.Equal(t, fmt.Sprintf("file %d", i), string(got), "a new file took an old one's volume")
+		assert.Equal(t, big(fmt.Sprintf("file %d", i)), got, "a new file took an old one's volume")
 	}
 }
