@@ -96,8 +96,12 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	require.NoError(t, err)
 	defer old.Close(ctx)
 	file := "f"
+	// Past a page, so that each file has a volume of its own (smaller
+	// ones live in the metadata).
+	pad := func(s string) string { return s + strings.Repeat(".", 5000) }
 	write := func(path, data string, sync bool) {
 		t.Helper()
+		data = pad(data)
 		// No O_TRUNC: a truncation reaches the node at once (a TRIM).
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644)
 		require.NoError(t, err)
@@ -142,7 +146,7 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	defer next.Close(ctx)
 	got, err := os.ReadFile(filepath.Join(dirB, file))
 	require.NoError(t, err)
-	assert.Equal(t, "synced first", string(got), "the new mount sees what the old one synced")
+	assert.Equal(t, pad("synced first"), string(got), "the new mount sees what the old one synced")
 	write(filepath.Join(dirB, file), "the new owner's data", true)
 
 	nodeLink.Release()
@@ -182,7 +186,7 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	}
 	got, err = os.ReadFile(filepath.Join(dirB, "doomed"))
 	require.NoError(t, err)
-	assert.Equal(t, "kept by the new owner", string(got))
+	assert.Equal(t, pad("kept by the new owner"), string(got))
 	require.Eventually(t, old.FS.Fenced, 10*time.Second, 10*time.Millisecond, "the old host stopped its mount")
 	err = os.WriteFile(filepath.Join(dirA, "g"), []byte("x"), 0o644)
 	assert.ErrorIs(t, err, syscall.EROFS, "and refuses changes")
