@@ -15,8 +15,13 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 enum kind { KIND_ADD = 1, KIND_DELETE = 2, KIND_ACCESS = 3 };
 
-// The reader is woken once this much is waiting (a quarter of the ring).
+// The reader is woken once this much is waiting (a quarter of the ring),
 #define WAKEUP_BYTES (1 << 20)
+// and when an event lands in a ring holding no more than this (8 records
+// of 32 bytes and their 8-byte headers): the reader found the ring empty
+// and sleeps until then. Eight, not one, so that events racing on other
+// CPUs, each seeing the others' reservations, still wake it.
+#define IDLE_BYTES (8 * 40)
 
 struct event {
 	__u64 ino;
@@ -86,9 +91,11 @@ static __always_inline int emit(__u32 kind, __u64 ino, __u64 first, __u64 last)
 	e->pad = 0;
 	count(1);
 	// Waking the reader per event cost a context switch per page on the
-	// read path; user space polls instead and is woken only when the
-	// ring fills up.
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	// read path: while events flow, user space drains on a timer and is
+	// woken only when the ring fills up; an idle reader sleeps until the
+	// first event into the emptied ring.
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 flags = avail <= IDLE_BYTES || avail >= WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	bpf_ringbuf_submit(e, flags);
 	return 0;
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -43,10 +45,10 @@ func settle(t *testing.T, p string, size int) {
 	t.Log("page cache still changing after 10s; comparing anyway")
 }
 
-// TestTrackerFollowsKernelPageCache: reading part of a file through the
-// mount puts exactly the pages the kernel caches (mincore's answer) in the
-// kernel Host View, and dropping the caches takes them out again.
-func TestTrackerFollowsKernelPageCache(t *testing.T) {
+// trackedHost starts a memory node and a host with the agent and its
+// page-cache tracker, mounted in a new directory.
+func trackedHost(t *testing.T) (context.Context, *Host, string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for the mount, eBPF and drop_caches")
 	}
@@ -63,6 +65,44 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, h.Close(context.Background())) })
 	require.NotNil(t, h.Tracker, "tracker off: %v", h.TrackerErr)
+	return ctx, h, dir
+}
+
+// TestTrackerSleepsWhenIdle: with nothing happening on the mount the
+// tracker's reader stays asleep (polling every 2 ms, it woke about 150
+// times in this window), and the first reads after the idle spell still
+// reach Host View.
+func TestTrackerSleepsWhenIdle(t *testing.T) {
+	ctx, h, dir := trackedHost(t)
+	const size = 1 << 20
+	p := dir + "/data"
+	require.NoError(t, os.WriteFile(p, make([]byte, size), 0o644))
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, h.Tracker.Sync(sctx))
+
+	time.Sleep(50 * time.Millisecond) // the reader drains and goes to sleep
+	before := h.Tracker.Wakeups.Load()
+	time.Sleep(300 * time.Millisecond)
+	assert.LessOrEqual(t, h.Tracker.Wakeups.Load()-before, uint64(1), "the reader woke with nothing to read")
+
+	// Out of the kernel's cache, then read again: the adds must arrive.
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, size, unix.FADV_DONTNEED))
+	events := h.Tracker.Events.Load()
+	_, err = f.ReadAt(make([]byte, 64<<10), 0)
+	require.NoError(t, err)
+	require.NoError(t, h.Tracker.Sync(sctx))
+	assert.Greater(t, h.Tracker.Events.Load(), events, "the reads after the idle spell reached the tracker")
+}
+
+// TestTrackerFollowsKernelPageCache: reading part of a file through the
+// mount puts exactly the pages the kernel caches (mincore's answer) in the
+// kernel Host View, and dropping the caches takes them out again.
+func TestTrackerFollowsKernelPageCache(t *testing.T) {
+	ctx, h, dir := trackedHost(t)
 
 	const size = 4 << 20
 	p := dir + "/data"
