@@ -646,7 +646,12 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 		}
 		vol = n.f.volOf(c) // it got a volume since
 	}
-	if n.f.cfg.OnRead != nil {
+	// No read-ahead hint for a stream's read: ReadStream reads its runs
+	// from the node itself, and pages the agent prefetched for the next
+	// ones cost a copy into the Loading Zone and one out of it. Three
+	// pairs of runs: buffered 1 MiB reads 9-12% faster, 16-22% less host
+	// CPU per MiB; direct ones as fast, with 10-19% less (BENCHMARKS).
+	if n.f.cfg.OnRead != nil && len(dest) < streamRead {
 		first := uint64(off) / pageid.Size
 		last := (uint64(off) + uint64(len(dest)) - 1) / pageid.Size
 		n.f.cfg.OnRead(pageid.MakeKey(vol, first), int(last-first+1), (size+pageid.Size-1)/pageid.Size)
