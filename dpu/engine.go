@@ -462,13 +462,28 @@ var _ pagestore.AsyncReader = (*Engine)(nil)
 // the run's frames locked, so no write-back of these pages can be queued
 // meanwhile.
 func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) error {
+	return e.readPages(ctx, first, p, true)
+}
+
+// ReadStreamPages implements pagestore.StreamReader: ReadPages for pages
+// the host will not cache (a FUSE stream read), which Host View therefore
+// does not take as the host's. Such a read left a page in Host View for
+// good (nothing evicts a page never cached), so the agent never
+// prefetched it again; and it cost a Host View add per page.
+func (e *Engine) ReadStreamPages(ctx context.Context, first memnode.Key, p []byte) error {
+	return e.readPages(ctx, first, p, false)
+}
+
+// readPages reads a run of pages, joining prefetches in flight; held
+// says whether the host will cache them (Host View adds them first).
+func (e *Engine) readPages(ctx context.Context, first memnode.Key, p []byte, held bool) error {
 	n := len(p) / memnode.PageSize
 	key := func(i int) memnode.Key { return memnode.MakeKey(first.Volume(), first.Page()+uint64(i)) }
 	var waits [MaxRun]chan struct{}
 	var calls [MaxRun]memnode.Call
 	var starts, ends [MaxRun]int
 	nc := 0
-	if e.hv != nil { // before the reads, as in ReadPage
+	if e.hv != nil && held { // before the reads, as in ReadPage
 		for i := 0; i < n; i++ {
 			e.hv.Add(uint64(key(i)))
 		}
@@ -530,7 +545,10 @@ func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) err
 	return nil
 }
 
-var _ pagestore.PagesReader = (*Engine)(nil)
+var (
+	_ pagestore.PagesReader  = (*Engine)(nil)
+	_ pagestore.StreamReader = (*Engine)(nil)
+)
 
 // Trim implements pagestore.Trimmer: like a write-back, it invalidates the
 // pages' Host View entries, Loading Zone records and in-flight prefetches

@@ -309,6 +309,36 @@ func readPagesJoinsPrefetches(t *testing.T, r *rig) {
 	assert.Positive(t, r.e.Joined.Load(), "some pages were taken from prefetches in flight")
 }
 
+// TestStreamReadsAreNotHeld: pages read for a stream (which the host
+// does not cache) stay out of Host View, so the agent may prefetch them
+// later; pages read for the cache go in. Both join prefetches in flight.
+func TestStreamReadsAreNotHeld(t *testing.T) {
+	r := newRig(t, 256)
+	ctx := context.Background()
+	for p := uint64(0); p < 16; p++ {
+		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
+	}
+	held := func(first, n uint64) (in int) {
+		for p := first; p < first+n; p++ {
+			if r.hv.Contains(uint64(memnode.MakeKey(r.vol.ID, p))) {
+				in++
+			}
+		}
+		return in
+	}
+	buf := make([]byte, 8*memnode.PageSize)
+	r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 2), 4)
+	require.NoError(t, r.e.ReadStreamPages(ctx, memnode.MakeKey(r.vol.ID, 0), buf))
+	for i := 0; i < 8; i++ {
+		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(buf[i*memnode.PageSize:]), "page %d", i)
+	}
+	// The prefetched pages 2-5 are in view (placed for the host to take);
+	// the stream read itself added none.
+	assert.Zero(t, held(0, 2)+held(6, 2), "a stream read's pages are not the host's")
+	require.NoError(t, r.e.ReadPages(ctx, memnode.MakeKey(r.vol.ID, 8), buf))
+	assert.Equal(t, 8, held(8, 8), "a cached read's pages are")
+}
+
 // gatedRig is a rig whose engine reaches the memory node through a
 // testnet.Gate, so responses can be held while requests line up.
 func gatedRig(t *testing.T) (*rig, *testnet.Gate) {

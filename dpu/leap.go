@@ -116,10 +116,11 @@ type LeapRemote struct {
 }
 
 var (
-	_ pagestore.Remote      = LeapRemote{}
-	_ pagestore.PagesReader = LeapRemote{}
-	_ pagestore.AsyncReader = LeapRemote{}
-	_ pagestore.Trimmer     = LeapRemote{}
+	_ pagestore.Remote       = LeapRemote{}
+	_ pagestore.PagesReader  = LeapRemote{}
+	_ pagestore.StreamReader = LeapRemote{}
+	_ pagestore.AsyncReader  = LeapRemote{}
+	_ pagestore.Trimmer      = LeapRemote{}
 )
 
 // missed shows Leap a run of n missed pages from first and prefetches what
@@ -148,6 +149,12 @@ func (r LeapRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) err
 func (r LeapRemote) ReadPages(ctx context.Context, first memnode.Key, p []byte) error {
 	r.missed(first, len(p)/memnode.PageSize)
 	return r.Engine.ReadPages(ctx, first, p)
+}
+
+// ReadStreamPages implements pagestore.StreamReader.
+func (r LeapRemote) ReadStreamPages(ctx context.Context, first memnode.Key, p []byte) error {
+	r.missed(first, len(p)/memnode.PageSize)
+	return r.Engine.ReadStreamPages(ctx, first, p)
 }
 
 // ReadPageAsync implements pagestore.AsyncReader.

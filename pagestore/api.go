@@ -40,6 +40,16 @@ type PagesReader interface {
 	ReadPages(ctx context.Context, first Key, p []byte) error
 }
 
+// StreamReader reads consecutive pages for ReadStream, which does not
+// cache them: a remote that keeps track of what the host holds (the DPU
+// agent's Host View) must not count these pages as held, or it would
+// never prefetch them again.
+//
+// Absent: ReadStream reads them with ReadPages (or a ReadPage each).
+type StreamReader interface {
+	ReadStreamPages(ctx context.Context, first Key, p []byte) error
+}
+
 // AsyncReader reads a page without blocking the caller. done is called
 // exactly once with the result: later on another goroutine (the remote's
 // connection reader), or at once if the read could not be started. done

@@ -65,6 +65,10 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 	if !ok || off%PageSize != 0 || len(p)%PageSize != 0 || len(p) < 2*PageSize {
 		return s.ReadRange(ctx, vol, off, p)
 	}
+	read := pr.ReadPages
+	if sr, ok := s.remote.(StreamReader); ok {
+		read = sr.ReadStreamPages
+	}
 	if err := s.checkRange(vol, off, uint64(len(p))); err != nil {
 		return err
 	}
@@ -89,7 +93,7 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 			defer func() { <-sem }()
 			s.remoteReads.Add(uint64(end - a))
 			s.misses.Add(uint64(end - a))
-			if err := pr.ReadPages(ctx, pageid.MakeKey(vol, first+uint64(a)), p[a*PageSize:end*PageSize]); err != nil {
+			if err := read(ctx, pageid.MakeKey(vol, first+uint64(a)), p[a*PageSize:end*PageSize]); err != nil {
 				errMu.Lock()
 				ferr = cmp.Or(ferr, fmt.Errorf("reading pages from %v: %w", pageid.MakeKey(vol, first+uint64(a)), err))
 				errMu.Unlock()

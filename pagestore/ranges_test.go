@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,4 +195,36 @@ func TestReadStream(t *testing.T) {
 	assert.ErrorIs(t, err, pageid.ErrOutOfRange)
 	require.NoError(t, s.Flush(ctx))
 	require.NoError(t, s.Check())
+}
+
+// streamRemote counts the pages read each way.
+type streamRemote struct {
+	*MemRemote
+	cached, streamed atomic.Int64
+}
+
+func (r *streamRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
+	r.cached.Add(int64(len(p) / PageSize))
+	return r.MemRemote.ReadPages(ctx, first, p)
+}
+
+func (r *streamRemote) ReadStreamPages(ctx context.Context, first Key, p []byte) error {
+	r.streamed.Add(int64(len(p) / PageSize))
+	return r.MemRemote.ReadPages(ctx, first, p)
+}
+
+// TestReadStreamTellsTheRemote: a remote that can tell the pages a stream
+// reads (which the store does not cache) from those it caches is asked
+// with ReadStreamPages, and the cache's own misses never are.
+func TestReadStreamTellsTheRemote(t *testing.T) {
+	r := &streamRemote{MemRemote: NewMemRemote()}
+	s, err := New(r, Options{CacheBytes: 16 * PageSize})
+	require.NoError(t, err)
+	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 256 * PageSize})
+	ctx := context.Background()
+	require.NoError(t, s.ReadStream(ctx, 1, 0, make([]byte, 64*PageSize)))
+	assert.Equal(t, int64(64), r.streamed.Load())
+	assert.Zero(t, r.cached.Load())
+	require.NoError(t, s.ReadRange(ctx, 1, 64*PageSize, make([]byte, 8*PageSize)))
+	assert.Equal(t, int64(64), r.streamed.Load(), "a cached read is no stream's")
 }
