@@ -6,10 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -93,14 +93,7 @@ func TestManySmallFiles(t *testing.T) {
 	need(t, "tar")
 	need(t, "diff")
 	src := t.TempDir()
-	for d := range 100 {
-		dir := src + "/tree/d" + strings.Repeat("x", d%7) + string(rune('a'+d%26)) + "/" + string(rune('0'+d/26))
-		require.NoError(t, os.MkdirAll(dir, 0o755))
-		for i := range 100 {
-			b := bytes.Repeat([]byte{byte(d), byte(i)}, (d*100+i)%1500)
-			require.NoError(t, os.WriteFile(dir+"/f"+string(rune('a'+i%26))+strings.Repeat("y", i/26), b, 0o644))
-		}
-	}
+	testutil.SmallFiles(t, src, 10000)
 	run := func(name string, args ...string) {
 		t.Helper()
 		out, err := exec.Command(name, args...).CombinedOutput()
@@ -125,7 +118,8 @@ func TestManySmallFiles(t *testing.T) {
 	run("rm", "-rf", dir+"/tree", dir+"/repo")
 	run("tar", "-C", dir, "-xf", src+"/tree.tar")
 	run("cp", "-r", repo, dir+"/repo")
-	syncAll(t, dir)
+	testutil.FsyncTree(t, dir+"/tree")
+	testutil.FsyncTree(t, dir+"/repo")
 	e.crash()
 	e = mount(t, addr, dir, 16<<20)
 	run("diff", "-r", src+"/tree", dir+"/tree")

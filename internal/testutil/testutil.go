@@ -86,3 +86,39 @@ func TestCA(t testing.TB) (serverDir, clientDir string) {
 	require.NoError(t, tlsfiles.WriteCA(serverDir, clientDir))
 	return serverDir, clientDir
 }
+
+// SmallFiles writes files small files of 0 to 3 KB under dir/tree, in 100
+// directories, the bytes a function of each file's number, and returns
+// dir/tree: the shape of a source tree or a mail spool, for tests of
+// filesystems that must hold many of them.
+func SmallFiles(t testing.TB, dir string, files int) string {
+	t.Helper()
+	root := filepath.Join(dir, "tree")
+	for i := range files {
+		d := filepath.Join(root, "d"+strconv.Itoa(i%100))
+		require.NoError(t, os.MkdirAll(d, 0o755))
+		b := bytes.Repeat([]byte{byte(i % 251), byte(i / 251)}, i*37%1500)
+		require.NoError(t, os.WriteFile(filepath.Join(d, "f"+strconv.Itoa(i)), b, 0o644))
+	}
+	return root
+}
+
+// FsyncTree fsyncs every regular file under dir, then dir.
+func FsyncTree(t testing.TB, dir string) {
+	t.Helper()
+	require.NoError(t, filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return f.Sync()
+	}))
+	f, err := os.Open(dir)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Sync())
+}

@@ -857,6 +857,52 @@ func TestMountHostKilledKeepsFsynced(t *testing.T) {
 	}
 }
 
+// TestMountHostKilledKeepsATree: tar x of 10,000 small files and cp -r
+// of this repository onto a `pd3 mount`, every file fsynced, the host
+// SIGKILLed: a new host's mount matches both (diff -r).
+func TestMountHostKilledKeepsATree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root here")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	if testing.Short() {
+		t.Skip("10,000 files")
+	}
+	src := t.TempDir()
+	tree := testutil.SmallFiles(t, src, 10000)
+	repo, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	sh := func(name string, args ...string) {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		require.NoError(t, err, "%s %v: %s", name, args, out)
+	}
+	sh("tar", "-C", src, "-cf", src+"/tree.tar", "tree")
+
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	mount := func() *bench.Child {
+		host := start(t, nil, "mount", mnt, "--memnode", node.Addrs["memory node"], "--fs-lease", "1s", "--volume-lease", "1s")
+		require.Eventually(t, func() bool { return strings.Contains(host.Output(), "mounted at") }, 10*time.Second, 10*time.Millisecond)
+		return host
+	}
+	host := mount()
+	sh("tar", "-C", mnt, "-xf", src+"/tree.tar")
+	sh("cp", "-r", repo, mnt+"/repo")
+	testutil.FsyncTree(t, mnt+"/tree")
+	testutil.FsyncTree(t, mnt+"/repo")
+	require.NoError(t, syscall.Kill(host.Pid, syscall.SIGKILL))
+	host.Stop() // reaps it
+	require.NoError(t, syscall.Unmount(mnt, syscall.MNT_DETACH), "the dead mount")
+
+	mount()
+	sh("diff", "-r", tree, mnt+"/tree")
+	sh("diff", "-r", repo, mnt+"/repo")
+}
+
 // damageLogTail appends what a crash mid-write can leave after the last
 // durable entry of the newest log segment: random bytes, a truncated copy
 // of an entry, or a whole entry with one bit flipped. Recovery must stop
