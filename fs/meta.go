@@ -105,7 +105,15 @@ type snapshot struct {
 	Inodes  []*inode
 }
 
-const snapshotVersion = 2 // 2: JSON (1 was gob)
+// snapshotVersion is what this version writes: 3, a snapshot that may
+// be followed by journal records and hold small files' bytes (Data). An
+// older pd3, which reads version 2 only, refuses it rather than mount
+// the tree without its journal. Version 2 (JSON, no journal; 1 was gob)
+// is still read.
+const (
+	snapshotVersion   = 3
+	oldestSnapshotVer = 2
+)
 
 // record is one journal record: what changed since the record before it
 // (or the snapshot), as the state it changed to, so that replaying a
@@ -367,8 +375,8 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("%w: %v", pageid.ErrCorrupt, err)
 	}
-	if s.Version != snapshotVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d", pageid.ErrCorrupt, s.Version, snapshotVersion)
+	if s.Version < oldestSnapshotVer || s.Version > snapshotVersion {
+		return nil, fmt.Errorf("%w: version %d, this pd3 reads %d to %d", pageid.ErrCorrupt, s.Version, oldestSnapshotVer, snapshotVersion)
 	}
 	byIno := make(map[uint64]*inode, len(s.Inodes))
 	for _, n := range s.Inodes {
