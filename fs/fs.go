@@ -546,7 +546,7 @@ func (f *FS) Written(vol uint16, each func(off, n uint64)) {
 	}
 }
 
-// newVolume is the data volume of a new regular file: one made ahead
+// newVolume is the data volume of a file growing past its inode: one made ahead
 // (pool.go), or else one made now, named after the inode. A volume left by
 // a crashed run under that name (its inode number was handed out but
 // never saved) is replaced.

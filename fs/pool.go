@@ -11,13 +11,13 @@ import (
 	"github.com/pd3-go/pd3/memnode"
 )
 
-// poolSize is how many empty file volumes a mount makes ahead of its
-// creates: a create takes one instead of waiting for the memory node's
-// CREATE (a round trip, the bulk of a create's time).
+// poolSize is how many empty file volumes a mount makes ahead of the
+// files that need one: a file growing past its inode (inline.go) takes
+// one instead of waiting for the memory node's CREATE (a round trip).
 const poolSize = 32
 
 // volumePool is the mount's made-ahead file volumes, named fs.NAME.vSEQ.
-// It fills from the first create on, in the background; unused volumes
+// It fills from the first file that takes one on, in the background; unused volumes
 // are deleted at unmount, and a crash leaves them as orphans the next
 // mount deletes.
 type volumePool struct {
