@@ -202,6 +202,9 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		f.changes, f.snapshotDue = 1, true
 	}
 	f.nextIno = snap.NextIno
+	// A tree saved by an older pd3 gets a snapshot of this version before
+	// any record: that pd3 would read the old one and skip the journal.
+	f.snapshotDue = f.snapshotDue || snap.Version < snapshotVersion
 	all, err := cfg.Backend.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("fs: listing volumes: %w", err)

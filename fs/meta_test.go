@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -253,4 +255,49 @@ func TestSnapshotVersions(t *testing.T) {
 			assert.ErrorContains(t, err, "this pd3 reads 2 to 3", "version %d", c.version)
 		}
 	}
+}
+
+// metaOnly is a Backend holding nothing but the metadata volume (id 1).
+type metaOnly struct{ *pagesBackend }
+
+func (b metaOnly) OpenOrCreate(context.Context, string, uint64) (memnode.VolumeInfo, error) {
+	return memnode.VolumeInfo{ID: 1, Name: "fs.pd3.meta", Size: metaVolSize}, nil
+}
+
+func (b metaOnly) List(ctx context.Context) ([]memnode.VolumeInfo, error) {
+	v, _ := b.OpenOrCreate(ctx, "", 0)
+	return []memnode.VolumeInfo{v}, nil
+}
+
+// TestOldSnapshotIsReplacedFirst: a tree saved by a pd3 before the
+// journal (version 2) gets a snapshot of this version before the first
+// record, so that a downgrade cannot mount it without its journal.
+func TestOldSnapshotIsReplacedFirst(t *testing.T) {
+	ctx := context.Background()
+	b := metaOnly{&pagesBackend{pages: map[uint64][]byte{}}}
+	old := &snapshot{Version: 2, NextIno: 16, Inodes: []*inode{
+		{attrs: attrs{Ino: rootIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Parent: rootIno}, Entries: map[string]uint64{}},
+	}}
+	enc, err := json.Marshal(old)
+	require.NoError(t, err)
+	require.NoError(t, (&metaStore{c: b, vol: 1}).save(ctx, enc))
+	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 1 << 20})
+	require.NoError(t, err)
+	f, err := Open(ctx, Config{Backend: b, Store: st, SyncInterval: -1, Fencing: &Fencing{
+		Token:   func(context.Context, uint16) (uint64, error) { return 1, nil },
+		Present: func(context.Context, uint16, uint64) error { return nil },
+	}})
+	require.NoError(t, err)
+	f.mu.Lock()
+	f.changedLocked(f.inodes[rootIno])
+	f.mu.Unlock()
+	require.NoError(t, f.syncMeta(ctx, false))
+	require.NoError(t, f.Close(ctx))
+
+	m := &metaStore{c: b, vol: 1}
+	_, err = m.load(ctx)
+	require.NoError(t, err)
+	buf := make([]byte, m.n)
+	require.NoError(t, m.read(ctx, slotOff(m.slot), buf))
+	assert.Contains(t, string(buf), `"Version":3`, "the newest snapshot is this version's")
 }
