@@ -474,6 +474,15 @@ func (e *Engine) ReadStreamPages(ctx context.Context, first memnode.Key, p []byt
 	return e.readPages(ctx, first, p, false)
 }
 
+// StreamTook implements pagestore.StreamReader: a stream took k from the
+// Loading Zone, where the agent placed it (and put it in Host View) for
+// the host to cache; the host does not hold it after all.
+func (e *Engine) StreamTook(k memnode.Key) {
+	if e.hv != nil {
+		e.hv.Delete(uint64(k))
+	}
+}
+
 // readPages reads a run of pages, joining prefetches in flight; held
 // says whether the host will cache them (Host View adds them first).
 func (e *Engine) readPages(ctx context.Context, first memnode.Key, p []byte, held bool) error {

@@ -337,6 +337,12 @@ func TestStreamReadsAreNotHeld(t *testing.T) {
 	assert.Zero(t, held(0, 2)+held(6, 2), "a stream read's pages are not the host's")
 	require.NoError(t, r.e.ReadPages(ctx, memnode.MakeKey(r.vol.ID, 8), buf))
 	assert.Equal(t, 8, held(8, 8), "a cached read's pages are")
+
+	// A stream that takes a placed page out of the Loading Zone says so,
+	// and the page leaves Host View.
+	require.Eventually(t, func() bool { return held(2, 4) == 4 }, 5*time.Second, time.Millisecond, "the prefetched pages are placed")
+	r.e.StreamTook(memnode.MakeKey(r.vol.ID, 3))
+	assert.Equal(t, 3, held(2, 4), "the page a stream took is not the host's")
 }
 
 // gatedRig is a rig whose engine reaches the memory node through a

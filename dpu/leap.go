@@ -157,6 +157,9 @@ func (r LeapRemote) ReadStreamPages(ctx context.Context, first memnode.Key, p []
 	return r.Engine.ReadStreamPages(ctx, first, p)
 }
 
+// StreamTook implements pagestore.StreamReader.
+func (r LeapRemote) StreamTook(k memnode.Key) { r.Engine.StreamTook(k) }
+
 // ReadPageAsync implements pagestore.AsyncReader.
 func (r LeapRemote) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
 	r.missed(k, 1)

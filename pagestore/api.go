@@ -43,11 +43,14 @@ type PagesReader interface {
 // StreamReader reads consecutive pages for ReadStream, which does not
 // cache them: a remote that keeps track of what the host holds (the DPU
 // agent's Host View) must not count these pages as held, or it would
-// never prefetch them again.
+// never prefetch them again. StreamTook tells it of a page the stream
+// took from the Loading Zone instead, which the agent placed there as
+// the host's.
 //
 // Absent: ReadStream reads them with ReadPages (or a ReadPage each).
 type StreamReader interface {
 	ReadStreamPages(ctx context.Context, first Key, p []byte) error
+	StreamTook(k Key)
 }
 
 // AsyncReader reads a page without blocking the caller. done is called

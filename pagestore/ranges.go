@@ -65,9 +65,9 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 	if !ok || off%PageSize != 0 || len(p)%PageSize != 0 || len(p) < 2*PageSize {
 		return s.ReadRange(ctx, vol, off, p)
 	}
-	read := pr.ReadPages
+	read, took := pr.ReadPages, func(Key) {}
 	if sr, ok := s.remote.(StreamReader); ok {
-		read = sr.ReadStreamPages
+		read, took = sr.ReadStreamPages, sr.StreamTook
 	}
 	if err := s.checkRange(vol, off, uint64(len(p))); err != nil {
 		return err
@@ -112,6 +112,7 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 		case lz != nil && lz.CheckAndReturn(k, dst) == PageSize:
 			flush(i)
 			s.lzHits.Add(1)
+			took(k)
 		default:
 			if runStart < 0 {
 				runStart = i

@@ -201,6 +201,7 @@ func TestReadStream(t *testing.T) {
 type streamRemote struct {
 	*MemRemote
 	cached, streamed atomic.Int64
+	took             []Key // StreamTook runs on the reading goroutine
 }
 
 func (r *streamRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
@@ -213,18 +214,23 @@ func (r *streamRemote) ReadStreamPages(ctx context.Context, first Key, p []byte)
 	return r.MemRemote.ReadPages(ctx, first, p)
 }
 
+func (r *streamRemote) StreamTook(k Key) { r.took = append(r.took, k) }
+
 // TestReadStreamTellsTheRemote: a remote that can tell the pages a stream
 // reads (which the store does not cache) from those it caches is asked
-// with ReadStreamPages, and the cache's own misses never are.
+// with ReadStreamPages, and the cache's own misses never are; it hears of
+// a page the stream took from the Loading Zone.
 func TestReadStreamTellsTheRemote(t *testing.T) {
 	r := &streamRemote{MemRemote: NewMemRemote()}
-	s, err := New(r, Options{CacheBytes: 16 * PageSize})
+	lzKey := pageid.MakeKey(1, 9)
+	s, err := New(r, Options{CacheBytes: 16 * PageSize, Prefetched: oneZone{lzKey, fill(lzKey, 3)}})
 	require.NoError(t, err)
 	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 256 * PageSize})
 	ctx := context.Background()
 	require.NoError(t, s.ReadStream(ctx, 1, 0, make([]byte, 64*PageSize)))
-	assert.Equal(t, int64(64), r.streamed.Load())
+	assert.Equal(t, int64(63), r.streamed.Load(), "all but the Loading Zone's page")
+	assert.Equal(t, []Key{lzKey}, r.took, "told of the page taken from the Loading Zone")
 	assert.Zero(t, r.cached.Load())
 	require.NoError(t, s.ReadRange(ctx, 1, 64*PageSize, make([]byte, 8*PageSize)))
-	assert.Equal(t, int64(64), r.streamed.Load(), "a cached read is no stream's")
+	assert.Equal(t, int64(63), r.streamed.Load(), "a cached read is no stream's")
 }
