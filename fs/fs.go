@@ -333,35 +333,43 @@ func (f *FS) syncMeta(ctx context.Context, compact bool) error {
 	f.syncMu.Lock()
 	defer f.syncMu.Unlock()
 	f.mu.Lock()
-	if f.changes == f.saved && !compact {
+	switch {
+	case f.changes == f.saved && !compact:
 		f.mu.Unlock()
 		return nil
+	case compact || f.snapshotDue:
+		f.mu.Unlock()
+		return f.saveSnapshot(ctx)
 	}
 	at := f.changes
-	if !compact && !f.snapshotDue {
-		rec, err := json.Marshal(f.takeRecordLocked())
-		f.mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("fs: encoding a journal record: %w", err)
-		}
-		err = f.meta.appendRecord(ctx, rec)
-		if err == nil {
-			f.markSaved(at)
-			return nil
-		}
-		if !errors.Is(err, errJournalFull) {
-			// The record may be lost: only a snapshot covers it now.
-			f.mu.Lock()
-			f.snapshotDue = true
-			f.mu.Unlock()
-			return err
-		}
-		f.mu.Lock()
+	rec, err := json.Marshal(f.takeRecordLocked())
+	f.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("fs: encoding a journal record: %w", err)
 	}
-	// A snapshot holds every change up to at; what changes after this
-	// goes into the next record, which replays the same way whether or
-	// not the snapshot caught it.
-	at = f.changes
+	switch err := f.meta.appendRecord(ctx, rec); {
+	case err == nil:
+		f.mu.Lock()
+		f.saved = max(f.saved, at)
+		f.mu.Unlock()
+		return nil
+	case errors.Is(err, errJournalFull):
+		return f.saveSnapshot(ctx)
+	default:
+		// The record may be lost: only a snapshot covers it now.
+		f.mu.Lock()
+		f.snapshotDue = true
+		f.mu.Unlock()
+		return err
+	}
+}
+
+// saveSnapshot writes the whole tree (syncMu held). It holds every change
+// up to the moment it starts; what changes after that goes into the next
+// record, which replays the same whether or not the snapshot caught it.
+func (f *FS) saveSnapshot(ctx context.Context) error {
+	f.mu.Lock()
+	at := f.changes
 	clear(f.dirty)
 	clear(f.dents)
 	f.snapshotDue = true // until the snapshot is written
@@ -384,15 +392,9 @@ func (f *FS) syncMeta(ctx context.Context, compact bool) error {
 	}
 	f.mu.Lock()
 	f.snapshotDue = false
-	f.mu.Unlock()
-	f.markSaved(at)
-	return nil
-}
-
-func (f *FS) markSaved(at uint64) {
-	f.mu.Lock()
 	f.saved = max(f.saved, at)
 	f.mu.Unlock()
+	return nil
 }
 
 // dentKey names a directory entry that changed.

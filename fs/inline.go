@@ -110,6 +110,13 @@ func (f *FS) promote(ctx context.Context, c *inode) error {
 	return nil
 }
 
+// moveOut is promote for a caller that does not hold c.io.
+func (f *FS) moveOut(ctx context.Context, c *inode) error {
+	c.io.Lock()
+	defer c.io.Unlock()
+	return f.promote(ctx, c)
+}
+
 // volOf is c's volume (0 while it has none).
 func (f *FS) volOf(c *inode) uint16 {
 	f.mu.RLock()

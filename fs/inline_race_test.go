@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/memnode"
-	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -21,14 +20,8 @@ import (
 func TestSmallFileMovesUnderConcurrentWriters(t *testing.T) {
 	b := &slowDeletes{vols: map[string]memnode.VolumeInfo{}, release: make(chan struct{}), started: make(chan struct{}, 1)}
 	close(b.release)
-	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 1 << 20})
-	require.NoError(t, err)
 	ctx := context.Background()
-	f, err := Open(ctx, Config{Backend: b, Store: st, SyncInterval: -1, Fencing: &Fencing{
-		Token:   func(context.Context, uint16) (uint64, error) { return 1, nil },
-		Present: func(context.Context, uint16, uint64) error { return nil },
-	}})
-	require.NoError(t, err)
+	f := openOn(t, b)
 	t.Cleanup(func() { assert.NoError(t, f.Close(ctx)) })
 	const region = 3000 // the first fits the inode, the second does not
 	fill := func(c byte) []byte {

@@ -89,7 +89,7 @@ func (n *inode) touch(now int64) { n.Mtime, n.Ctime = now, now }
 // size or the furthest any write of this run reached. The model's lock
 // must be held (Size).
 func (n *inode) written() uint64 {
-	return (max(n.Size, n.peak.Load()) + pageid.Size - 1) &^ (pageid.Size - 1)
+	return pageUp(max(n.Size, n.peak.Load()))
 }
 
 // reach records that the file's pages below size may be cached.

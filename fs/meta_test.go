@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/memnode"
-	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -281,13 +280,7 @@ func TestOldSnapshotIsReplacedFirst(t *testing.T) {
 	enc, err := json.Marshal(old)
 	require.NoError(t, err)
 	require.NoError(t, (&metaStore{c: b, vol: 1}).save(ctx, enc))
-	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 1 << 20})
-	require.NoError(t, err)
-	f, err := Open(ctx, Config{Backend: b, Store: st, SyncInterval: -1, Fencing: &Fencing{
-		Token:   func(context.Context, uint16) (uint64, error) { return 1, nil },
-		Present: func(context.Context, uint16, uint64) error { return nil },
-	}})
-	require.NoError(t, err)
+	f := openOn(t, b)
 	f.mu.Lock()
 	f.changedLocked(f.inodes[rootIno])
 	f.mu.Unlock()

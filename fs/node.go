@@ -188,7 +188,7 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	old, vol := c.Size, c.vol
 	f.mu.RUnlock()
 	if size < old {
-		end := (old + pageid.Size - 1) &^ (pageid.Size - 1)
+		end := pageUp(old)
 		if err := f.cfg.Store.ZeroRange(ctx, vol, size, end-size, false); err != nil {
 			return f.errno("truncate", err)
 		}
@@ -723,10 +723,7 @@ func (n *node) writeInline(ctx context.Context, c *inode, off uint64, data []byt
 	if done {
 		return 0, 0
 	}
-	c.io.Lock()
-	err := n.f.promote(ctx, c)
-	c.io.Unlock()
-	if err != nil {
+	if err := n.f.moveOut(ctx, c); err != nil {
 		return 0, n.f.errno("write", err)
 	}
 	return n.f.volOf(c), 0
@@ -786,16 +783,13 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 		return e
 	}
 	if vol == 0 {
-		c.io.Lock()
-		err := n.f.promote(ctx, c)
-		c.io.Unlock()
-		if err != nil {
+		if err := n.f.moveOut(ctx, c); err != nil {
 			return n.f.errno("fallocate", err)
 		}
+		vol = n.f.volOf(c)
 	}
 	c.io.RLock()
 	defer c.io.RUnlock()
-	vol = n.f.volOf(c)
 	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 && off < cur {
 		if err := n.f.cfg.Store.ZeroRange(ctx, vol, off, min(end, cur)-off, false); err != nil {
 			return n.f.errno("fallocate", err)

@@ -83,20 +83,28 @@ func (b *slowDeletes) ReadAt(_ context.Context, _ uint16, _ uint64, p []byte) er
 
 func (b *slowDeletes) WriteAt(context.Context, uint16, uint64, []byte) error { return nil }
 
+// openOn opens a filesystem over b without a mount: a page store over
+// memory, and a fencing token that is always granted.
+func openOn(t *testing.T, b Backend) *FS {
+	t.Helper()
+	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 1 << 20})
+	require.NoError(t, err)
+	f, err := Open(context.Background(), Config{Backend: b, Store: st, SyncInterval: -1, Fencing: &Fencing{
+		Token:   func(context.Context, uint16) (uint64, error) { return 1, nil },
+		Present: func(context.Context, uint16, uint64) error { return nil },
+	}})
+	require.NoError(t, err)
+	return f
+}
+
 // An unlink that finds the background deleter behind deletes the volume
 // itself; the request ending (an interrupted unlink) must not cut that
 // DELETE short: the inode is gone either way, and its volume would stay
 // at the node until the next mount.
 func TestReleaseWhenTheDeleterIsBehind(t *testing.T) {
 	b := &slowDeletes{vols: map[string]memnode.VolumeInfo{}, release: make(chan struct{}), started: make(chan struct{}, 1)}
-	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: 1 << 20})
-	require.NoError(t, err)
 	ctx := context.Background()
-	f, err := Open(ctx, Config{Backend: b, Store: st, SyncInterval: -1, Fencing: &Fencing{
-		Token:   func(context.Context, uint16) (uint64, error) { return 1, nil },
-		Present: func(context.Context, uint16, uint64) error { return nil },
-	}})
-	require.NoError(t, err)
+	f := openOn(t, b)
 	file := func(i int) *inode {
 		v, err := b.Create(ctx, fmt.Sprintf("fs.pd3.%d", 100+i), MaxFileSize)
 		require.NoError(t, err)

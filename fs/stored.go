@@ -70,14 +70,19 @@ func (f *FS) storedOf(vol uint16) (bytes, total uint64) {
 	return s.by[vol], s.total
 }
 
+// volumeOpener is a Backend that says what one volume stores (a memory
+// node's OPEN). Absent (a replica group, whose volumes are no one node's):
+// after an fsync the next stat asks for every volume (LIST).
+type volumeOpener interface {
+	Open(ctx context.Context, name string) (memnode.VolumeInfo, error)
+}
+
 // storedChanged refreshes what volume vol (named name) stores, after an
-// fsync whose caller may well look at the blocks next. One memory node
-// answers for that volume alone (OPEN), so the cost does not grow with
-// the number of files; over a replica group, whose volumes are not one
-// node's, the next stat asks for all (LIST).
+// fsync whose caller may well look at the blocks next: one OPEN, so the
+// cost does not grow with the number of files.
 func (f *FS) storedChanged(ctx context.Context, vol uint16, name string) {
 	s := &f.storedCache
-	if c, ok := f.cfg.Backend.(*memnode.Client); ok {
+	if c, ok := f.cfg.Backend.(volumeOpener); ok {
 		if v, err := c.Open(ctx, name); err == nil && v.ID == vol {
 			s.mu.Lock()
 			if s.by != nil {
