@@ -531,12 +531,90 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if old != nil {
 		f.changedLocked(old)
 	}
+	moved := c.isDir() && src != dst
+	movedBack := old != nil && old.isDir() && src != dst && flags&unix.RENAME_EXCHANGE != 0
 	f.mu.Unlock()
+	// A directory that changed parents lists a new "..": drop the listing
+	// the kernel may hold (see OpendirHandle). go-fuse moves its children
+	// after this returns, so they are still under their old names here.
+	if moved {
+		invalidate(n.GetChild(name))
+	}
+	if movedBack {
+		invalidate(np.GetChild(newName))
+	}
 	if free != nil {
 		f.release(ctx, free)
 	}
 	return 0
 }
+
+// invalidate drops what the kernel caches of i's content (a directory's
+// listing); nil (an inode the kernel does not hold) has nothing cached.
+func invalidate(i *gofs.Inode) {
+	if i != nil {
+		i.NotifyContent(0, 0)
+	}
+}
+
+// OpendirHandle lets the kernel keep a directory's listing in its page
+// cache from one opendir to the next (FOPEN_CACHE_DIR|FOPEN_KEEP_CACHE):
+// a listing is then asked for once per change of the directory, not once
+// per opendir. The kernel drops the cached listing itself when it changes
+// the directory (create, link, unlink, rmdir, rename into or out of it);
+// the one change it cannot see is a moved directory's "..", which Rename
+// invalidates. Every change to the tree comes through this mount (the
+// lease makes it the only writer), so nothing else can leave a listing
+// stale. The listing is made on the first read, as go-fuse's own handle
+// does: an opendir served from the cache costs no listing.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return &dirHandle{n: n}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// dirHandle is an open directory; go-fuse serialises the calls on one
+// handle.
+type dirHandle struct {
+	n  *node
+	ds gofs.DirStream
+}
+
+var (
+	_ gofs.NodeOpendirHandler = (*node)(nil)
+	_ gofs.FileReaddirenter   = (*dirHandle)(nil)
+	_ gofs.FileSeekdirer      = (*dirHandle)(nil)
+	_ gofs.FileReleasedirer   = (*dirHandle)(nil)
+)
+
+func (h *dirHandle) stream(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	if h.ds == nil {
+		ds, e := h.n.Readdir(ctx)
+		if e != 0 {
+			return nil, e
+		}
+		h.ds = ds
+	}
+	return h.ds, 0
+}
+
+func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	ds, e := h.stream(ctx)
+	if e != 0 || !ds.HasNext() {
+		return nil, e
+	}
+	de, e := ds.Next()
+	return &de, e
+}
+
+// Seekdir: the stream is a sorted list, which seeks.
+func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	ds, e := h.stream(ctx)
+	if e != 0 {
+		return e
+	}
+	return ds.(gofs.FileSeekdirer).Seekdir(ctx, off)
+}
+
+func (h *dirHandle) Releasedir(context.Context, uint32) {}
 
 func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	f := n.f
@@ -729,9 +807,11 @@ func (n *node) writeInline(ctx context.Context, c *inode, off uint64, data []byt
 	return n.f.volOf(c), 0
 }
 
-// Flush (every close) does nothing: the page store holds the data and
-// fsync is the durability barrier, as on a local filesystem.
-func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { return 0 }
+// Flush (every close) has nothing to do: the page store holds the data
+// and fsync is the durability barrier, as on a local filesystem. ENOSYS
+// makes the kernel stop sending FLUSH for the mount (it still writes a
+// file's cached pages back on close), saving a round trip per close.
+func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { return syscall.ENOSYS }
 
 // Fsync of a file writes back that file's dirty pages, then the metadata
 // (which holds its size); a directory's fsync saves the metadata.
