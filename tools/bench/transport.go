@@ -71,13 +71,17 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, err := rawStream(ctx, opt, false)
+	raw, err := rawStream(ctx, opt, "raw")
 	if err != nil {
 		return nil, fmt.Errorf("raw stream: %w", err)
 	}
-	rawRandom, err := rawStream(ctx, opt, true)
+	rawRandom, err := rawStream(ctx, opt, "raw-random")
 	if err != nil {
 		return nil, fmt.Errorf("raw stream of random pages: %w", err)
+	}
+	rawZC, err := rawStream(ctx, opt, "raw-random-zc")
+	if err != nil {
+		return nil, fmt.Errorf("raw stream of random pages, zero-copy: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "pd3-bench-tls-")
 	if err != nil {
@@ -94,9 +98,13 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 
 	crypto := sealOpen(opt.Duration / 2)
 	mn := plain[0]
-	rep.Results = append(append([]Result{mn, raw, rawRandom}, plain[1:]...), append(mtls, crypto)...)
+	rep.Results = append(append([]Result{mn, raw, rawRandom, rawZC}, plain[1:]...), append(mtls, crypto)...)
 	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
 	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
+	rep.Ratios["memnode/raw-random-zc"] = mn.GBytesPerSec / rawZC.GBytesPerSec
+	// What memnode/raw can reach: a server of random pages that copies
+	// each once (the kernel's copy into the socket) and does no protocol.
+	rep.Ratios["raw-random-zc/raw"] = rawZC.GBytesPerSec / raw.GBytesPerSec
 	rep.Ratios["memnode_rss/stored"] = float64(mn.MemnodeRSS) / float64(mn.MemnodeStored)
 	rep.Ratios["tls/plain"] = mtls[0].OpsPerSec / mn.OpsPerSec
 	rep.Ratios["tls/plain_q1"] = mtls[1].OpsPerSec / plain[1].OpsPerSec
@@ -106,7 +114,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	ceiling := 1 / (1/mn.OpsPerSec + 1/crypto.OpsPerSec/cores)
 	rep.Ratios["tls/plain_ceiling"] = ceiling / mn.OpsPerSec
 	rep.Notes = append(rep.Notes,
-		fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's unavoidable copy)", opt.Depth, opt.Duration, units.FormatSize(opt.Region)),
+		fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's copy); raw-random-zc = blocks written straight from random pages of that region, 64 per writev (one copy, the kernel's: the ceiling of any server of random pages)", opt.Depth, opt.Duration, units.FormatSize(opt.Region)),
 		"memnode-mtls = the same node and client over mutual TLS (ECDSA P-256 certificates of a throwaway CA, the TLS version and cipher Go negotiates); Q1 = one request at a time, latency per request",
 		"aes-gcm = one goroutine sealing and opening 4 KiB with AES-128-GCM (what TLS 1.3 adds per READ); tls/plain_ceiling = the plain READ rate with that work added, spread over all cores",
 	)
@@ -211,12 +219,15 @@ func sealOpen(d time.Duration) Result {
 		GBytesPerSec: float64(n) * memnode.PageSize / time.Since(start).Seconds() / 1e9}
 }
 
-func rawStream(ctx context.Context, opt TransportOptions, random bool) (Result, error) {
+// rawStream measures the raw stream of system sys: "raw", "raw-random"
+// or "raw-random-zc" (ServeRaw).
+func rawStream(ctx context.Context, opt TransportOptions, sys string) (Result, error) {
 	args := []string{"bench", "raw-server", "--listen", "127.0.0.1:0"}
-	sys := "raw"
-	if random {
+	if sys != "raw" {
 		args = append(args, "--random-region", strconv.FormatUint(opt.Region, 10))
-		sys = "raw-random"
+	}
+	if sys == "raw-random-zc" {
+		args = append(args, "--zero-copy")
 	}
 	srv, err := StartChild(ctx, opt.Exe, []string{"raw server"}, args...)
 	if err != nil {
@@ -250,8 +261,11 @@ func rawStream(ctx context.Context, opt TransportOptions, random bool) (Result, 
 // ServeRaw streams 4 KiB blocks to every connection on ln, batched into
 // 256 KiB writes like the memory node's responses, until ctx ends. With
 // region > 0 each block is first copied from a random page of a region of
-// that many bytes, as the memory node copies pages into its responses.
-func ServeRaw(ctx context.Context, ln net.Listener, region uint64) error {
+// that many bytes, as the memory node copies pages into its responses;
+// with zeroCopy too, the blocks are written straight from those pages
+// (one writev of 64 of them), so the kernel's copy into the socket is the
+// only one: the ceiling of any server of random pages.
+func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy bool) error {
 	var mem []byte
 	if region > 0 {
 		mem = make([]byte, region)
@@ -267,6 +281,17 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64) error {
 			FillPage(memnode.Key(i/memnode.PageSize), buf[i:i+memnode.PageSize])
 		}
 		rng := rand.New(rand.NewPCG(3, 4))
+		var iov [256 << 10 / memnode.PageSize][]byte
+		for zeroCopy && mem != nil {
+			for i := range iov {
+				o := rng.Uint64N(region/memnode.PageSize) * memnode.PageSize
+				iov[i] = mem[o : o+memnode.PageSize]
+			}
+			v := net.Buffers(iov[:])
+			if _, err := v.WriteTo(nc); err != nil {
+				return
+			}
+		}
 		for {
 			if mem != nil {
 				for i := 0; i < len(buf); i += memnode.PageSize {

@@ -259,10 +259,12 @@ func benchCmd() *cobra.Command {
 	gonbd.Flags().StringVar(&gsize, "size", "1GiB", "export size")
 
 	var region uint64
+	var zeroCopy bool
 	raw := benchServer("raw-server", "raw server", func(ctx context.Context, ln net.Listener) error {
-		return bench.ServeRaw(ctx, ln, region)
+		return bench.ServeRaw(ctx, ln, region, zeroCopy)
 	})
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
+	raw.Flags().BoolVar(&zeroCopy, "zero-copy", false, "with --random-region: write the blocks straight from the region's pages (writev), no copy of our own")
 
 	var forward, busy string
 	var proxy bool

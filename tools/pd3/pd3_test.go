@@ -225,6 +225,7 @@ func TestBenchSmoke(t *testing.T) {
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Contains(t, rep.Ratios, "memnode/raw")
+	assert.Contains(t, rep.Ratios, "raw-random-zc/raw", "the ceiling of a server of random pages, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain", "the memory-node link over mutual TLS, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain_ceiling")
 	systems := map[string]bool{}
@@ -232,7 +233,7 @@ func TestBenchSmoke(t *testing.T) {
 		systems[r.System] = true
 		assert.Positive(t, r.OpsPerSec, "%s %s", r.System, r.Config)
 	}
-	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "memnode-mtls": true, "aes-gcm": true}, systems)
+	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "raw-random-zc": true, "memnode-mtls": true, "aes-gcm": true}, systems)
 
 	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms", "--dist", "uniform,zipf:0.99", "--json")
 	require.NoError(t, err, out)
