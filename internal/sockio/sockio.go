@@ -32,8 +32,10 @@ package sockio
 import (
 	"io"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,7 +56,22 @@ type Reader struct {
 	// Wakeups counts returns from poll(2): an idle connection makes none
 	// (nothing here polls on a timer).
 	Wakeups atomic.Uint64
+
+	// spin: how long a drained Read keeps trying before it sleeps.
+	spin time.Duration
+	// Spins counts the attempts made while spinning: an idle connection
+	// adds none once its window has passed.
+	Spins atomic.Uint64
 }
+
+// Spin makes a Read that finds the socket drained keep trying for up to
+// d, yielding between attempts, before it sleeps in poll(2): a peer that
+// sends its next request within d is served without a wake-up (on the
+// test VMs a wake-up costs 10-25 µs, a memory node's READ 1 µs). Each
+// window follows input, so a connection that goes quiet spins once, for
+// d, and then sleeps: idle stays idle. d <= 0 never spins. Call it
+// before the first Read, from the reading goroutine.
+func (r *Reader) Spin(d time.Duration) { r.spin = d }
 
 // Direct makes every later Read wait in poll(2); read deadlines no longer
 // apply. Call it from the reading goroutine.
@@ -87,6 +104,12 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if r.drained && r.spin > 0 {
+		if n, err := r.spinRead(p); n > 0 || err != nil {
+			r.drained = n < len(p)
+			return n, err
+		}
+	}
 	if r.drained {
 		if err := r.Wait(); err != nil {
 			return 0, err
@@ -101,6 +124,24 @@ func (r *Reader) Read(p []byte) (int, error) {
 		if err := r.Wait(); err != nil {
 			return 0, err
 		}
+	}
+}
+
+// spinRead tries to read p until input arrives or the spin window ends
+// (0, nil).
+func (r *Reader) spinRead(p []byte) (int, error) {
+	end := time.Now().Add(r.spin)
+	for {
+		n, err := r.TryRead(p)
+		r.Spins.Add(1)
+		if n > 0 || err != nil || time.Now().After(end) {
+			return n, err
+		}
+		// Give way to the process's other goroutines, then the core to
+		// whoever else can run on it (the peer, on a machine with few
+		// cores): a spinner must not delay what it waits for.
+		runtime.Gosched()
+		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 }
 

@@ -116,3 +116,54 @@ func TestDeadlinesApplyBeforeDirect(t *testing.T) {
 	require.ErrorAs(t, err, &ne)
 	assert.True(t, ne.Timeout())
 }
+
+// A reader told to Spin takes input that arrives within its window
+// without sleeping in poll(2), and a connection that goes quiet stops
+// spinning once the window has passed: idle stays idle. The window is
+// far longer (10 s) or far shorter (1 ms) than the gaps the test makes,
+// so nothing depends on how fast this machine is.
+func TestSpinTakesInputWithoutWakeupAndStopsWhenIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		input  bool // a second byte comes within the window
+	}{{"input within the window", 10 * time.Second, true}, {"quiet past the window", time.Millisecond, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := pair(t, "tcp", "127.0.0.1:0")
+			r := NewReader(b)
+			require.NotNil(t, r)
+			r.Direct()
+			r.Spin(tc.window)
+			var got atomic.Int64
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				var p [64]byte
+				for {
+					n, err := r.Read(p[:])
+					got.Add(int64(n))
+					if err != nil {
+						return
+					}
+				}
+			}()
+			t.Cleanup(func() { Close(b); <-done })
+			// The first byte finds the reader asleep (nothing was drained
+			// yet) or spinning; either way it is read.
+			a.Write([]byte("x"))
+			require.Eventually(t, func() bool { return got.Load() == 1 }, 10*time.Second, time.Millisecond)
+			time.Sleep(20 * time.Millisecond)
+			woken, spins := r.Wakeups.Load(), r.Spins.Load()
+			if tc.input {
+				require.Positive(t, spins, "the reader spins after its input ran dry")
+				a.Write([]byte("y"))
+				require.Eventually(t, func() bool { return got.Load() == 2 }, 10*time.Second, time.Millisecond)
+				assert.Equal(t, woken, r.Wakeups.Load(), "input within the window woke the reader from poll(2)")
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+			assert.Equal(t, spins, r.Spins.Load(), "a quiet connection kept spinning past its window")
+			assert.Equal(t, woken, r.Wakeups.Load(), "a quiet connection was woken")
+		})
+	}
+}

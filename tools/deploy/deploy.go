@@ -107,6 +107,10 @@ type MemnodeConfig struct {
 	// Grants are tokens limited to some volumes (memnode.Grant).
 	Grants   []memnode.Grant
 	Capacity uint64 // bytes of page memory; 0 = unlimited
+	// PollFor is how long a connection polls for its next request before
+	// it sleeps (memnode.Server.PollFor): 0 = memnode.DefaultPollFor,
+	// negative = sleep at once.
+	PollFor time.Duration
 	// Persist, if set, is a directory that makes the node durable: an
 	// acknowledged write survives a crash or power loss.
 	Persist string
@@ -117,6 +121,17 @@ type MemnodeConfig struct {
 	// Stages, if set, receives the node's stamps of a request's path
 	// (the miss-path breakdown; nil in production).
 	Stages *stages.Recorder
+}
+
+// pollFor maps MemnodeConfig.PollFor to memnode.Server.PollFor.
+func pollFor(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return memnode.DefaultPollFor
+	case d < 0:
+		return 0
+	}
+	return d
 }
 
 // Memnode is a running memory node.
@@ -158,9 +173,10 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 		return nil, fmt.Errorf("memory node: %w", err)
 	}
 	m := &Memnode{
-		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log, Stages: cfg.Stages, TLS: tlsCfg},
-		Addr:   addrString(ln),
-		done:   make(chan error, 1),
+		Server: &memnode.Server{Store: store, Token: cfg.Token, Grants: cfg.Grants, Log: cfg.Log, Stages: cfg.Stages, TLS: tlsCfg,
+			PollFor: pollFor(cfg.PollFor)},
+		Addr: addrString(ln),
+		done: make(chan error, 1),
 	}
 	go func() { m.done <- m.Server.Serve(ctx, ln) }()
 	if cfg.Etcd.Enabled() {

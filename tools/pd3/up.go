@@ -400,6 +400,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 func memnodeCmd() *cobra.Command {
 	var listen, persist string
 	var capBytes uint64
+	var pollFor time.Duration
 	var token *secretFlag
 	var grants []string
 	var tlsFiles tlsfiles.Files
@@ -435,7 +436,8 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 				return err
 			}
 			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: access, Cluster: etcd.cluster,
-				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder()})
+				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder(),
+				PollFor: cmp.Or(pollFor, -1)}) // the flag's 0: sleep at once
 			if err != nil {
 				return err
 			}
@@ -464,6 +466,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 	tlsFilesVar(cmd.Flags(), &tlsFiles, "", true)
 	etcd = addEtcdFlags(cmd.Flags(), "register with the control plane: etcd client URLs (comma-separated); the node is up while it renews its lease")
 	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
+	cmd.Flags().DurationVar(&pollFor, "poll-for", memnode.DefaultPollFor, "how long a connection whose requests ran dry polls for the next one before it sleeps (0: sleep at once; a quiet connection polls once, then sleeps)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
 	return cmd
