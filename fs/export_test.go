@@ -7,3 +7,13 @@ const PoolSize = poolSize
 
 // Compact folds the metadata journal into a new snapshot now.
 func (f *FS) Compact(ctx context.Context) error { return f.syncMeta(ctx, true) }
+
+// VolumeOf is the name of file ino's data volume ("" while inline).
+func (f *FS) VolumeOf(ino uint64) string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if n := f.inodes[ino]; n != nil {
+		return n.Vol
+	}
+	return ""
+}
