@@ -43,13 +43,17 @@ type Server struct {
 	// PollFor is how long a connection whose input ran dry keeps polling
 	// for the next request before it sleeps in poll(2) (sockio.Reader.Spin;
 	// DefaultPollFor is what pd3 runs with); 0 sleeps at once. A
-	// connection that goes quiet polls once, for PollFor, then sleeps.
+	// connection that goes quiet polls once, for PollFor, then sleeps,
+	// and only one connection of the server polls at a time.
 	PollFor time.Duration
 	// Stages, if set, is stamped as requests pass (the miss-path
 	// breakdown); nil in production.
 	Stages *stages.Recorder
 
 	group netsrv.Group
+	// spinners: one connection at a time polls (PollFor); the others
+	// sleep at once.
+	spinners sockio.Spinners
 }
 
 // DefaultPollFor is the polling window pd3's memory nodes run with: long
@@ -143,7 +147,7 @@ func (s *Server) serveConn(nc net.Conn) error {
 		// This goroutine plays the NIC: it waits for requests in poll(2)
 		// and answers them with no scheduler hop (see sockio).
 		fast.Direct()
-		fast.Spin(s.PollFor)
+		fast.Spin(s.PollFor, &s.spinners)
 	}
 	var h ReqHeader
 	for {

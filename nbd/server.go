@@ -91,13 +91,22 @@ type Server struct {
 	// header being read to its reply being queued (metrics). It runs on
 	// the request's path: it must be quick and must not block.
 	Latency func(nbdproto.Cmd, time.Duration)
+	// PollFor is how long a connection whose requests ran dry keeps
+	// polling for the next one before it sleeps in poll(2)
+	// (sockio.Reader.Spin); 0 sleeps at once. Only after a read answered
+	// from the cache: after a miss the memory node is the one polling, and
+	// a host spinning too takes the core it needs. One connection of the
+	// server polls at a time.
+	PollFor time.Duration
 
-	group  netsrv.Group
-	bufs   bufPool
-	reqs   sync.Pool // *request
-	ctx    context.Context
-	cancel context.CancelFunc
-	once   sync.Once
+	group netsrv.Group
+	// spinners: the one place to poll (PollFor).
+	spinners sockio.Spinners
+	bufs     bufPool
+	reqs     sync.Pool // *request
+	ctx      context.Context
+	cancel   context.CancelFunc
+	once     sync.Once
 
 	// Counters.
 	Connections, Requests, Errors, ProtocolViolations atomic.Uint64
@@ -167,10 +176,13 @@ func (s *Server) noExport(name string) string {
 var errProtocol = errors.New("nbd: protocol violation")
 
 type conn struct {
-	s          *Server
-	nc         net.Conn  // the connection: raw, or TLS over raw after STARTTLS
-	raw        net.Conn  // the socket
-	rawRd      io.Reader // raw's reader (poll(2)-based when possible)
+	s     *Server
+	nc    net.Conn  // the connection: raw, or TLS over raw after STARTTLS
+	raw   net.Conn  // the socket
+	rawRd io.Reader // raw's reader (poll(2)-based when possible)
+	// fast is rawRd when it waits in poll(2) (nil otherwise): told
+	// whether the last read was a miss, so it spins only after hits.
+	fast       *sockio.Reader
 	stream     mirror.Stream
 	tlsOn      bool
 	r          *bufio.Reader
@@ -202,7 +214,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	if fast != nil {
 		rd = fast
 	}
-	c := &conn{s: s, nc: nc, raw: nc, rawRd: rd}
+	c := &conn{s: s, nc: nc, raw: nc, rawRd: rd, fast: fast}
 	if s.Mirror != nil {
 		c.stream = s.Mirror.NewStream()
 		defer c.stream.Close()
@@ -219,6 +231,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		// The reader waits for requests in poll(2): a request wakes this
 		// thread directly, and a hit is answered with no scheduler hop.
 		fast.Direct()
+		fast.Spin(s.PollFor, &s.spinners)
 	}
 	err = c.transmit()
 	if tc, ok := c.nc.(*tls.Conn); ok {

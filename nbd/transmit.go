@@ -174,6 +174,11 @@ func (c *conn) readPage(r *request) bool {
 	if finished {
 		c.pageDone(r, err, true)
 	}
+	if c.fast != nil && c.s.PollFor > 0 {
+		// After a miss the memory node polls for the next one (its
+		// PollFor); a host spinning too would take the core it needs.
+		c.fast.Cold(!finished)
+	}
 	return true
 }
 

@@ -57,8 +57,12 @@ type Reader struct {
 	// (nothing here polls on a timer).
 	Wakeups atomic.Uint64
 
-	// spin: how long a drained Read keeps trying before it sleeps.
-	spin time.Duration
+	// spin: how long a drained Read keeps trying before it sleeps;
+	// spinners, if set, bounds how many Readers spin at once.
+	spin     time.Duration
+	spinners *Spinners
+	// cold: the owner expects its next input late (Cold); no spin.
+	cold bool
 	// Spins counts the attempts made while spinning: an idle connection
 	// adds none once its window has passed.
 	Spins atomic.Uint64
@@ -69,9 +73,38 @@ type Reader struct {
 // sends its next request within d is served without a wake-up (on the
 // test VMs a wake-up costs 10-25 µs, a memory node's READ 1 µs). Each
 // window follows input, so a connection that goes quiet spins once, for
-// d, and then sleeps: idle stays idle. d <= 0 never spins. Call it
-// before the first Read, from the reading goroutine.
-func (r *Reader) Spin(d time.Duration) { r.spin = d }
+// d, and then sleeps: idle stays idle. d <= 0 never spins. With b, the
+// Reader spins only while it holds one of b's places and otherwise
+// sleeps at once, so many connections of one process cannot fill the
+// cores with spinners. Call it before the first Read, from the reading
+// goroutine.
+func (r *Reader) Spin(d time.Duration, b *Spinners) { r.spin, r.spinners = d, b }
+
+// Cold tells a spinning Reader whether its next input will be late: a
+// server that handed its last request to a slower stage (a host whose
+// read missed and went to a memory node) leaves the core to that stage
+// instead of spinning through its wait. Call it from the reading
+// goroutine.
+func (r *Reader) Cold(cold bool) { r.cold = cold }
+
+// Spinners bounds how many Readers spin at the same moment (the places
+// of Spin). The zero value has one place: a process's spinner never
+// competes with another of its own for a core.
+type Spinners struct {
+	// Max is the number of places; 0 means 1.
+	Max  int32
+	used atomic.Int32
+}
+
+func (b *Spinners) take() bool {
+	if b.used.Add(1) <= max(b.Max, 1) {
+		return true
+	}
+	b.used.Add(-1)
+	return false
+}
+
+func (b *Spinners) give() { b.used.Add(-1) }
 
 // Direct makes every later Read wait in poll(2); read deadlines no longer
 // apply. Call it from the reading goroutine.
@@ -104,7 +137,7 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if r.drained && r.spin > 0 {
+	if r.drained && r.spin > 0 && !r.cold {
 		if n, err := r.spinRead(p); n > 0 || err != nil {
 			r.drained = n < len(p)
 			return n, err
@@ -130,6 +163,12 @@ func (r *Reader) Read(p []byte) (int, error) {
 // spinRead tries to read p until input arrives or the spin window ends
 // (0, nil).
 func (r *Reader) spinRead(p []byte) (int, error) {
+	if r.spinners != nil {
+		if !r.spinners.take() {
+			return 0, nil
+		}
+		defer r.spinners.give()
+	}
 	end := time.Now().Add(r.spin)
 	for {
 		n, err := r.TryRead(p)

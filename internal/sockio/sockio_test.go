@@ -133,21 +133,8 @@ func TestSpinTakesInputWithoutWakeupAndStopsWhenIdle(t *testing.T) {
 			r := NewReader(b)
 			require.NotNil(t, r)
 			r.Direct()
-			r.Spin(tc.window)
-			var got atomic.Int64
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				var p [64]byte
-				for {
-					n, err := r.Read(p[:])
-					got.Add(int64(n))
-					if err != nil {
-						return
-					}
-				}
-			}()
-			t.Cleanup(func() { Close(b); <-done })
+			r.Spin(tc.window, nil)
+			got := readAll(t, r, b)
 			// The first byte finds the reader asleep (nothing was drained
 			// yet) or spinning; either way it is read.
 			a.Write([]byte("x"))
@@ -166,4 +153,65 @@ func TestSpinTakesInputWithoutWakeupAndStopsWhenIdle(t *testing.T) {
 			assert.Equal(t, woken, r.Wakeups.Load(), "a quiet connection was woken")
 		})
 	}
+}
+
+// readAll reads r (of conn b) on a goroutine until it fails, counting the
+// bytes; the cleanup closes b and waits for the goroutine.
+func readAll(t *testing.T, r *Reader, b net.Conn) *atomic.Int64 {
+	var got atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var p [64]byte
+		for {
+			n, err := r.Read(p[:])
+			got.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { Close(b); <-done })
+	return &got
+}
+
+func TestSpinnersLetOneReaderSpinAtATime(t *testing.T) {
+	var places Spinners
+	a1, b1 := pair(t, "tcp", "127.0.0.1:0")
+	a2, b2 := pair(t, "tcp", "127.0.0.1:0")
+	r1, r2 := NewReader(b1), NewReader(b2)
+	require.NotNil(t, r1)
+	require.NotNil(t, r2)
+	for _, r := range []*Reader{r1, r2} {
+		r.Direct()
+		r.Spin(10*time.Second, &places)
+	}
+	got1, got2 := readAll(t, r1, b1), readAll(t, r2, b2)
+	a1.Write([]byte("x"))
+	require.Eventually(t, func() bool { return got1.Load() == 1 && r1.Spins.Load() > 0 }, 10*time.Second, time.Millisecond,
+		"the first reader spins after its input ran dry")
+	assertSleeps(t, a2, r2, got2, "a second reader while the only place was taken")
+}
+
+// assertSleeps sends r's connection (written through a) bytes one at a
+// time and asserts r reads each after sleeping in poll(2), never spinning.
+func assertSleeps(t *testing.T, a net.Conn, r *Reader, got *atomic.Int64, who string) {
+	t.Helper()
+	for i := range 3 {
+		a.Write([]byte("y"))
+		require.Eventually(t, func() bool { return got.Load() == int64(i+1) }, 10*time.Second, time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
+	}
+	assert.Zero(t, r.Spins.Load(), "%s spun", who)
+	assert.Positive(t, r.Wakeups.Load(), "%s did not sleep in poll(2)", who)
+}
+
+func TestColdReaderSleepsAtOnce(t *testing.T) {
+	a, b := pair(t, "tcp", "127.0.0.1:0")
+	r := NewReader(b)
+	require.NotNil(t, r)
+	r.Direct()
+	r.Spin(10*time.Second, nil)
+	r.Cold(true)
+	assertSleeps(t, a, r, readAll(t, r, b), "a cold reader")
 }

@@ -38,7 +38,10 @@ type NBDOptions struct {
 // NBDSystems lists the servers NBD compares; pd3-persist is pd3 with a
 // persistent memory node (--persist), for the cost of durability;
 // pd3-local is pd3's host with every page in its cache and no memory
-// node (--local): the ceiling of any remote configuration.
+// node (--local): the ceiling of any remote configuration; pd3-local-poll
+// is the same polling for the next request after each hit
+// (--nbd-poll-for 50µs), for what that buys at queue depth 1 and costs
+// deeper.
 // nbdkit-cache-nbd is the fair remote peer: nbdkit's cache filter (the
 // same cache size as pd3's, in RAM) over its nbd plugin to a second
 // nbdkit holding the data in memory, a process of its own like pd3's
@@ -55,7 +58,7 @@ type NBDOptions struct {
 // a process of its own, so every read makes a miss's four crossings and
 // nothing else. A relay whose sending thread reads each answer itself is
 // faster still (pd3 bench nbd --breakdown, the go-relay rows).
-var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-local-poll", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -112,8 +115,10 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 				rep.Ratios["go-relay-nbdkit-memory/"+peer+"@"+job] = iops["go-relay-nbdkit-memory"][job] / iops[peer][job]
 			}
 		}
-		if iops["pd3-local"][job] > 0 && iops["nbdkit-memory"][job] > 0 {
-			rep.Ratios["pd3-local/nbdkit-memory@"+job] = iops["pd3-local"][job] / iops["nbdkit-memory"][job]
+		for _, local := range []string{"pd3-local", "pd3-local-poll"} {
+			if iops[local][job] > 0 && iops["nbdkit-memory"][job] > 0 {
+				rep.Ratios[local+"/nbdkit-memory@"+job] = iops[local][job] / iops["nbdkit-memory"][job]
+			}
 		}
 		if iops["pd3"][job] > 0 && iops["pd3-persist"][job] > 0 {
 			rep.Ratios["pd3-persist/pd3@"+job] = iops["pd3-persist"][job] / iops["pd3"][job]
@@ -132,9 +137,12 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, *Child, func(), error) {
 	size := strconv.FormatUint(opt.Size, 10)
 	switch sys {
-	case "pd3-local":
-		host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--local",
-			"--volume", "disk0:"+size, "--nbd", "127.0.0.1:0", "--page", "")
+	case "pd3-local", "pd3-local-poll":
+		args := []string{"serve", "--local", "--volume", "disk0:" + size, "--nbd", "127.0.0.1:0", "--page", ""}
+		if sys == "pd3-local-poll" {
+			args = append(args, "--nbd-poll-for", "50us")
+		}
+		host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, args...)
 		if err != nil {
 			return "", nil, nil, nil, err
 		}

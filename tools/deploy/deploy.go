@@ -255,6 +255,10 @@ type HostConfig struct {
 	Policy     string
 	PageListen string // page-protocol address; "" = no page server
 	NBDListen  string // NBD address; "" = no NBD server
+	// NBDPollFor is how long an NBD connection polls for its next
+	// request after a hit before it sleeps (nbd.Server.PollFor); 0 sleeps
+	// at once.
+	NBDPollFor time.Duration
 	// NBDReadOnly names volumes exported read-only over NBD.
 	NBDReadOnly []string
 	// NBDTLS is "" or "off" (plaintext), "on" (STARTTLS offered) or
@@ -900,7 +904,8 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
-			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require"}
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor}
+
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
 				Name: v.Name, Volume: v.ID, Size: v.Size, ReadOnly: slices.Contains(cfg.NBDReadOnly, v.Name),

@@ -52,6 +52,7 @@ type hostFlags struct {
 	mirror    string
 	nbd       string
 	nbdRO     []string
+	nbdPoll   time.Duration
 	tls       string
 	tlsCerts  string
 	tlsVerify bool
@@ -70,6 +71,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
 	fl.StringVar(&f.nbd, "nbd", "127.0.0.1:10809", "NBD listen address; every volume is an export (empty disables)")
 	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
+	fl.DurationVar(&f.nbdPoll, "nbd-poll-for", 0, "after answering a read from the cache, an NBD connection polls this long for the next request before it sleeps (e.g. 50µs: faster reads at queue depth 1 when pages are cached, for a core's worth of polling; 0: sleep at once)")
 	fl.StringVar(&f.tls, "tls", "off", "NBD over TLS: off, on (STARTTLS offered) or require (nothing in clear; clients use nbds:// URIs)")
 	fl.StringVar(&f.tlsCerts, "tls-certificates", "", "directory with server-cert.pem, server-key.pem and (to verify clients) ca-cert.pem, as nbdkit's")
 	fl.BoolVar(&f.tlsVerify, "tls-verify-peer", false, "NBD clients must present a certificate signed by ca-cert.pem")
@@ -105,7 +107,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Etcd: etcd, Cluster: f.etcd.cluster, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
-		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, Writeback: f.writeback,
+		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, NBDPollFor: f.nbdPoll, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
 		Stages: stageRecorder(), Replicas: f.replicas, RepairRate: int64(f.repair),
