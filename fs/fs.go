@@ -123,6 +123,9 @@ type FS struct {
 	pending atomic.Int64  // queued in deletes or being deleted
 	deleted chan struct{} // closed once the deleter has emptied deletes at Close
 	pool    *volumePool
+	// ra reads streams ahead; raStop ends its reads at Close.
+	ra     *readAhead
+	raStop context.CancelFunc
 }
 
 // Open loads (or creates) the filesystem called cfg.Name at the memory
@@ -250,6 +253,9 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 			}
 		}
 	}
+	var raCtx context.Context
+	raCtx, f.raStop = context.WithCancel(context.WithoutCancel(ctx))
+	f.ra = newReadAhead(raCtx, cfg.Store.ReadStream)
 	go f.syncLoop()
 	go f.deleter()
 	go f.fillPool()
@@ -259,6 +265,8 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 // Close writes back dirty pages and the metadata, stops the syncer and
 // gives up the lease. The mount must be gone.
 func (f *FS) Close(ctx context.Context) error {
+	f.raStop()
+	f.ra.wait()
 	close(f.stop)
 	<-f.done
 	<-f.deleted
@@ -530,6 +538,16 @@ func (f *FS) EndOf(k pageid.Key) uint64 {
 	return 0
 }
 
+// ReadingAhead reports whether the mount reads the file of page k ahead
+// itself (a stream whose next windows are on the way): a prefetcher that
+// follows the same reader would fetch those pages a second time.
+func (f *FS) ReadingAhead(k pageid.Key) bool {
+	f.mu.RLock()
+	n := f.byVol[k.Volume()]
+	f.mu.RUnlock()
+	return n != nil && n.stream.active()
+}
+
 // Written calls each with the byte ranges of volume vol that hold the
 // filesystem's data (the metadata's header and newest snapshot; a file's
 // bytes up to the furthest it was written): what a copy of the volume
@@ -587,6 +605,7 @@ func (f *FS) release(ctx context.Context, n *inode) {
 	f.changedLocked(n)
 	end := n.written() / pageid.Size
 	f.mu.Unlock()
+	f.ra.changed(n)
 	if n.vol == 0 || f.fenced.Load() {
 		return // fenced: the volume may be another holder's file now
 	}

@@ -102,6 +102,7 @@ func (f *FS) promote(ctx context.Context, c *inode) error {
 			return fmt.Errorf("fs: moving file %d to a volume: %w", c.Ino, err)
 		}
 	}
+	f.ra.changed(c)
 	f.mu.Lock()
 	c.Vol, c.vol, c.Data = v.Name, v.ID, nil
 	f.byVol[v.ID] = c

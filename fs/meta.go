@@ -79,6 +79,12 @@ type inode struct {
 	// io orders data writes (shared) against truncation (exclusive); it
 	// is not guarded by the model's lock.
 	io sync.RWMutex
+	// gen is bumped by every change of the file's bytes (write,
+	// truncation, fallocate, its move to a volume) before the change
+	// returns; stream is its read-ahead (readahead.go), whose windows
+	// count only if gen did not move while they were read.
+	gen    atomic.Uint64
+	stream stream
 }
 
 func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFDIR }

@@ -44,6 +44,10 @@ type Mounted struct {
 	Dev uint32
 }
 
+// maxIO is the largest READ and WRITE the kernel sends (max_read,
+// MaxWrite and so max_pages).
+const maxIO = 1 << 20
+
 // attrTimeout is how long the kernel keeps entries, attributes and
 // negative entries. Every change of the tree comes through this mount's
 // kernel, which updates what it cached itself, so a long one is safe;
@@ -69,7 +73,7 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 			// Root mounts with mount(2) itself, so tests and servers
 			// need no setuid helper.
 			DirectMount: os.Geteuid() == 0,
-			MaxWrite:    1 << 20,
+			MaxWrite:    maxIO,
 			// Our read results are bytes in memory: splice costs a pipe
 			// and two more syscalls per READ (11% of host CPU on 4 KiB
 			// random reads) for nothing.

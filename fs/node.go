@@ -178,6 +178,7 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	}
 	c.io.Lock()
 	defer c.io.Unlock()
+	defer f.ra.changed(c)
 	if f.truncateInline(c, size) {
 		return 0
 	}
@@ -676,8 +677,11 @@ func (n *node) Release(ctx context.Context, _ gofs.FileHandle) syscall.Errno {
 		return 0
 	}
 	c.opens--
-	free := c.opens == 0 && c.Nlink == 0
+	closed, free := c.opens == 0, c.opens == 0 && c.Nlink == 0
 	f.mu.Unlock()
+	if closed {
+		f.ra.stop(c) // its readers are gone: give the budget back
+	}
 	if free {
 		f.release(context.WithoutCancel(ctx), c)
 	}
@@ -736,6 +740,10 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 	}
 	var err error
 	if len(dest) >= streamRead {
+		if res, ok := n.f.ra.take(ctx, c, vol, uint64(off), len(dest), size); ok {
+			c.io.RUnlock()
+			return res, 0
+		}
 		err = n.f.cfg.Store.ReadStream(ctx, vol, uint64(off), dest)
 	} else {
 		err = n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
@@ -773,6 +781,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	c.io.RLock()
 	c.reach(end) // before the pages are cached, even if the write fails
 	err := n.f.cfg.Store.WriteRange(ctx, vol, uint64(off), data)
+	n.f.ra.changed(c)
 	if err == nil {
 		n.f.mu.Lock()
 		c.Size = max(c.Size, end)
@@ -870,6 +879,7 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 	}
 	c.io.RLock()
 	defer c.io.RUnlock()
+	defer n.f.ra.changed(c)
 	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 && off < cur {
 		if err := n.f.cfg.Store.ZeroRange(ctx, vol, off, min(end, cur)-off, false); err != nil {
 			return n.f.errno("fallocate", err)

@@ -806,7 +806,14 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		h.TrackerErr = errors.New("no DPU agent to feed")
 		return nil
 	}
-	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) { readAhead(dpu.SourceKernel, first, n, f.EndOf(first)) }}
+	// A file the mount reads ahead itself (fs: stream read-ahead) is not
+	// the agent's to prefetch: it would fetch every page twice, and copy
+	// it into the Loading Zone for nothing.
+	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) {
+		if !f.ReadingAhead(first) {
+			readAhead(dpu.SourceKernel, first, n, f.EndOf(first))
+		}
+	}}
 	var kv *hostview.Set
 	if h.Agent != nil {
 		pages := cfg.KernelViewPages

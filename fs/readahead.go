@@ -1,0 +1,257 @@
+package fs
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Read-ahead of a file read as a stream (FUSE reads of streamRead or
+// more, one after the other): while the kernel takes one reply, the
+// memory node is already sending the next ones into buffers of the
+// host's own, and a read that finds its window there answers with that
+// buffer (no copy of ours: go-fuse writes it to the kernel and then gives
+// it back). Without it a sequential reader's READs wait in turn for the
+// node, the network and the FUSE reply, each alone (docs/BENCHMARKS.md,
+// "Stream read-ahead").
+//
+// A window is never stale: it is taken only if no write, truncation or
+// fallocate of its file returned since the window's read began
+// (inode.gen), and that read goes through the page store like any other
+// (ReadStream: pages the host holds, dirty ones too, come from its
+// cache).
+
+// raDepth is how many windows of a stream are read ahead of its reader;
+// raMaxWindows bounds the windows of all streams of a mount (buffers of
+// up to maxIO each: 32 MiB).
+const (
+	raDepth      = 2
+	raMaxWindows = 32
+)
+
+// stream is a file's read-ahead state, guarded by mu.
+type stream struct {
+	mu   sync.Mutex
+	next uint64    // where the last stream read ended
+	wins []*window // read or being read ahead, in offset order
+}
+
+// active reports whether s has windows read or being read.
+func (s *stream) active() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.wins) > 0
+}
+
+// window is one read-ahead: n bytes at off of volume vol, read into buf
+// by a goroutine that closes done. gen is the file's generation when the
+// read began.
+type window struct {
+	ra   *readAhead
+	vol  uint16
+	off  uint64
+	n    int
+	gen  uint64
+	buf  []byte
+	err  error
+	done chan struct{}
+	// state is windowReading until the read ends (windowRead), or
+	// windowDropped if it was dropped while reading: the reader then
+	// gives the buffer back itself.
+	state atomic.Int32
+}
+
+const (
+	windowReading = iota
+	windowRead
+	windowDropped
+)
+
+// readAhead is a mount's read-ahead: its buffer budget, and the
+// goroutines reading ahead (Close waits for them).
+type readAhead struct {
+	read func(ctx context.Context, vol uint16, off uint64, p []byte) error
+	ctx  context.Context
+	wg   sync.WaitGroup
+	bufs sync.Pool // *[]byte of maxIO bytes
+	used atomic.Int32
+	// Hits counts reads answered from a window; Discards, windows
+	// dropped unread (a write, a seek, the stream's end).
+	Hits, Discards atomic.Uint64
+}
+
+func newReadAhead(ctx context.Context, read func(ctx context.Context, vol uint16, off uint64, p []byte) error) *readAhead {
+	return &readAhead{read: read, ctx: ctx}
+}
+
+// take answers a stream read of dest at off of file c (volume vol, size
+// bytes long): from a window if one holds it, and in any case it starts
+// the windows that follow. ok false: no window held it; read it yourself.
+// c.io must be read-locked.
+func (ra *readAhead) take(ctx context.Context, c *inode, vol uint16, off uint64, n int, size uint64) (res fuse.ReadResult, ok bool) {
+	s := &c.stream
+	s.mu.Lock()
+	var w *window
+	seq := off == s.next
+	for i, x := range s.wins {
+		if x.off == off && x.vol == vol && x.n >= n {
+			w = x
+			s.wins = append(s.wins[:i], s.wins[i+1:]...)
+			break
+		}
+	}
+	if w == nil && !seq {
+		// A seek: what was read ahead is not what this reader wants.
+		ra.dropLocked(s)
+	}
+	s.next = off + uint64(n)
+	if w != nil || seq {
+		ra.aheadLocked(s, c, vol, off+uint64(n), n, size)
+	}
+	s.mu.Unlock()
+	if w == nil {
+		return nil, false
+	}
+	select {
+	case <-w.done:
+	case <-ctx.Done(): // interrupted: the caller's own read fails with ctx
+		ra.drop(w)
+		return nil, false
+	}
+	if w.err != nil || w.gen != c.gen.Load() {
+		ra.Discards.Add(1)
+		ra.free(w)
+		return nil, false
+	}
+	ra.Hits.Add(1)
+	return &windowResult{w: w, data: w.buf[:n]}, true
+}
+
+// aheadLocked makes s's windows those of n bytes at off, off+n, ... up to
+// raDepth of them, short of the file's end and as far as the budget lets
+// it: windows elsewhere (the reader skipped them, or reads another size
+// now) are dropped.
+func (ra *readAhead) aheadLocked(s *stream, c *inode, vol uint16, off uint64, n int, size uint64) {
+	keep := s.wins[:0]
+	for _, w := range s.wins {
+		d := w.off - off
+		if w.vol != vol || w.off < off || d%uint64(n) != 0 || d/uint64(n) >= raDepth || w.n != int(min(uint64(n), size-w.off)) {
+			ra.drop(w)
+			continue
+		}
+		keep = append(keep, w)
+	}
+	s.wins = keep
+	for i := 0; i < raDepth; i++ {
+		at := off + uint64(i*n)
+		if at >= size {
+			break
+		}
+		if i < len(s.wins) && s.wins[i].off == at {
+			continue
+		}
+		w := ra.start(c, vol, at, int(min(uint64(n), size-at)))
+		if w == nil {
+			break
+		}
+		s.wins = append(s.wins, nil)
+		copy(s.wins[i+1:], s.wins[i:])
+		s.wins[i] = w
+	}
+}
+
+// start reads a window of n bytes at off, or returns nil when the budget
+// is spent.
+func (ra *readAhead) start(c *inode, vol uint16, off uint64, n int) *window {
+	if n <= 0 || n > maxIO {
+		return nil
+	}
+	if ra.used.Add(1) > raMaxWindows {
+		ra.used.Add(-1)
+		return nil
+	}
+	bp, _ := ra.bufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, maxIO)
+		bp = &b
+	}
+	w := &window{ra: ra, vol: vol, off: off, n: n, gen: c.gen.Load(), buf: (*bp)[:n], done: make(chan struct{})}
+	ra.wg.Add(1)
+	go func() {
+		defer ra.wg.Done()
+		w.err = ra.read(ra.ctx, vol, off, w.buf)
+		if !w.state.CompareAndSwap(windowReading, windowRead) {
+			ra.free(w) // dropped: nobody waits for it
+			return
+		}
+		close(w.done)
+	}()
+	return w
+}
+
+// dropLocked discards every window of s.
+func (ra *readAhead) dropLocked(s *stream) {
+	for _, w := range s.wins {
+		ra.drop(w)
+	}
+	s.wins = s.wins[:0]
+}
+
+// drop discards w, now or (if it is still being read) when its read
+// ends. Only a window no reader took may be dropped.
+func (ra *readAhead) drop(w *window) {
+	ra.Discards.Add(1)
+	if !w.state.CompareAndSwap(windowReading, windowDropped) {
+		ra.free(w)
+	}
+}
+
+func (ra *readAhead) free(w *window) {
+	b := w.buf[:cap(w.buf)]
+	w.buf = nil
+	ra.bufs.Put(&b)
+	ra.used.Add(-1)
+}
+
+// changed makes c's windows stale: its bytes changed. Call it before
+// the change returns.
+func (ra *readAhead) changed(c *inode) {
+	c.gen.Add(1)
+	ra.stop(c)
+}
+
+// stop drops c's windows: its last handle closed (the windows would hold
+// the budget for nobody), or its bytes changed.
+func (ra *readAhead) stop(c *inode) {
+	s := &c.stream
+	s.mu.Lock()
+	if len(s.wins) > 0 {
+		ra.dropLocked(s)
+	}
+	s.mu.Unlock()
+}
+
+// wait waits for every read ahead to end (the mount is closing; its
+// context is cancelled).
+func (ra *readAhead) wait() { ra.wg.Wait() }
+
+// windowResult answers a FUSE READ with a window's buffer. go-fuse writes
+// a result that has Slices with writev and calls Done only after that
+// (one with Bytes alone is released before its bytes are written), so the
+// buffer goes back to the pool when the kernel has its copy.
+type windowResult struct {
+	w    *window
+	data []byte
+}
+
+func (r *windowResult) Slices() ([][]byte, fuse.Status)    { return [][]byte{r.data}, fuse.OK }
+func (r *windowResult) Bytes([]byte) ([]byte, fuse.Status) { return r.data, fuse.OK }
+func (r *windowResult) Size() int                          { return len(r.data) }
+func (r *windowResult) Done() {
+	if r.w != nil {
+		r.w.ra.free(r.w)
+		r.w = nil
+	}
+}

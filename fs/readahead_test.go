@@ -1,0 +1,152 @@
+package fs_test
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// directFile opens name on the mount with O_DIRECT, so every read is a
+// FUSE READ of its own size (no kernel page cache, no kernel read-ahead).
+func directFile(t *testing.T, name string, flags int) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(name, flags|unix.O_DIRECT, 0o644)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// alignedBuf is n bytes aligned for O_DIRECT.
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+4096)
+	off := 0
+	if r := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) % 4096); r != 0 {
+		off = 4096 - r
+	}
+	return b[off : off+n]
+}
+
+// TestStreamReadAheadAnswersSequentialReads: a reader of 1 MiB direct
+// reads, one after the other, finds the reads after its first already
+// read ahead, and gets the file's bytes.
+func TestStreamReadAheadAnswersSequentialReads(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 0)
+	const mib, size = 1 << 20, 8 << 20
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
+
+	st, err := os.Stat(e.path("f"))
+	require.NoError(t, err)
+	first, ok := e.fs.KeyOf(st.Sys().(*syscall.Stat_t).Ino, 0)
+	require.True(t, ok)
+	require.False(t, e.fs.ReadingAhead(first))
+
+	f := directFile(t, e.path("f"), os.O_RDONLY)
+	buf := alignedBuf(mib)
+	for off := 0; off < size; off += mib {
+		if off == mib {
+			// The agent is told to leave this file to the mount.
+			assert.True(t, e.fs.ReadingAhead(first), "reading ahead after the first read")
+		}
+		n, err := f.ReadAt(buf, int64(off))
+		require.NoError(t, err)
+		require.Equal(t, mib, n)
+		require.True(t, bytes.Equal(want[off:off+mib], buf), "bytes at %d", off)
+	}
+	hits, _, _ := e.fs.ReadAhead()
+	assert.GreaterOrEqual(t, hits, uint64(size/mib-2), "reads answered from read-ahead")
+
+	// Closing the file gives its windows back.
+	require.NoError(t, f.Close())
+	require.Eventually(t, func() bool { _, _, held := e.fs.ReadAhead(); return held == 0 }, 5*time.Second, 10*time.Millisecond)
+	assert.False(t, e.fs.ReadingAhead(first))
+}
+
+// TestStreamReadAheadIsNeverStale: every kind of change to a file between
+// two stream reads (a direct write, a buffered write, a truncation and
+// growth, a punched hole) is seen by the next read, though the window it
+// would come from was read before the change. The changes go through
+// handles opened before the first read: closing one would drop the
+// windows anyway (Release) and hide a missed invalidation.
+func TestStreamReadAheadIsNeverStale(t *testing.T) {
+	const mib, size = 1 << 20, 6 << 20
+	type handles struct{ direct, buffered *os.File }
+	cases := []struct {
+		name   string
+		change func(t *testing.T, h handles, want []byte)
+	}{
+		{"direct-write", func(t *testing.T, h handles, want []byte) {
+			p := alignedBuf(4096)
+			for i := range p {
+				p[i] = 0xAB
+			}
+			_, err := h.direct.WriteAt(p, mib+8192)
+			require.NoError(t, err)
+			copy(want[mib+8192:], p)
+		}},
+		{"buffered-write", func(t *testing.T, h handles, want []byte) {
+			p := bytes.Repeat([]byte{0xCD}, 100)
+			_, err := h.buffered.WriteAt(p, mib+3*mib/2)
+			require.NoError(t, err)
+			copy(want[mib+3*mib/2:], p)
+		}},
+		{"truncate-and-grow", func(t *testing.T, h handles, want []byte) {
+			require.NoError(t, h.buffered.Truncate(mib+mib/2))
+			require.NoError(t, h.buffered.Truncate(size))
+			clear(want[mib+mib/2:])
+		}},
+		{"punch-hole", func(t *testing.T, h handles, want []byte) {
+			require.NoError(t, unix.Fallocate(int(h.buffered.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 2*mib, mib))
+			clear(want[2*mib : 3*mib])
+		}},
+	}
+	e := mount(t, startNode(t, 0), "", 0)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			want := make([]byte, size)
+			for i := range want {
+				want[i] = byte(rand.Uint32())
+			}
+			path := e.path(tc.name)
+			// Synced, so that no write-back of the kernel's drops the
+			// windows before the change does.
+			w, err := os.Create(path)
+			require.NoError(t, err)
+			_, err = w.Write(want)
+			require.NoError(t, err)
+			require.NoError(t, w.Sync())
+			require.NoError(t, w.Close())
+			h := handles{directFile(t, path, os.O_WRONLY), nil}
+			h.buffered, err = os.OpenFile(path, os.O_RDWR, 0)
+			require.NoError(t, err)
+			t.Cleanup(func() { h.buffered.Close() })
+			f := directFile(t, path, os.O_RDONLY)
+			buf := alignedBuf(mib)
+			_, err = f.ReadAt(buf, 0)
+			require.NoError(t, err)
+			// Let the windows after it be read, so they hold the old bytes.
+			time.Sleep(50 * time.Millisecond)
+			_, discards, held := e.fs.ReadAhead()
+			require.NotZero(t, held, "windows read ahead before the change")
+			tc.change(t, h, want)
+			for off := mib; off < size; off += mib {
+				_, err := f.ReadAt(buf, int64(off))
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(want[off:off+mib], buf), "%s: stale bytes at %d", tc.name, off)
+			}
+			_, after, _ := e.fs.ReadAhead()
+			assert.Greater(t, after, discards, "the change dropped the windows")
+		})
+	}
+}
