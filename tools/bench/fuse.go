@@ -39,10 +39,13 @@ type FUSEOptions struct {
 // FUSE file system) and tmpfs (no FUSE at all). pd3-cached is pd3 with a
 // host cache larger than the file: every FUSE READ a host hit, the
 // ceiling of pd3's FUSE path at any cache size.
-var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs", "pd3-cached", "pd3-r1", "pd3-r2"}
+// go-fuse-nbdkit is a Go FUSE server that only relays each request to
+// nbdkit memory (ServeFUSERelay): the ceiling of a miss through a Go FUSE
+// server, one hop from its data.
+var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "go-fuse-nbdkit", "bindfs", "tmpfs", "pd3-cached", "pd3-r1", "pd3-r2"}
 
 // fuseDefaultSystems leave out pd3's own variants.
-var fuseDefaultSystems = []string{"pd3", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs"}
+var fuseDefaultSystems = []string{"pd3", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "go-fuse-nbdkit", "bindfs", "tmpfs"}
 
 // FUSEDefaultSystems is what pd3 bench fuse compares unless told.
 func FUSEDefaultSystems() []string { return slices.Clone(fuseDefaultSystems) }
@@ -131,13 +134,13 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 			},
 			run: func(job string) (Result, error) {
 				if clients, ok := strings.CutPrefix(job, "dbench-"); ok {
-					if strings.HasPrefix(sys, "nbdfuse") {
+					if oneFile(sys) {
 						return Result{}, errSkip // one file, not a filesystem
 					}
 					return runDbench(ctx, filepath.Join(filepath.Dir(file), "dbench"), clients, opt.Runtime)
 				}
 				if op, ok, _ := fileOp(job); ok {
-					if strings.HasPrefix(sys, "nbdfuse") {
+					if oneFile(sys) {
 						return Result{}, errSkip
 					}
 					return runFileOps(filepath.Join(filepath.Dir(file), "files"), op)
@@ -152,10 +155,16 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 		return nil, err
 	}
 	for _, job := range opt.Jobs {
-		for _, base := range []string{"nbdfuse-cache-nbd", "nbdfuse-nbdkit", "bindfs", "tmpfs", "pd3-noprefetch", "pd3-cached"} {
+		for _, base := range []string{"nbdfuse-cache-nbd", "nbdfuse-nbdkit", "go-fuse-nbdkit", "bindfs", "tmpfs", "pd3-noprefetch", "pd3-cached"} {
 			if iops["pd3"][job] > 0 && iops[base][job] > 0 {
 				rep.Ratios["pd3/"+base+"@"+job] = iops["pd3"][job] / iops[base][job]
 			}
+		}
+		// What the ceiling itself reaches against the fair peer: a goal
+		// above it is out of reach of any Go FUSE server one hop from
+		// its data here.
+		if iops["go-fuse-nbdkit"][job] > 0 && iops["nbdfuse-cache-nbd"][job] > 0 {
+			rep.Ratios["go-fuse-nbdkit/nbdfuse-cache-nbd@"+job] = iops["go-fuse-nbdkit"][job] / iops["nbdfuse-cache-nbd"][job]
 		}
 		if iops["pd3-r1"][job] > 0 && iops["pd3-r2"][job] > 0 {
 			rep.Ratios["pd3-r2/pd3-r1@"+job] = iops["pd3-r2"][job] / iops["pd3-r1"][job]
@@ -165,6 +174,10 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 		units.FormatSize(opt.Size), opt.Runtime, units.FormatSize(opt.Cache), units.FormatSize(opt.Cache)))
 	return rep, nil
 }
+
+// oneFile reports whether sys mounts one file, not a filesystem (no
+// dbench, no metadata jobs).
+func oneFile(sys string) bool { return strings.HasPrefix(sys, "nbdfuse") || sys == "go-fuse-nbdkit" }
 
 // runDbench runs dbench with clients processes in dir (created) for d and
 // reports its throughput: MB/s as OpsPerSec (what the ratios compare).
@@ -316,6 +329,31 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		// The server measured is the one the FUSE daemon talks to; the
 		// chain's remote plays the memory node.
 		return filepath.Join(mnt, "bench"), kitChild, remote, stop, nil
+	case "go-fuse-nbdkit":
+		// The ceiling of a Go FUSE server one hop from its data:
+		// ServeFUSERelay in a process of its own, nbdkit memory behind it.
+		kit, addr, err := startNbdkit(ctx, nil, "memory", strconv.FormatUint(opt.Size, 10))
+		if err != nil {
+			cleanup()
+			return "", nil, nil, nil, err
+		}
+		relay, err := StartChild(ctx, opt.Exe, nil, "bench", "fuse-relay", "--mount", mnt, "--forward", addr)
+		if err != nil {
+			kit.Stop()
+			cleanup()
+			return "", nil, nil, nil, err
+		}
+		stop := func() {
+			relay.Stop() // unmounts
+			exec.Command("fusermount3", "-u", mnt).Run()
+			kit.Stop()
+			cleanup()
+		}
+		if err := waitMounted(mnt); err != nil {
+			stop()
+			return "", nil, nil, nil, err
+		}
+		return filepath.Join(mnt, "bench"), relay, kit, stop, nil
 	case "bindfs":
 		if _, err := exec.LookPath("bindfs"); err != nil {
 			cleanup()

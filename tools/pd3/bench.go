@@ -277,6 +277,24 @@ func benchCmd() *cobra.Command {
 	crossing.Flags().StringVar(&forward, "forward", "", "relay each request to this address")
 	crossing.Flags().BoolVar(&proxy, "proxy", false, "relay bytes to --forward in both directions (any protocol)")
 	crossing.Flags().StringVar(&busy, "poll", "", "busy-poll instead of sleeping in poll(2): all (every input) or upstream (the forwarded request's answer)")
+	var relayMount, relayTo string
+	var relayConns int
+	relay := &cobra.Command{
+		Use: "fuse-relay", Hidden: true, Args: cobra.NoArgs,
+		Short: "mount one file whose every READ and WRITE is one NBD request to --forward (bench fuse's go-fuse-nbdkit)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return bench.ServeFUSERelay(ctx, relayMount, relayTo, relayConns, func() {
+				logger().Info("fuse relay mounted at " + relayMount)
+			})
+		},
+	}
+	relay.Flags().StringVar(&relayMount, "mount", "", "mount point")
+	relay.Flags().StringVar(&relayTo, "forward", "", "NBD server address (host:port)")
+	relay.Flags().IntVar(&relayConns, "conns", 8, "NBD connections (requests served at once)")
+	relay.MarkFlagRequired("mount")
+	relay.MarkFlagRequired("forward")
 	ropt := bench.RepairOptions{Nodes: 3, Replicas: 2}
 	repairc := &cobra.Command{
 		Use:   "repair",
@@ -301,7 +319,7 @@ func benchCmd() *cobra.Command {
 	repairc.Flags().IntVar(&ropt.Nodes, "nodes", 3, "memory node processes")
 	repairc.Flags().IntVar(&ropt.Replicas, "replicas", 2, "replicas of each extent")
 	repairc.Flags().DurationVar(&ropt.Timeout, "timeout", 2*time.Minute, "give up on each wait after this long")
-	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, repairc)
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, relay, repairc)
 	return cmd
 }
 

@@ -439,6 +439,9 @@ func TestBenchFUSESmoke(t *testing.T) {
 	if _, err := exec.LookPath("nbdfuse"); err == nil {
 		systems += ",nbdfuse-nbdkit"
 	}
+	if _, err := exec.LookPath("nbdkit"); err == nil {
+		systems += ",go-fuse-nbdkit"
+	}
 	testutil.LockPageCache(t) // the benchmark drops the page cache
 	out, err := run(t, "", "bench", "fuse", "--size", "32MiB", "--cache", "4MiB", "--runtime", "1s",
 		"--systems", systems, "--jobs", "randread-psync-1-direct,seqread1m-psync-1-buffered", "--json")
