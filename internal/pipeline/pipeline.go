@@ -258,7 +258,8 @@ func (s *Session) readLoop() {
 		fast.Direct()
 		rd = fast
 	}
-	r := bufio.NewReaderSize(rd, s.opt.ReadBuf)
+	cr := &capReader{r: rd}
+	r := bufio.NewReaderSize(cr, s.opt.ReadBuf)
 	for {
 		h, err := s.proto.ReadHeader(r)
 		if err != nil {
@@ -281,7 +282,7 @@ func (s *Session) readLoop() {
 			continue
 		}
 		c.Status, c.N = h.Status, h.PayloadLen
-		if err := readPayload(r, c, h.PayloadLen); err != nil {
+		if err := readPayload(r, cr, c, h.PayloadLen); err != nil {
 			c.err = fmt.Errorf("reading response: %w", err)
 			s.complete(c)
 			s.fail(c.err)
@@ -291,15 +292,55 @@ func (s *Session) readLoop() {
 	}
 }
 
-func readPayload(r *bufio.Reader, c *Call, n int) error {
+// directPayload is the destination size from which a payload is read
+// from the connection straight into its destination, past r's buffer:
+// through the buffer every byte of a stream's 256 KiB runs was copied
+// twice (11% of a host's CPU streaming 1 MiB reads, docs/BENCHMARKS.md).
+const directPayload = 64 << 10
+
+// afterDirect bounds the read that follows a direct payload: enough for
+// the next response's header, so that a large payload behind it is not
+// taken into r's buffer by the fill that reads the header.
+const afterDirect = 64
+
+// capReader is the connection beneath a session's bufio.Reader: with
+// limit set, a fill reads no more than limit bytes.
+type capReader struct {
+	r     io.Reader
+	limit int
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.limit > 0 && len(p) > c.limit {
+		p = p[:c.limit]
+	}
+	return c.r.Read(p)
+}
+
+// readPayload reads the n-byte payload of c's response from r; a large
+// destination takes what r holds of it and the rest from the connection
+// (cr.r) directly.
+func readPayload(r *bufio.Reader, cr *capReader, c *Call, n int) error {
 	h := min(n, c.HeadLen)
 	if _, err := io.ReadFull(r, c.Head[:h]); err != nil {
 		return err
 	}
 	n -= h
 	d := min(n, len(c.Dst))
-	if _, err := io.ReadFull(r, c.Dst[:d]); err != nil {
-		return err
+	if d >= directPayload {
+		from := min(d, r.Buffered())
+		if _, err := io.ReadFull(r, c.Dst[:from]); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(cr.r, c.Dst[from:d]); err != nil {
+			return err
+		}
+		cr.limit = afterDirect // large payloads come in runs
+	} else {
+		cr.limit = 0
+		if _, err := io.ReadFull(r, c.Dst[:d]); err != nil {
+			return err
+		}
 	}
 	n -= d
 	if n == 0 {
