@@ -17,9 +17,3 @@ func (f *FS) VolumeOf(ino uint64) string {
 	}
 	return ""
 }
-
-// ReadAhead is what the mount's stream read-ahead did: reads answered
-// from a window, windows dropped unread, and windows held now.
-func (f *FS) ReadAhead() (hits, discards uint64, held int32) {
-	return f.ra.Hits.Load(), f.ra.Discards.Load(), f.ra.used.Load()
-}

@@ -215,6 +215,13 @@ func (ra *readAhead) free(w *window) {
 	ra.used.Add(-1)
 }
 
+// ReadAheadStats is what the stream read-ahead did: READs answered from a
+// window, windows dropped unread (a change, a seek, a close), and windows
+// held now.
+func (f *FS) ReadAheadStats() (hits, discards uint64, windows int) {
+	return f.ra.Hits.Load(), f.ra.Discards.Load(), int(f.ra.used.Load())
+}
+
 // changed makes c's windows stale: its bytes changed. Call it before
 // the change returns.
 func (ra *readAhead) changed(c *inode) {

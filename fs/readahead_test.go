@@ -64,12 +64,12 @@ func TestStreamReadAheadAnswersSequentialReads(t *testing.T) {
 		require.Equal(t, mib, n)
 		require.True(t, bytes.Equal(want[off:off+mib], buf), "bytes at %d", off)
 	}
-	hits, _, _ := e.fs.ReadAhead()
+	hits, _, _ := e.fs.ReadAheadStats()
 	assert.GreaterOrEqual(t, hits, uint64(size/mib-2), "reads answered from read-ahead")
 
 	// Closing the file gives its windows back.
 	require.NoError(t, f.Close())
-	require.Eventually(t, func() bool { _, _, held := e.fs.ReadAhead(); return held == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, _, held := e.fs.ReadAheadStats(); return held == 0 }, 5*time.Second, 10*time.Millisecond)
 	assert.False(t, e.fs.ReadingAhead(first))
 }
 
@@ -137,7 +137,7 @@ func TestStreamReadAheadIsNeverStale(t *testing.T) {
 			require.NoError(t, err)
 			// Let the windows after it be read, so they hold the old bytes.
 			time.Sleep(50 * time.Millisecond)
-			_, discards, held := e.fs.ReadAhead()
+			_, discards, held := e.fs.ReadAheadStats()
 			require.NotZero(t, held, "windows read ahead before the change")
 			tc.change(t, h, want)
 			for off := mib; off < size; off += mib {
@@ -145,7 +145,7 @@ func TestStreamReadAheadIsNeverStale(t *testing.T) {
 				require.NoError(t, err)
 				require.True(t, bytes.Equal(want[off:off+mib], buf), "%s: stale bytes at %d", tc.name, off)
 			}
-			_, after, _ := e.fs.ReadAhead()
+			_, after, _ := e.fs.ReadAheadStats()
 			assert.Greater(t, after, discards, "the change dropped the windows")
 		})
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/memnode"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -170,11 +171,11 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	require.NoError(t, err)
 	gauges := map[string]float64{}
 	for _, mf := range mfs {
-		if strings.HasPrefix(mf.GetName(), "pd3_fs_") {
+		if strings.HasPrefix(mf.GetName(), "pd3_fs_") && mf.GetType() == dto.MetricType_GAUGE {
 			gauges[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	assert.Equal(t, map[string]float64{"pd3_fs_pending_deletes": 0, "pd3_fs_volumes_made_ahead": float64(old.FS.VolumesMadeAhead())}, gauges)
+	assert.Equal(t, map[string]float64{"pd3_fs_pending_deletes": 0, "pd3_fs_volumes_made_ahead": float64(old.FS.VolumesMadeAhead()), "pd3_fs_readahead_windows": 0}, gauges)
 	vols := dataVolumes()
 	require.Contains(t, vols, doomed, "the superseded mount's DELETE freed a file the new mount kept")
 	delete(vols, doomed)

@@ -127,6 +127,9 @@ func (h *Host) Registry() *prometheus.Registry {
 		m.R.MustRegister(newCollector(atomics(f),
 			gauge("fs_pending_deletes", "Volumes of freed files not yet deleted at the memory node (deleted in the background).", func(f *fs.FS) float64 { return float64(f.PendingDeletes()) }),
 			gauge("fs_volumes_made_ahead", "Empty file volumes made ahead of the mount's creates.", func(f *fs.FS) float64 { return float64(f.VolumesMadeAhead()) }),
+			counter("fs_readahead_hits_total", "Stream READs answered from the mount's read-ahead.", func(f *fs.FS) uint64 { h, _, _ := f.ReadAheadStats(); return h }),
+			counter("fs_readahead_discards_total", "Read-ahead windows dropped unread (the file changed, the reader sought or closed).", func(f *fs.FS) uint64 { _, d, _ := f.ReadAheadStats(); return d }),
+			gauge("fs_readahead_windows", "Read-ahead windows held (at most 32, 1 MiB each).", func(f *fs.FS) float64 { _, _, w := f.ReadAheadStats(); return float64(w) }),
 		))
 	}
 	if c := h.control; c != nil {
