@@ -28,9 +28,10 @@
 // so the kernel page cache never hides a write made over NBD; both paths
 // go through the same page store.
 //
-// A file read as a stream (READs of 256 KiB or more, each where the last
-// ended) is read ahead by the mount into buffers of its own, which answer
-// the next READs (readahead.go); the agent then leaves that file alone.
+// A file read as a stream (READs of 256 KiB or more through one handle,
+// each where the last ended) is read ahead by the mount into buffers of
+// its own, which answer the next READs (readahead.go); the agent then
+// leaves that file alone.
 //
 // The kernel page cache sits above the page store for regular files. The
 // hostview/pagecache tracker reports what it holds to the agent, which

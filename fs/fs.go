@@ -545,7 +545,7 @@ func (f *FS) ReadingAhead(k pageid.Key) bool {
 	f.mu.RLock()
 	n := f.byVol[k.Volume()]
 	f.mu.RUnlock()
-	return n != nil && n.stream.active()
+	return n != nil && n.streams.active()
 }
 
 // Written calls each with the byte ranges of volume vol that hold the

@@ -81,10 +81,10 @@ type inode struct {
 	io sync.RWMutex
 	// gen is bumped by every change of the file's bytes (write,
 	// truncation, fallocate, its move to a volume) before the change
-	// returns; stream is its read-ahead (readahead.go), whose windows
-	// count only if gen did not move while they were read.
-	gen    atomic.Uint64
-	stream stream
+	// returns; streams are its open handles' read-ahead (readahead.go),
+	// whose windows count only if gen did not move while they were read.
+	gen     atomic.Uint64
+	streams streamSet
 }
 
 func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFDIR }

@@ -47,8 +47,18 @@ var (
 )
 
 // handle is an open file; the model counts opens so that an unlinked file
-// stays readable until its last close.
-type handle struct{}
+// stays readable until its last close. Each handle reads its own stream
+// ahead: two readers of one file do not drop each other's windows.
+type handle struct {
+	stream stream
+}
+
+// newHandle opens a handle on c.
+func newHandle(c *inode) *handle {
+	h := &handle{}
+	c.streams.add(&h.stream)
+	return h
+}
 
 func caller(ctx context.Context) (uid, gid uint32) {
 	if c, ok := fuse.FromContext(ctx); ok {
@@ -253,7 +263,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	n.f.mu.RLock()
 	n.f.fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
-	return n.newChild(ctx, c), &handle{}, fuse.FOPEN_KEEP_CACHE, 0
+	return n.newChild(ctx, c), newHandle(c), fuse.FOPEN_KEEP_CACHE, 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -665,22 +675,26 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, e
 		}
 	}
-	return &handle{}, fuse.FOPEN_KEEP_CACHE, 0
+	return newHandle(c), fuse.FOPEN_KEEP_CACHE, 0
 }
 
-func (n *node) Release(ctx context.Context, _ gofs.FileHandle) syscall.Errno {
+func (n *node) Release(ctx context.Context, fh gofs.FileHandle) syscall.Errno {
 	f := n.f
+	h, _ := fh.(*handle)
 	f.mu.Lock()
 	c := f.inodes[n.ino]
 	if c == nil {
 		f.mu.Unlock()
+		if h != nil {
+			f.ra.stop(&h.stream)
+		}
 		return 0
 	}
 	c.opens--
-	closed, free := c.opens == 0, c.opens == 0 && c.Nlink == 0
+	free := c.opens == 0 && c.Nlink == 0
 	f.mu.Unlock()
-	if closed {
-		f.ra.stop(c) // its readers are gone: give the budget back
+	if h != nil {
+		f.ra.close(c, &h.stream) // its reader is gone: give the budget back
 	}
 	if free {
 		f.release(context.WithoutCancel(ctx), c)
@@ -707,7 +721,7 @@ func (n *node) file() (c *inode, vol uint16, size uint64, e syscall.Errno) {
 // reader, or a large direct read.
 const streamRead = 256 << 10
 
-func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	c, vol, size, e := n.file()
 	if e != 0 {
 		return nil, e
@@ -740,9 +754,11 @@ func (n *node) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int
 	}
 	var err error
 	if len(dest) >= streamRead {
-		if res, ok := n.f.ra.take(ctx, c, vol, uint64(off), len(dest), size); ok {
-			c.io.RUnlock()
-			return res, 0
+		if h, ok := fh.(*handle); ok {
+			if res, ok := n.f.ra.take(ctx, c, &h.stream, vol, uint64(off), len(dest), size); ok {
+				c.io.RUnlock()
+				return res, 0
+			}
 		}
 		err = n.f.cfg.Store.ReadStream(ctx, vol, uint64(off), dest)
 	} else {

@@ -45,6 +45,44 @@ func (s *stream) active() bool {
 	return len(s.wins) > 0
 }
 
+// streamSet is a file's streams: one per open handle, so that a change
+// of the file reaches the windows of each.
+type streamSet struct {
+	mu sync.Mutex
+	m  map[*stream]struct{}
+}
+
+func (ss *streamSet) add(s *stream) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.m == nil {
+		ss.m = make(map[*stream]struct{})
+	}
+	ss.m[s] = struct{}{}
+}
+
+func (ss *streamSet) remove(s *stream) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.m, s)
+}
+
+// each calls fn for every stream, with ss locked.
+func (ss *streamSet) each(fn func(*stream)) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for s := range ss.m {
+		fn(s)
+	}
+}
+
+// active reports whether any of the streams has windows.
+func (ss *streamSet) active() bool {
+	found := false
+	ss.each(func(s *stream) { found = found || s.active() })
+	return found
+}
+
 // window is one read-ahead: n bytes at off of volume vol, read into buf
 // by a goroutine that closes done. gen is the file's generation when the
 // read began.
@@ -87,11 +125,10 @@ func newReadAhead(ctx context.Context, read func(ctx context.Context, vol uint16
 }
 
 // take answers a stream read of dest at off of file c (volume vol, size
-// bytes long): from a window if one holds it, and in any case it starts
-// the windows that follow. ok false: no window held it; read it yourself.
+// bytes long) through handle stream s: from a window if one holds it, and
+// in any case it starts the windows that follow. ok false: no window held it; read it yourself.
 // c.io must be read-locked.
-func (ra *readAhead) take(ctx context.Context, c *inode, vol uint16, off uint64, n int, size uint64) (res fuse.ReadResult, ok bool) {
-	s := &c.stream
+func (ra *readAhead) take(ctx context.Context, c *inode, s *stream, vol uint16, off uint64, n int, size uint64) (res fuse.ReadResult, ok bool) {
 	s.mu.Lock()
 	var w *window
 	seq := off == s.next
@@ -222,17 +259,22 @@ func (f *FS) ReadAheadStats() (hits, discards uint64, windows int) {
 	return f.ra.Hits.Load(), f.ra.Discards.Load(), int(f.ra.used.Load())
 }
 
-// changed makes c's windows stale: its bytes changed. Call it before
-// the change returns.
+// changed makes c's windows stale and drops them: its bytes changed.
+// Call it before the change returns.
 func (ra *readAhead) changed(c *inode) {
 	c.gen.Add(1)
-	ra.stop(c)
+	c.streams.each(ra.stop)
 }
 
-// stop drops c's windows: its last handle closed (the windows would hold
-// the budget for nobody), or its bytes changed.
-func (ra *readAhead) stop(c *inode) {
-	s := &c.stream
+// close drops the windows of a handle's stream s on c (its reader is
+// gone: they would hold the budget for nobody) and forgets it.
+func (ra *readAhead) close(c *inode, s *stream) {
+	c.streams.remove(s)
+	ra.stop(s)
+}
+
+// stop drops s's windows.
+func (ra *readAhead) stop(s *stream) {
 	s.mu.Lock()
 	if len(s.wins) > 0 {
 		ra.dropLocked(s)

@@ -73,6 +73,37 @@ func TestStreamReadAheadAnswersSequentialReads(t *testing.T) {
 	assert.False(t, e.fs.ReadingAhead(first))
 }
 
+// TestStreamReadAheadPerReader: two readers streaming one file at
+// different places each get their own read-ahead (with one stream per
+// file, each read looked like a seek to the other and dropped its
+// windows).
+func TestStreamReadAheadPerReader(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 0)
+	const mib, size = 1 << 20, 16 << 20
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
+	a := directFile(t, e.path("f"), os.O_RDONLY)
+	b := directFile(t, e.path("f"), os.O_RDONLY)
+	buf := alignedBuf(mib)
+	hits0, _, _ := e.fs.ReadAheadStats()
+	const half = size / 2
+	for off := 0; off < half; off += mib {
+		for _, r := range []struct {
+			f  *os.File
+			at int
+		}{{a, off}, {b, half + off}} {
+			_, err := r.f.ReadAt(buf, int64(r.at))
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want[r.at:r.at+mib], buf), "bytes at %d", r.at)
+		}
+	}
+	hits, _, _ := e.fs.ReadAheadStats()
+	assert.GreaterOrEqual(t, hits-hits0, uint64(2*(half/mib-2)), "both readers were read ahead")
+}
+
 // TestStreamReadAheadIsNeverStale: every kind of change to a file between
 // two stream reads (a direct write, a buffered write, a truncation and
 // growth, a punched hole) is seen by the next read, though the window it
