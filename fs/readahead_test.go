@@ -34,16 +34,22 @@ func alignedBuf(n int) []byte {
 	return b[off : off+n]
 }
 
+// randomBytes is n random bytes: a misplaced window shows.
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return b
+}
+
 // TestStreamReadAheadAnswersSequentialReads: a reader of 1 MiB direct
 // reads, one after the other, finds the reads after its first already
 // read ahead, and gets the file's bytes.
 func TestStreamReadAheadAnswersSequentialReads(t *testing.T) {
 	e := mount(t, startNode(t, 0), "", 0)
 	const mib, size = 1 << 20, 8 << 20
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(rand.Uint32())
-	}
+	want := randomBytes(size)
 	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
 
 	st, err := os.Stat(e.path("f"))
@@ -80,10 +86,7 @@ func TestStreamReadAheadAnswersSequentialReads(t *testing.T) {
 func TestStreamReadAheadPerReader(t *testing.T) {
 	e := mount(t, startNode(t, 0), "", 0)
 	const mib, size = 1 << 20, 16 << 20
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(rand.Uint32())
-	}
+	want := randomBytes(size)
 	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
 	a := directFile(t, e.path("f"), os.O_RDONLY)
 	b := directFile(t, e.path("f"), os.O_RDONLY)
@@ -145,10 +148,7 @@ func TestStreamReadAheadIsNeverStale(t *testing.T) {
 	e := mount(t, startNode(t, 0), "", 0)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			want := make([]byte, size)
-			for i := range want {
-				want[i] = byte(rand.Uint32())
-			}
+			want := randomBytes(size)
 			path := e.path(tc.name)
 			// Synced, so that no write-back of the kernel's drops the
 			// windows before the change does.
