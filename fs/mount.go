@@ -55,6 +55,38 @@ const maxIO = 1 << 20
 // next stat asks). 1 s (libfuse's) cost dbench a quarter of its speed.
 const attrTimeout = 30 * time.Second
 
+// MountOptions are the kernel options of a pd3 mount called fsName; the
+// benchmark's FUSE ceiling (go-fuse-nbdkit) mounts with them too, so that
+// it measures the path pd3's READs take.
+func MountOptions(fsName string) fuse.MountOptions {
+	return fuse.MountOptions{
+		FsName:  fsName,
+		Name:    "pd3",
+		Options: []string{"default_permissions"},
+		// Root mounts with mount(2) itself, so tests and servers
+		// need no setuid helper.
+		DirectMount: os.Geteuid() == 0,
+		MaxWrite:    maxIO,
+		// Our read results are bytes in memory: splice costs a pipe
+		// and two more syscalls per READ (11% of host CPU on 4 KiB
+		// random reads) for nothing.
+		DisableSplice: true,
+		// Without ASYNC_DIO the kernel sends an O_DIRECT reader's
+		// requests one at a time, so queue depth (libaio Q16) buys
+		// nothing; with it they are background requests, up to
+		// MaxBackground in flight.
+		// The kernel's writeback cache: buffered writes land in
+		// the page cache and reach us in large WRITEs when the
+		// kernel writes back (an fsync, memory pressure, its
+		// timer), not one synchronous WRITE per write(2): 1 MiB
+		// buffered writes 3.4–4x faster (docs/BENCHMARKS.md). fsync
+		// is the durability barrier either way.
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_WRITEBACK_CACHE,
+		MaxBackground:     64,
+		AllowOther:        os.Geteuid() == 0,
+	}
+}
+
 // Mount mounts f at dir.
 func Mount(f *FS, dir string) (*Mounted, error) {
 	if err := Available(); err != nil {
@@ -66,32 +98,7 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 		AttrTimeout:     &timeout,
 		NegativeTimeout: &timeout,
 		RootStableAttr:  &gofs.StableAttr{Ino: rootIno},
-		MountOptions: fuse.MountOptions{
-			FsName:  "pd3:" + f.cfg.Name,
-			Name:    "pd3",
-			Options: []string{"default_permissions"},
-			// Root mounts with mount(2) itself, so tests and servers
-			// need no setuid helper.
-			DirectMount: os.Geteuid() == 0,
-			MaxWrite:    maxIO,
-			// Our read results are bytes in memory: splice costs a pipe
-			// and two more syscalls per READ (11% of host CPU on 4 KiB
-			// random reads) for nothing.
-			DisableSplice: true,
-			// Without ASYNC_DIO the kernel sends an O_DIRECT reader's
-			// requests one at a time, so queue depth (libaio Q16) buys
-			// nothing; with it they are background requests, up to
-			// MaxBackground in flight.
-			// The kernel's writeback cache: buffered writes land in
-			// the page cache and reach us in large WRITEs when the
-			// kernel writes back (an fsync, memory pressure, its
-			// timer), not one synchronous WRITE per write(2): 1 MiB
-			// buffered writes 3.4–4x faster (docs/BENCHMARKS.md). fsync
-			// is the durability barrier either way.
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_WRITEBACK_CACHE,
-			MaxBackground:     64,
-			AllowOther:        os.Geteuid() == 0,
-		},
+		MountOptions:    MountOptions("pd3:" + f.cfg.Name),
 	}
 	srv, err := gofs.Mount(dir, &node{f: f, ino: rootIno}, opts)
 	if err != nil {

@@ -92,6 +92,7 @@ type window struct {
 	off  uint64
 	n    int
 	gen  uint64
+	bp   *[]byte // the pooled buffer; buf is its first n bytes
 	buf  []byte
 	err  error
 	done chan struct{}
@@ -124,10 +125,10 @@ func newReadAhead(ctx context.Context, read func(ctx context.Context, vol uint16
 	return &readAhead{read: read, ctx: ctx}
 }
 
-// take answers a stream read of dest at off of file c (volume vol, size
-// bytes long) through handle stream s: from a window if one holds it, and
-// in any case it starts the windows that follow. ok false: no window held it; read it yourself.
-// c.io must be read-locked.
+// take answers a stream read of n bytes at off of file c (volume vol,
+// size bytes long) through a handle's stream s: from a window if one
+// holds it, and in any case it starts the windows that follow. ok false:
+// no window held it; read it yourself. c.io must be read-locked.
 func (ra *readAhead) take(ctx context.Context, c *inode, s *stream, vol uint16, off uint64, n int, size uint64) (res fuse.ReadResult, ok bool) {
 	s.mu.Lock()
 	var w *window
@@ -214,7 +215,7 @@ func (ra *readAhead) start(c *inode, vol uint16, off uint64, n int) *window {
 		b := make([]byte, maxIO)
 		bp = &b
 	}
-	w := &window{ra: ra, vol: vol, off: off, n: n, gen: c.gen.Load(), buf: (*bp)[:n], done: make(chan struct{})}
+	w := &window{ra: ra, vol: vol, off: off, n: n, gen: c.gen.Load(), bp: bp, buf: (*bp)[:n], done: make(chan struct{})}
 	ra.wg.Add(1)
 	go func() {
 		defer ra.wg.Done()
@@ -246,9 +247,8 @@ func (ra *readAhead) drop(w *window) {
 }
 
 func (ra *readAhead) free(w *window) {
-	b := w.buf[:cap(w.buf)]
-	w.buf = nil
-	ra.bufs.Put(&b)
+	ra.bufs.Put(w.bp)
+	w.bp, w.buf = nil, nil
 	ra.used.Add(-1)
 }
 

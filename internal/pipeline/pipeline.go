@@ -273,7 +273,9 @@ func (s *Session) readLoop() {
 			return
 		}
 		if !c.state.CompareAndSwap(stPending, stReceiving) {
-			// Abandoned by its caller: drop the payload.
+			// Abandoned by its caller: drop the payload, in fills as
+			// large as the buffer (not capped after a direct payload).
+			cr.limit = 0
 			if _, err := r.Discard(h.PayloadLen); err != nil {
 				s.fail(fmt.Errorf("reading response: %w", err))
 				return

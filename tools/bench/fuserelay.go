@@ -8,6 +8,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/nbdclient"
 )
 
@@ -17,8 +18,8 @@ import (
 // request, and nothing else is done. It is the ceiling of a Go FUSE
 // server that reaches its data one loopback hop away (the shape of a pd3
 // miss, without a cache, a lookup or an agent): "go-fuse-nbdkit" in
-// `pd3 bench fuse`. The mount uses pd3's options (fs.Mount) that matter
-// for reads: 1 MiB requests, no splice, asynchronous direct I/O.
+// `pd3 bench fuse`. The mount takes pd3's kernel options
+// (fs.MountOptions).
 // mounted is called once the mount is up. It returns when ctx ends,
 // unmounting.
 func ServeFUSERelay(ctx context.Context, dir, addr string, conns int, mounted func()) error {
@@ -43,13 +44,7 @@ func ServeFUSERelay(ctx context.Context, dir, addr string, conns int, mounted fu
 		}
 	}()
 	root := &relayDir{file: &relayFile{pool: pool, size: size}}
-	srv, err := gofs.Mount(dir, root, &gofs.Options{
-		MountOptions: fuse.MountOptions{
-			FsName: "go-fuse-relay", Name: "relay", DirectMount: true,
-			MaxWrite: 1 << 20, DisableSplice: true,
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO, MaxBackground: 64,
-		},
-	})
+	srv, err := gofs.Mount(dir, root, &gofs.Options{MountOptions: fs.MountOptions("go-fuse-relay")})
 	if err != nil {
 		return fmt.Errorf("mounting the relay at %s: %w", dir, err)
 	}
