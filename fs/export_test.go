@@ -17,3 +17,9 @@ func (f *FS) VolumeOf(ino uint64) string {
 	}
 	return ""
 }
+
+// Opendirs is how many OPENDIRs the kernel sent m, and whether it opens
+// directories itself after the first (FUSE_NO_OPENDIR_SUPPORT).
+func Opendirs(m *Mounted) (n uint64, kernelOpens bool) {
+	return m.raw.opendirs.Load(), m.raw.noOpendir
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -126,6 +127,9 @@ type FS struct {
 	// ra reads streams ahead; raStop ends its reads at Close.
 	ra     *readAhead
 	raStop context.CancelFunc
+	// seed makes listing cookies (dirs.go); lists keeps listings.
+	seed  maphash.Seed
+	lists dirLists
 }
 
 // Open loads (or creates) the filesystem called cfg.Name at the memory
@@ -156,6 +160,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		return nil, fmt.Errorf("fs: metadata volume: %w", err)
 	}
 	f := &FS{
+		seed:    maphash.MakeSeed(),
 		cfg:     cfg,
 		meta:    metaStore{c: cfg.Backend, vol: mv.ID},
 		inodes:  make(map[uint64]*inode),
@@ -428,6 +433,7 @@ func (f *FS) setEntryLocked(d *inode, name string, ino uint64) {
 		d.Entries[name] = ino
 	}
 	f.dents[dentKey{d.Ino, name}] = struct{}{}
+	d.listVer++
 }
 
 // takeRecordLocked returns what changed since the last record, as it is

@@ -66,6 +66,8 @@ type attrs struct {
 type inode struct {
 	attrs
 	Entries map[string]uint64 // directory
+	// listVer counts changes of Entries in this run (dirListing).
+	listVer uint64
 
 	vol   uint16 // the data volume's id in this run
 	opens int    // open handles; an unlinked file is freed at the last close

@@ -42,6 +42,8 @@ type Mounted struct {
 	// Dev is the mount's device number as the kernel's tracepoints print
 	// it (MAJOR<<20 | MINOR), for the page-cache tracker.
 	Dev uint32
+
+	raw *rawFS
 }
 
 // maxIO is the largest READ and WRITE the kernel sends (max_read,
@@ -100,8 +102,13 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 		RootStableAttr:  &gofs.StableAttr{Ino: rootIno},
 		MountOptions:    MountOptions("pd3:" + f.cfg.Name),
 	}
-	srv, err := gofs.Mount(dir, &node{f: f, ino: rootIno}, opts)
+	raw := &rawFS{RawFileSystem: gofs.NewNodeFS(&node{f: f, ino: rootIno}, opts)}
+	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("fs: mounting at %s: %w", dir, err)
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
 		return nil, fmt.Errorf("fs: mounting at %s: %w", dir, err)
 	}
 	dev, err := pagecache.DevOf(dir)
@@ -109,7 +116,7 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 		srv.Unmount()
 		return nil, fmt.Errorf("fs: %w", err)
 	}
-	return &Mounted{FS: f, Dir: dir, Server: srv, Dev: dev}, nil
+	return &Mounted{FS: f, Dir: dir, Server: srv, Dev: dev, raw: raw}, nil
 }
 
 // Unmount detaches the mount, lazily if it stays busy (an open file or a

@@ -2,7 +2,7 @@ package fs
 
 import (
 	"context"
-	"sort"
+	"slices"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -546,8 +546,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	movedBack := old != nil && old.isDir() && src != dst && flags&unix.RENAME_EXCHANGE != 0
 	f.mu.Unlock()
 	// A directory that changed parents lists a new "..": drop the listing
-	// the kernel may hold (see OpendirHandle). go-fuse moves its children
-	// after this returns, so they are still under their old names here.
+	// the kernel may hold (see OpendirHandle; the host's own, dirListing,
+	// checks the parent). go-fuse moves its children after this returns,
+	// so they are still under their old names here.
 	if moved {
 		invalidate(n.GetChild(name))
 	}
@@ -568,91 +569,14 @@ func invalidate(i *gofs.Inode) {
 	}
 }
 
-// OpendirHandle lets the kernel keep a directory's listing in its page
-// cache from one opendir to the next (FOPEN_CACHE_DIR|FOPEN_KEEP_CACHE):
-// a listing is then asked for once per change of the directory, not once
-// per opendir. The kernel drops the cached listing itself when it changes
-// the directory (create, link, unlink, rmdir, rename into or out of it);
-// the one change it cannot see is a moved directory's "..", which Rename
-// invalidates. Every change to the tree comes through this mount (the
-// lease makes it the only writer), so nothing else can leave a listing
-// stale. The listing is made on the first read, as go-fuse's own handle
-// does: an opendir served from the cache costs no listing.
-func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	return &dirHandle{n: n}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
-}
-
-// dirHandle is an open directory; go-fuse serialises the calls on one
-// handle.
-type dirHandle struct {
-	n  *node
-	ds gofs.DirStream
-}
-
-var (
-	_ gofs.NodeOpendirHandler = (*node)(nil)
-	_ gofs.FileReaddirenter   = (*dirHandle)(nil)
-	_ gofs.FileSeekdirer      = (*dirHandle)(nil)
-	_ gofs.FileReleasedirer   = (*dirHandle)(nil)
-)
-
-func (h *dirHandle) stream(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	if h.ds == nil {
-		ds, e := h.n.Readdir(ctx)
-		if e != 0 {
-			return nil, e
-		}
-		h.ds = ds
-	}
-	return h.ds, 0
-}
-
-func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	ds, e := h.stream(ctx)
-	if e != 0 || !ds.HasNext() {
-		return nil, e
-	}
-	de, e := ds.Next()
-	return &de, e
-}
-
-// Seekdir: the stream is a sorted list, which seeks.
-func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	ds, e := h.stream(ctx)
-	if e != 0 {
-		return e
-	}
-	return ds.(gofs.FileSeekdirer).Seekdir(ctx, off)
-}
-
-func (h *dirHandle) Releasedir(context.Context, uint32) {}
-
+// Readdir lists the directory (go-fuse's NodeReaddirer, for a caller
+// without a handle); OpendirHandle serves the kernel.
 func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	f := n.f
-	f.mu.RLock()
-	d, e := n.dir()
+	ents, e := n.listing()
 	if e != 0 {
-		f.mu.RUnlock()
 		return nil, e
 	}
-	list := make([]fuse.DirEntry, 0, len(d.Entries)+1)
-	for name, ino := range d.Entries {
-		if c := f.inodes[ino]; c != nil {
-			list = append(list, fuse.DirEntry{Name: name, Ino: ino, Mode: c.Mode})
-		}
-	}
-	parent := d.Parent
-	f.mu.RUnlock()
-	if n.ino == rootIno {
-		list = append(list, fuse.DirEntry{Name: volumesName, Ino: volumesIno, Mode: syscall.S_IFDIR})
-		parent = rootIno // the mount's parent is not ours to know; ls shows the root's own
-	}
-	// "." and "..": ls -a and programs that count entries expect them; the
-	// kernel resolves them itself, so they need no Lookup.
-	list = append(list, fuse.DirEntry{Name: ".", Ino: n.ino, Mode: syscall.S_IFDIR},
-		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
-	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
-	return gofs.NewListDirStream(list), 0
+	return gofs.NewListDirStream(slices.Clone(ents)), 0
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"sort"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -54,12 +53,24 @@ func (d *volumesDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 }
 
 func (d *volumesDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	list := make([]fuse.DirEntry, 0, len(d.f.vols))
+	ents, _ := d.listing()
+	return gofs.NewListDirStream(ents), 0
+}
+
+// OpendirHandle: the volumes in cookie order, as every directory (dirs.go).
+func (d *volumesDir) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return &dirHandle{list: d.listing}, 0, 0
+}
+
+func (d *volumesDir) listing() ([]fuse.DirEntry, syscall.Errno) {
+	ents := make([]fuse.DirEntry, 0, len(d.f.vols)+2)
+	ents = append(ents, fuse.DirEntry{Name: ".", Ino: volumesIno, Mode: syscall.S_IFDIR, Off: dotCookie},
+		fuse.DirEntry{Name: "..", Ino: rootIno, Mode: syscall.S_IFDIR, Off: dotDotCookie})
 	for _, v := range d.f.vols {
-		list = append(list, fuse.DirEntry{Name: v.Name, Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG})
+		ents = append(ents, fuse.DirEntry{Name: v.Name, Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG})
 	}
-	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
-	return gofs.NewListDirStream(list), 0
+	cookieOrder(d.f.seed, ents[2:])
+	return ents, 0
 }
 
 // The volumes directory is read-only as a directory: volumes are created
