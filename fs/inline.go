@@ -92,7 +92,8 @@ func (f *FS) promote(ctx context.Context, c *inode) error {
 	}
 	if len(data) > 0 {
 		c.reach(uint64(len(data)))
-		err = f.cfg.Store.WriteRange(ctx, v.ID, 0, data)
+		// The volume is new: its last page starts from zeroes.
+		err = f.cfg.Store.WriteFresh(ctx, v.ID, 0, data, 0)
 		if err == nil {
 			err = f.cfg.Store.FlushVolume(ctx, v.ID)
 		}

@@ -133,3 +133,48 @@ func TestManySmallFiles(t *testing.T) {
 	}))
 	assert.LessOrEqual(t, fileVolumes(t, e), large, "a volume only for files past a page")
 }
+
+// TestAppendsReadNothingBack: a file grown by unaligned appends, each
+// written back (fsync), past a cache too small to keep its pages, never
+// reads a page from the memory node: the page past the file's end that a
+// write covers in part was never written, so it starts from zeroes. The
+// bytes are all there after a remount.
+func TestAppendsReadNothingBack(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 1<<20)
+	path := e.path("log")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	require.NoError(t, err)
+	var want []byte
+	chunk := bytes.Repeat([]byte("0123456789abcdef"), 1000/16+1)[:1000]
+	reads := e.st.Stats().RemoteReads
+	for i := range 40 {
+		chunk[0] = byte(i)
+		_, err := f.Write(chunk)
+		require.NoError(t, err)
+		want = append(want, chunk...)
+		require.NoError(t, f.Sync())
+		// Other files' pages push this one's out of the 1 MiB cache.
+		writeSynced(t, e.path("filler"), make([]byte, 2<<20))
+	}
+	require.NoError(t, f.Close())
+	assert.Equal(t, reads, e.st.Stats().RemoteReads, "pages read back from the memory node")
+	assert.Positive(t, e.st.Stats().FreshWrites)
+
+	e.unmount()
+	e = mount(t, addr, e.dir, 1<<20)
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(want, got), "the file's bytes after a remount")
+}
+
+// writeSynced writes path as os.WriteFile does, and fsyncs it.
+func writeSynced(t *testing.T, path string, data []byte) {
+	t.Helper()
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	_, err = f.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	require.NoError(t, f.Close())
+}

@@ -100,9 +100,15 @@ func (n *inode) written() uint64 {
 	return pageUp(max(n.Size, n.peak.Load()))
 }
 
-// reach records that the file's pages below size may be cached.
-func (n *inode) reach(size uint64) {
-	for p := n.peak.Load(); p < size && !n.peak.CompareAndSwap(p, size); p = n.peak.Load() {
+// reach records that the file's pages below size may be cached. It
+// returns how far writes of this run reached before it (atomically: of
+// writers that reach past the same page, only the first sees it unreached).
+func (n *inode) reach(size uint64) (before uint64) {
+	for {
+		p := n.peak.Load()
+		if p >= size || n.peak.CompareAndSwap(p, size) {
+			return p
+		}
 	}
 }
 

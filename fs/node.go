@@ -699,7 +699,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	if e := n.f.writable(); e != 0 {
 		return 0, e
 	}
-	c, vol, _, e := n.file()
+	c, vol, size, e := n.file()
 	if e != 0 {
 		return 0, e
 	}
@@ -719,8 +719,17 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		}
 	}
 	c.io.RLock()
-	c.reach(end) // before the pages are cached, even if the write fails
-	err := n.f.cfg.Store.WriteRange(ctx, vol, uint64(off), data)
+	// Reach before the pages are cached, even if the write fails. Past
+	// both the size and what any earlier write reached nothing was
+	// written, so a page this write covers in part needs no read of the
+	// memory node if what it leaves of the page lies there: a file grown
+	// by unaligned appends, whose last page the kernel writes back from
+	// its start, would otherwise read that page back each time. size may
+	// be stale by a truncation that ran before c.io was taken: one that
+	// shrank the file leaves it larger (pages read, as before); one that
+	// grew it wrote nothing past it.
+	zeroFrom := max(size, c.reach(end))
+	err := n.f.cfg.Store.WriteFresh(ctx, vol, uint64(off), data, zeroFrom)
 	n.f.ra.changed(c)
 	if err == nil {
 		n.f.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 
@@ -295,12 +296,29 @@ func (s *Store) abandonRun(first Key, frames []int32) {
 // Put; partial pages are read, modified and written under the page's lock,
 // so concurrent partial writes to one page never lose each other's bytes.
 func (s *Store) WriteRange(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	return s.WriteFresh(ctx, vol, off, p, math.MaxUint64)
+}
+
+// WriteFresh is WriteRange for a writer that knows that nothing was ever
+// written at or past byte zeroFrom of the volume (a file's bytes past its
+// size and the furthest any write reached: they read as zeroes). A page
+// that the write covers in part, that is not cached, and whose bytes the
+// write leaves are all zeroes by that — the page starts at or past
+// zeroFrom, or the write starts at the page's start and ends at or past
+// zeroFrom (the kernel writing back a file's last page) — starts from
+// zeroes instead of a read of the remote, a round trip on the writer's
+// path. A cached page is changed in place, as by WriteRange.
+func (s *Store) WriteFresh(ctx context.Context, vol uint16, off uint64, p []byte, zeroFrom uint64) error {
 	return s.eachPage(vol, off, uint64(len(p)), func(k Key, po, n int, at uint64) error {
 		src := p[at : at+uint64(n)]
 		if n == PageSize {
 			return s.Put(ctx, k, src)
 		}
-		return s.modify(ctx, k, true, func(page []byte) { copy(page[po:po+n], src) })
+		how := fillLoad
+		if start := k.Page() * PageSize; start >= zeroFrom || po == 0 && start+uint64(n) >= zeroFrom {
+			how = fillZero
+		}
+		return s.modify(ctx, k, how, func(page []byte) { copy(page[po:po+n], src) })
 	})
 }
 
@@ -322,7 +340,7 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 	}
 	err := s.eachPage(vol, off, n, func(k Key, po, m int, at uint64) error {
 		if m < PageSize {
-			return s.modify(ctx, k, true, func(page []byte) { clear(page[po : po+m]) })
+			return s.modify(ctx, k, fillLoad, func(page []byte) { clear(page[po : po+m]) })
 		}
 		if keep || !canTrim {
 			return s.Put(ctx, k, zero[:])

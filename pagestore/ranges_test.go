@@ -68,6 +68,57 @@ func TestRangesModel(t *testing.T) {
 	}
 }
 
+// TestWriteFreshReadsOnlyBelowZeroFrom: a partial write of a page at or
+// past zeroFrom that is not cached starts from zeroes, with no read of the
+// remote (which here holds bytes the writer said were never written, so a
+// read would show); below zeroFrom, and for a cached page anywhere, the
+// page's other bytes are kept.
+func TestWriteFreshReadsOnlyBelowZeroFrom(t *testing.T) {
+	ctx := context.Background()
+	rem := NewMemRemote()
+	old := bytes.Repeat([]byte{0xEE}, PageSize)
+	for p := range uint64(8) {
+		require.NoError(t, rem.WritePages(ctx, []Key{pageid.MakeKey(1, p)}, [][]byte{old}))
+	}
+	s := newTestStore(t, rem, 16, "s3fifo", 8)
+	cached := pageid.MakeKey(1, 6)
+	require.NoError(t, s.Get(ctx, cached, make([]byte, PageSize)))
+	reads := s.Stats().RemoteReads
+
+	// Bytes 100.. of page 2 (below zeroFrom: read), pages 3, 4 whole,
+	// page 5 up to 100 (past zeroFrom, not cached: zeroes around).
+	const zeroFrom = 4 * PageSize
+	data := bytes.Repeat([]byte{0x11}, 3*PageSize)
+	require.NoError(t, s.WriteFresh(ctx, 1, 2*PageSize+100, data, zeroFrom))
+	// A cached page past zeroFrom keeps its bytes.
+	require.NoError(t, s.WriteFresh(ctx, 1, 6*PageSize+10, []byte{0x22}, zeroFrom))
+	// From a page's start to past zeroFrom (the kernel writing back a
+	// file's last page): the rest is zeroes, nothing to read. To short of
+	// zeroFrom: the rest up to it is data, read.
+	require.NoError(t, s.WriteFresh(ctx, 1, 7*PageSize, data[:100], 7*PageSize+50))
+	require.NoError(t, s.WriteFresh(ctx, 1, 0, data[:10], 50))
+	assert.Equal(t, reads+2, s.Stats().RemoteReads, "pages 2 and 0 are read, no other")
+	assert.EqualValues(t, 2, s.Stats().FreshWrites)
+
+	got := make([]byte, PageSize)
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 2), got))
+	assert.Equal(t, old[:100], got[:100], "page 2 lost the bytes before the write")
+	want := make([]byte, PageSize)
+	copy(want, data[len(data)-100:])
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 5), got))
+	assert.Equal(t, want, got, "page 5 is not zeroes past the write")
+	clear(want)
+	copy(want, data[:100])
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 7), got))
+	assert.Equal(t, want, got, "page 7 is not zeroes past the write")
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 0), got))
+	assert.Equal(t, old[10:], got[10:], "page 0 lost the bytes after the write")
+	require.NoError(t, s.Get(ctx, cached, got))
+	want = bytes.Clone(old)
+	want[10] = 0x22
+	assert.Equal(t, want, got, "the cached page was not changed in place")
+}
+
 // TestRemoveVolume: a removed volume's cached pages, dirty ones included,
 // are gone, so a new volume with the recycled id reads its own bytes —
 // whether every frame is scanned or the pages below a bound are looked up.

@@ -68,7 +68,10 @@ type Stats struct {
 	WriteBacks   uint64 // pages written to the remote
 	// EvictionWriteBacks counts write-backs a miss waited for because
 	// its victim was dirty: the background write-back fell behind.
-	EvictionWriteBacks  uint64
+	EvictionWriteBacks uint64
+	// FreshWrites counts partial-page writes that started from zeroes
+	// instead of reading the page (WriteFresh).
+	FreshWrites         uint64
 	DirtyPages, Frames  int
 	ResidentPages       int
 	SharedMissesWaiting uint64 // readers that waited for another's miss
@@ -127,6 +130,7 @@ type Store struct {
 	hits, misses, lzHits, remoteReads atomic.Uint64
 	evictions, writeBacks, waits      atomic.Uint64
 	discards, wbFailures, evictWBs    atomic.Uint64
+	freshWrites                       atomic.Uint64
 	ndirty                            atomic.Int64 // frames with dirty set
 
 	asyncState
@@ -436,13 +440,21 @@ func (s *Store) Put(ctx context.Context, k Key, src []byte) error {
 	if err := s.CheckKey(k); err != nil {
 		return err
 	}
-	return s.modify(ctx, k, false, func(page []byte) { copy(page, src) })
+	return s.modify(ctx, k, fillNone, func(page []byte) { copy(page, src) })
 }
 
+// fillMode is what a page that is not cached holds before a write changes it.
+type fillMode uint8
+
+const (
+	fillNone fillMode = iota // nothing: the write covers the whole page
+	fillLoad                 // its content at the remote (or in the Loading Zone)
+	fillZero                 // zeroes: the writer knows nothing was ever written there
+)
+
 // modify applies fn to page k under the page's write lock and marks it
-// dirty. A page that is not cached gets a frame; its old content is loaded
-// first only if load is set (a whole-page write does not need it).
-func (s *Store) modify(ctx context.Context, k Key, load bool, fn func(page []byte)) error {
+// dirty. A page that is not cached gets a frame, filled first as how says.
+func (s *Store) modify(ctx context.Context, k Key, how fillMode, fn func(page []byte)) error {
 	for {
 		if f, ok := s.lookup(k); ok {
 			fr := &s.frames[f]
@@ -469,11 +481,15 @@ func (s *Store) modify(ctx context.Context, k Key, load bool, fn func(page []byt
 		}
 		s.misses.Add(1)
 		fr := &s.frames[f]
-		if load {
+		switch how {
+		case fillLoad:
 			if err := s.load(ctx, k, s.page(f)); err != nil {
 				s.unpublish(k, f)
 				return fmt.Errorf("writing page %v: %w", k, err)
 			}
+		case fillZero:
+			s.freshWrites.Add(1)
+			clear(s.page(f))
 		}
 		fn(s.page(f))
 		fr.valid = true
@@ -816,7 +832,7 @@ func (s *Store) Stats() Stats {
 		RemoteReads: s.remoteReads.Load(), AsyncLoads: s.asyncLoads.Load(), Evictions: s.evictions.Load(),
 		WriteBacks: s.writeBacks.Load(), SharedMissesWaiting: s.waits.Load(),
 		WritebackFailures: s.wbFailures.Load(), EvictionWriteBacks: s.evictWBs.Load(),
-		Frames: len(s.frames),
+		FreshWrites: s.freshWrites.Load(), Frames: len(s.frames),
 	}
 	st.DirtyPages = s.dirtyCount()
 	for i := range s.shards {
