@@ -33,6 +33,11 @@
 // its own, which answer the next READs (readahead.go); the agent then
 // leaves that file alone.
 //
+// Directories are opened by the kernel itself (OPENDIR answers ENOSYS),
+// which keeps their listings until it changes them; a listing's offsets
+// are cookies of the names, so reading on after removals skips nothing
+// (dirs.go).
+//
 // The kernel page cache sits above the page store for regular files. The
 // hostview/pagecache tracker reports what it holds to the agent, which
 // then never prefetches pages the kernel will not ask for.
