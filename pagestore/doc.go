@@ -25,6 +25,10 @@
 // Put stores a whole page in the cache and marks it dirty; it reaches the
 // Remote when it is evicted or when Flush runs. Flush returns once every
 // page dirty at its start is at the Remote, and Flushes run one at a time.
+// A round copies and writes one batch of 64 pages at a time under a lock
+// that it frees between batches, so FlushVolume (a file's fsync) waits for
+// one batch of a round, not the whole round, and no two write-backs of one
+// page by flushes are ever in flight together.
 // A dirty page whose write-back fails stays in the cache (it is the only
 // copy of an acknowledged write) and the miss that needed its frame fails.
 // StartWriteback runs Flush rounds in the background: every interval, and

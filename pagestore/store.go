@@ -111,7 +111,7 @@ type Store struct {
 	// that a batched pass could have done ahead of them.
 	cleanKick chan struct{}
 
-	flushMu  sync.Mutex // serialises Flush
+	flushMu  sync.Mutex // one Flush batch at a time (flushFrom)
 	flushBuf []byte     // guarded by flushMu
 
 	fmu       sync.Mutex // guards the flush rounds
@@ -764,6 +764,25 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 func (s *Store) flushOnce(ctx context.Context, vol uint16) error {
+	for i := 0; i < len(s.frames); {
+		next, err := s.flushFrom(ctx, vol, i)
+		if err != nil {
+			return fmt.Errorf("flushing: %w", err)
+		}
+		i = next
+		// Between batches the lock is free: a volume's flush (an fsync,
+		// a file moving to a volume) waits for one batch of a round
+		// that writes everything back, not for the whole round.
+		runtime.Gosched()
+	}
+	return nil
+}
+
+// flushFrom writes back up to flushBatch dirty pages of volume vol (0:
+// all) from frame i on, and returns where it stopped. One batch is
+// copied and written at a time (flushMu), so no two write-backs of a page
+// from Flush are in flight at once, and one cannot overtake the other.
+func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	if s.flushBuf == nil {
@@ -776,26 +795,7 @@ func (s *Store) flushOnce(ctx context.Context, vol uint16) error {
 		vers  [flushBatch]uint64
 		n     int
 	)
-	send := func() error {
-		err := s.remote.WritePages(ctx, keys[:n], pages[:n])
-		for i := 0; i < n; i++ {
-			fr := &s.frames[held[i]]
-			if err == nil {
-				fr.mu.Lock()
-				if fr.key == keys[i] && fr.ver == vers[i] {
-					s.markClean(fr)
-				}
-				fr.mu.Unlock()
-			}
-			fr.wb.Store(false)
-		}
-		if err == nil {
-			s.writeBacks.Add(uint64(n))
-		}
-		n = 0
-		return err
-	}
-	for i := range s.frames {
+	for ; i < len(s.frames) && n < flushBatch; i++ {
 		fr := &s.frames[i]
 		if !fr.dirty.Load() {
 			continue
@@ -811,18 +811,27 @@ func (s *Store) flushOnce(ctx context.Context, vol uint16) error {
 		copy(pages[n], s.page(int32(i)))
 		fr.mu.RUnlock()
 		n++
-		if n == flushBatch {
-			if err := send(); err != nil {
-				return fmt.Errorf("flushing: %w", err)
+	}
+	if n == 0 {
+		return i, nil
+	}
+	err := s.remote.WritePages(ctx, keys[:n], pages[:n])
+	for j := 0; j < n; j++ {
+		fr := &s.frames[held[j]]
+		if err == nil {
+			fr.mu.Lock()
+			if fr.key == keys[j] && fr.ver == vers[j] {
+				s.markClean(fr)
 			}
+			fr.mu.Unlock()
 		}
+		fr.wb.Store(false)
 	}
-	if n > 0 {
-		if err := send(); err != nil {
-			return fmt.Errorf("flushing: %w", err)
-		}
+	if err != nil {
+		return i, err
 	}
-	return nil
+	s.writeBacks.Add(uint64(n))
+	return i, nil
 }
 
 // Stats returns a snapshot of the counters.

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -288,6 +289,48 @@ func TestConcurrentFlushesCoverTheirWrites(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// slowWrites is a remote whose write-backs each take a millisecond and
+// are counted.
+type slowWrites struct {
+	*MemRemote
+	calls atomic.Int64
+}
+
+func (r *slowWrites) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
+	time.Sleep(time.Millisecond)
+	defer r.calls.Add(1)
+	return r.MemRemote.WritePages(ctx, keys, pages)
+}
+
+// TestVolumeFlushDoesNotWaitForAWholeRound: a volume's flush (a file's
+// fsync) that starts while a round writes back 20 batches of another
+// volume is done before that round is: the round frees the lock between
+// batches. It used to hold it for the whole round.
+func TestVolumeFlushDoesNotWaitForAWholeRound(t *testing.T) {
+	const batches = 20
+	rem := &slowWrites{MemRemote: NewMemRemote()}
+	s, err := New(rem, Options{CacheBytes: (batches*flushBatch + 64) * PageSize})
+	require.NoError(t, err)
+	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "big", Size: batches * flushBatch * PageSize})
+	s.AddVolume(memnode.VolumeInfo{ID: 2, Name: "small", Size: PageSize})
+	ctx := context.Background()
+	for p := range uint64(batches * flushBatch) {
+		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
+	}
+	round := make(chan error, 1)
+	go func() { round <- s.Flush(ctx) }()
+	for rem.calls.Load() == 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	small := pageid.MakeKey(2, 0)
+	require.NoError(t, s.Put(ctx, small, fill(small, 1)))
+	require.NoError(t, s.FlushVolume(ctx, 2))
+	assert.Less(t, rem.calls.Load(), int64(batches), "the volume's flush waited for the whole round")
+	assert.Equal(t, fill(small, 1), rem.Page(small))
+	require.NoError(t, <-round)
+	require.NoError(t, s.Check())
 }
 
 // TestWritebackStartsEarly: the background write-back does not wait for
