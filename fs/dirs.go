@@ -64,6 +64,16 @@ func cookieOrder(seed maphash.Seed, list []fuse.DirEntry) {
 	}
 }
 
+// dots starts the listing of directory self, with parent as its "..",
+// and room for names more entries. "." and "..": ls -a and programs that
+// count entries expect them; the kernel resolves them itself, so they
+// need no Lookup.
+func dots(self, parent uint64, names int) []fuse.DirEntry {
+	return append(make([]fuse.DirEntry, 0, 2+names),
+		fuse.DirEntry{Name: ".", Ino: self, Mode: syscall.S_IFDIR, Off: dotCookie},
+		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR, Off: dotDotCookie})
+}
+
 // dirListing is directory ino's listing at version ver (inode.listVer)
 // with parent as its "..".
 type dirListing struct {
@@ -92,9 +102,7 @@ func (n *node) listing() ([]fuse.DirEntry, syscall.Errno) {
 	if n.ino == rootIno {
 		parent = rootIno // the mount's parent is not ours to know; ls shows the root's own
 	}
-	ents := make([]fuse.DirEntry, 0, len(d.Entries)+3)
-	ents = append(ents, fuse.DirEntry{Name: ".", Ino: n.ino, Mode: syscall.S_IFDIR, Off: dotCookie},
-		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR, Off: dotDotCookie})
+	ents := dots(n.ino, parent, len(d.Entries)+1)
 	for name, ino := range d.Entries {
 		if c := f.inodes[ino]; c != nil {
 			ents = append(ents, fuse.DirEntry{Name: name, Ino: ino, Mode: c.Mode})
@@ -127,25 +135,25 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 // go-fuse serialises the calls on one handle.
 type dirHandle struct {
 	list func() ([]fuse.DirEntry, syscall.Errno)
-	ents []fuse.DirEntry // read on first use; shared, not to be changed
+	ents []fuse.DirEntry // read on first use ("." at least); shared, not to be changed
 	next int
-	read bool
 }
 
 var (
 	_ gofs.NodeOpendirHandler = (*node)(nil)
+	_ gofs.NodeOpendirHandler = (*volumesDir)(nil)
 	_ gofs.FileReaddirenter   = (*dirHandle)(nil)
 	_ gofs.FileSeekdirer      = (*dirHandle)(nil)
 	_ gofs.FileReleasedirer   = (*dirHandle)(nil)
 )
 
 func (h *dirHandle) load() syscall.Errno {
-	if !h.read {
+	if h.ents == nil {
 		ents, e := h.list()
 		if e != 0 {
 			return e
 		}
-		h.ents, h.read = ents, true
+		h.ents = ents
 	}
 	return 0
 }

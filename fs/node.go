@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"slices"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -34,7 +33,6 @@ var (
 	_ gofs.NodeRmdirer       = (*node)(nil)
 	_ gofs.NodeUnlinker      = (*node)(nil)
 	_ gofs.NodeRenamer       = (*node)(nil)
-	_ gofs.NodeReaddirer     = (*node)(nil)
 	_ gofs.NodeSymlinker     = (*node)(nil)
 	_ gofs.NodeReadlinker    = (*node)(nil)
 	_ gofs.NodeLinker        = (*node)(nil)
@@ -567,16 +565,6 @@ func invalidate(i *gofs.Inode) {
 	if i != nil {
 		i.NotifyContent(0, 0)
 	}
-}
-
-// Readdir lists the directory (go-fuse's NodeReaddirer, for a caller
-// without a handle); OpendirHandle serves the kernel.
-func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	ents, e := n.listing()
-	if e != 0 {
-		return nil, e
-	}
-	return gofs.NewListDirStream(slices.Clone(ents)), 0
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {

@@ -52,20 +52,13 @@ func (d *volumesDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 	return nil, syscall.ENOENT
 }
 
-func (d *volumesDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	ents, _ := d.listing()
-	return gofs.NewListDirStream(ents), 0
-}
-
 // OpendirHandle: the volumes in cookie order, as every directory (dirs.go).
 func (d *volumesDir) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	return &dirHandle{list: d.listing}, 0, 0
 }
 
 func (d *volumesDir) listing() ([]fuse.DirEntry, syscall.Errno) {
-	ents := make([]fuse.DirEntry, 0, len(d.f.vols)+2)
-	ents = append(ents, fuse.DirEntry{Name: ".", Ino: volumesIno, Mode: syscall.S_IFDIR, Off: dotCookie},
-		fuse.DirEntry{Name: "..", Ino: rootIno, Mode: syscall.S_IFDIR, Off: dotDotCookie})
+	ents := dots(volumesIno, rootIno, len(d.f.vols))
 	for _, v := range d.f.vols {
 		ents = append(ents, fuse.DirEntry{Name: v.Name, Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG})
 	}
