@@ -49,7 +49,14 @@ type PageOptions struct {
 // the Loading Zone) and pd3-split (the agent as its own process, its CPU
 // reported apart from the host's); pd3-packet and pd3-split-packet are
 // those two with the AF_PACKET mirror instead of the connection tap.
-var PageSystems = []string{"local", "sync", "leap", "pd3", "pd3-split", "pd3-packet", "pd3-split-packet"}
+//
+// relay-local is the ceiling of any page server whose data is remote, as
+// go-relay-nbdkit-memory is for NBD: a Go process that only relays bytes
+// (each direction on a goroutine sleeping in poll(2), as pd3's host
+// reads) in front of local in a process of its own, so every GET makes a
+// miss's four crossings and nothing else. Its "host CPU" is the relay's,
+// and local's server stands where a memory node would.
+var PageSystems = []string{"local", "sync", "leap", "pd3", "pd3-split", "pd3-packet", "pd3-split-packet", "relay-local"}
 
 // ParseSweep reads "cache=16MiB..1GiB" (doubling from the first value to
 // the last) or "lz=1MiB,4MiB,16MiB".
@@ -166,6 +173,9 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 	}
 	// Host CPU per GET: the split agent's host is the honest "pd3" host.
 	if l, ok := byName["local"]; ok && l.HostCPUusOp > 0 {
+		if r, ok := byName["relay-local"]; ok {
+			rep.Ratios["cpu:relay-local/local"+suffix] = r.HostCPUusOp / l.HostCPUusOp
+		}
 		for _, p := range []string{"pd3-split", "pd3"} {
 			if r, ok := byName[p]; ok {
 				rep.Ratios["cpu:pd3/local"+suffix] = r.HostCPUusOp / l.HostCPUusOp
@@ -241,6 +251,9 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	lz := strconv.FormatUint(opt.LZ, 10)
 	var node, agent *Child
 	var startAgent func(hostAddr string) (*Child, error)
+	if sys == "relay-local" {
+		return runPageRelay(ctx, opt, args, dist, rate)
+	}
 	if sys != "local" {
 		var err error
 		node, err = StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
@@ -309,7 +322,7 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 		}
 	}
 
-	lr, err := loadPages(ctx, host, agent, node, opt, dist, rate)
+	lr, err := loadPages(ctx, host.Addrs["page server"], host.Addrs["metrics"], host, agent, node, opt, dist, rate)
 	if err != nil {
 		return Result{}, err
 	}
@@ -322,15 +335,35 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	return lr, nil
 }
 
+// runPageRelay measures relay-local: local's server (args) behind a byte
+// relay, the relay's CPU counted as the host's and the server's as a
+// memory node's.
+func runPageRelay(ctx context.Context, opt PageOptions, args []string, dist workload.Dist, rate float64) (Result, error) {
+	server, err := StartChild(ctx, opt.Exe, []string{"page server", "metrics"}, append(args, "--local", "--dpu", "none")...)
+	if err != nil {
+		return Result{}, err
+	}
+	defer server.Stop()
+	relay, err := StartChild(ctx, opt.Exe, []string{"crossing server"}, "bench", "crossing-server", "--listen", "127.0.0.1:0", "--proxy", "--forward", server.Addrs["page server"])
+	if err != nil {
+		return Result{}, err
+	}
+	defer relay.Stop()
+	lr, err := loadPages(ctx, relay.Addrs["crossing server"], server.Addrs["metrics"], relay, nil, server, opt, dist, rate)
+	lr.System = "relay-local"
+	lr.HostRSS = relay.RSS()
+	return lr, err
+}
+
 // loadPages drives GETs from opt.Clients connections with opt.Depth
 // requesters each and measures after the warm-up. With rate > 0 the
 // requesters send on a schedule kept by a pacer (open loop) and latency
 // counts from the scheduled time, so queueing behind a slow request is not
 // hidden.
-func loadPages(ctx context.Context, host, agent, node *Child, opt PageOptions, dist workload.Dist, rate float64) (Result, error) {
+func loadPages(ctx context.Context, addr, metrics string, host, agent, node *Child, opt PageOptions, dist workload.Dist, rate float64) (Result, error) {
 	conns := make([]*pageproto.Client, opt.Clients)
 	for i := range conns {
-		c, err := pageproto.Dial(ctx, host.Addrs["page server"], pageproto.ClientOptions{})
+		c, err := pageproto.Dial(ctx, addr, pageproto.ClientOptions{})
 		if err != nil {
 			return Result{}, err
 		}
@@ -399,7 +432,7 @@ func loadPages(ctx context.Context, host, agent, node *Child, opt PageOptions, d
 		}()
 	}
 	sleep(ctx, opt.Warmup)
-	m0, err := scrapeValues(ctx, host.Addrs["metrics"])
+	m0, err := scrapeValues(ctx, metrics)
 	if err != nil {
 		stop.Store(true)
 		wg.Wait()
@@ -426,7 +459,7 @@ func loadPages(ctx context.Context, host, agent, node *Child, opt PageOptions, d
 	if node != nil {
 		ncpu1 = node.CPU()
 	}
-	m1, err := scrapeValues(ctx, host.Addrs["metrics"])
+	m1, err := scrapeValues(ctx, metrics)
 	stop.Store(true)
 	stopPacer()
 	wg.Wait()
