@@ -66,6 +66,16 @@ type Reader struct {
 	// Spins counts the attempts made while spinning: an idle connection
 	// adds none once its window has passed.
 	Spins atomic.Uint64
+
+	// The arguments and results of the syscalls made through raw live
+	// here, and the functions raw calls are bound once: a closure over
+	// them would be allocated by every read and every wait.
+	p      []byte
+	n      int
+	rerr   error
+	fds    [1]unix.PollFd
+	readFD func(fd uintptr) bool
+	pollFD func(fd uintptr)
 }
 
 // Spin makes a Read that finds the socket drained keep trying for up to
@@ -126,7 +136,9 @@ func NewReader(nc net.Conn) *Reader {
 	if err != nil {
 		return nil
 	}
-	return &Reader{nc: nc, raw: raw}
+	r := &Reader{nc: nc, raw: raw}
+	r.readFD, r.pollFD = r.read, r.poll
+	return r
 }
 
 // Read reads at least one byte into p, waiting for input in poll(2).
@@ -187,16 +199,10 @@ func (r *Reader) spinRead(p []byte) (int, error) {
 // TryRead makes one non-blocking read attempt: 0, nil means nothing was
 // waiting.
 func (r *Reader) TryRead(p []byte) (int, error) {
-	var n int
-	var rerr error
-	err := r.raw.Read(func(fd uintptr) bool {
-		for {
-			n, rerr = syscall.Read(int(fd), p)
-			if rerr != syscall.EINTR {
-				return true
-			}
-		}
-	})
+	r.p = p
+	err := r.raw.Read(r.readFD)
+	n, rerr := r.n, r.rerr
+	r.p, r.rerr = nil, nil
 	if err != nil {
 		return 0, err
 	}
@@ -211,23 +217,35 @@ func (r *Reader) TryRead(p []byte) (int, error) {
 	return n, nil
 }
 
+func (r *Reader) read(fd uintptr) bool {
+	for {
+		r.n, r.rerr = syscall.Read(int(fd), r.p)
+		if r.rerr != syscall.EINTR {
+			return true
+		}
+	}
+}
+
 // Wait blocks until the socket has input, has hung up or has failed.
 func (r *Reader) Wait() error {
-	var perr error
-	err := r.raw.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
-		for {
-			_, perr = unix.Poll(fds, -1)
-			if perr != unix.EINTR {
-				r.Wakeups.Add(1)
-				return
-			}
-		}
-	})
+	err := r.raw.Control(r.pollFD)
+	perr := r.rerr
+	r.rerr = nil
 	if err == nil {
 		err = perr
 	}
 	return err
+}
+
+func (r *Reader) poll(fd uintptr) {
+	r.fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}
+	for {
+		_, r.rerr = unix.Poll(r.fds[:], -1)
+		if r.rerr != unix.EINTR {
+			r.Wakeups.Add(1)
+			return
+		}
+	}
 }
 
 // Close shuts nc's reading side down, which wakes a Reader blocked in
@@ -241,9 +259,15 @@ func Close(nc net.Conn) error {
 
 // Writer makes non-blocking write attempts on a socket, for a producer
 // that must never wait for the network (it is on another request's path)
-// and hands what the socket does not take to a goroutine that may.
+// and hands what the socket does not take to a goroutine that may. One
+// goroutine at a time may write (the owner of a BatchWriter's write side).
 type Writer struct {
 	raw syscall.RawConn
+	// As Reader's: no closure per write.
+	p       []byte
+	n       int
+	werr    error
+	writeFD func(fd uintptr) bool
 }
 
 // NewWriter returns a Writer for nc, or nil if nc is not a socket.
@@ -256,22 +280,18 @@ func NewWriter(nc io.Writer) *Writer {
 	if err != nil {
 		return nil
 	}
-	return &Writer{raw: raw}
+	w := &Writer{raw: raw}
+	w.writeFD = w.write
+	return w
 }
 
 // TryWrite makes one non-blocking write attempt of p: it returns how much
 // the socket took (0, nil when it is full).
 func (w *Writer) TryWrite(p []byte) (int, error) {
-	var n int
-	var werr error
-	err := w.raw.Write(func(fd uintptr) bool {
-		for {
-			n, werr = syscall.Write(int(fd), p)
-			if werr != syscall.EINTR {
-				return true
-			}
-		}
-	})
+	w.p = p
+	err := w.raw.Write(w.writeFD)
+	n, werr := w.n, w.werr
+	w.p, w.werr = nil, nil
 	if err == nil {
 		err = werr
 	}
@@ -279,4 +299,13 @@ func (w *Writer) TryWrite(p []byte) (int, error) {
 		return 0, nil
 	}
 	return max(n, 0), err
+}
+
+func (w *Writer) write(fd uintptr) bool {
+	for {
+		w.n, w.werr = syscall.Write(int(fd), w.p)
+		if w.werr != syscall.EINTR {
+			return true
+		}
+	}
 }

@@ -215,3 +215,27 @@ func TestColdReaderSleepsAtOnce(t *testing.T) {
 	r.Cold(true)
 	assertSleeps(t, a, r, readAll(t, r, b), "a cold reader")
 }
+
+// Reads, waits and writes are on every request's path: none allocates.
+func TestReadsWaitsAndWritesAllocateNothing(t *testing.T) {
+	a, b := pair(t, "tcp", "127.0.0.1:0")
+	r := NewReader(b)
+	require.NotNil(t, r)
+	r.Direct()
+	w := NewWriter(a)
+	require.NotNil(t, w)
+	out, in := []byte("ping"), make([]byte, 4)
+	allocs := testing.AllocsPerRun(200, func() {
+		n, err := w.TryWrite(out)
+		if err != nil || n != len(out) {
+			t.Fatalf("wrote %d, %v", n, err)
+		}
+		if err := r.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := r.TryRead(in); err != nil || n != len(in) {
+			t.Fatalf("read %d, %v", n, err)
+		}
+	})
+	assert.Zero(t, allocs)
+}
