@@ -47,17 +47,17 @@ type Engine struct {
 	gen      uint64
 	flights  sync.Pool
 
-	bufs  chan []byte  // free prefetch buffers; bounds prefetches in flight
-	runs  chan *run    // free run buffers; bounds runs in flight
-	compl chan pending // prefetches in issue order, for the completion loop
-
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	free   chan *prefetch // free prefetches; bounds prefetches in flight
+	runs   chan *run      // free run buffers; bounds runs in flight
+	closed bool           // guarded by mu: completions touch nothing shared
 
 	// Counters.
 	Issued, Placed, Deduped, Throttled, Stale, Failed atomic.Uint64
 	HostReads, WriteBacks                             atomic.Uint64
+	// Deferred counts prefetch completions the connection's reader could
+	// not finish itself because the engine's lock was taken, and passed
+	// to a goroutine of their own.
+	Deferred atomic.Uint64
 	// Joined counts host misses served by waiting for a prefetch in flight.
 	Joined atomic.Uint64
 	// FalsePositives counts host misses on keys Host View claimed the host
@@ -65,21 +65,29 @@ type Engine struct {
 	FalsePositives atomic.Uint64
 }
 
-type pending struct {
-	k    memnode.Key
-	f    *flight
-	call memnode.Call
-	buf  []byte
-	run  *run // a run of pages read with one request; k, f and buf unused
+// prefetch is one page's prefetch in flight; fn is its done method,
+// bound once, so a prefetch allocates nothing.
+type prefetch struct {
+	e   *Engine
+	k   memnode.Key
+	f   *flight
+	buf []byte
+	js  []joiner    // scratch for the joiners it finishes
+	fn  func(error) // e.answered with finish, bound once
 }
 
 // run is a prefetch of consecutive pages with one READ. flights[i] is nil
 // for a page already in flight when the run was issued.
 type run struct {
+	e       *Engine
 	first   memnode.Key
 	n       int
 	flights [MaxRun]*flight
 	buf     []byte
+	js      []joiner
+	jkeys   []memnode.Key
+	jn      []int
+	fn      func(error) // e.answered with finish, bound once
 }
 
 // MaxRun is the most pages one prefetch request carries.
@@ -113,14 +121,18 @@ var _ pagestore.Remote = (*Engine)(nil)
 // started after a write's queued callback ran reads what the write wrote,
 // at whichever copy it is served.
 type Conn interface {
-	// PrefetchAsync and ReadAsync read at one copy, without failing over:
-	// a prefetch that fails costs only itself, and the engine reads a
-	// host miss that fails again with ReadAt.
-	PrefetchAsync(ctx context.Context, k memnode.Key, page []byte) memnode.Call
+	// PrefetchFn, ReadOneFn and ReadAsync read at one copy, without
+	// failing over: a prefetch that fails costs only itself, and the
+	// engine reads a host miss that fails again with ReadAt. PrefetchFn
+	// and ReadOneFn call done once, on the connection's reader goroutine
+	// when the answer has arrived (or at once if the read cannot start):
+	// the engine finishes a prefetch there, with no goroutine hand-off,
+	// and done must not block.
+	PrefetchFn(k memnode.Key, page []byte, done func(error))
+	ReadOneFn(vol uint16, off uint64, p []byte, done func(error))
 	ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
-	// Span is how many of the n pages from first one ReadAsync carries
-	// (at least one): a replicated volume's reads end where an extent
-	// does.
+	// Span is how many of the n pages from first one read carries (at
+	// least one): a replicated volume's reads end where an extent does.
 	Span(first memnode.Key, n int) int
 	// ReadAt reads p at byte off of vol, failing over between copies.
 	ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error
@@ -143,6 +155,11 @@ type Conn interface {
 // NodeConn is the Conn of one memory-node connection: requests are
 // executed in the order sent, so a write is queued once it is sent.
 type NodeConn struct{ *memnode.Client }
+
+// ReadOneFn implements Conn: one node has one copy.
+func (c NodeConn) ReadOneFn(vol uint16, off uint64, p []byte, done func(error)) {
+	c.ReadFn(vol, off, p, done)
+}
 
 // Span implements Conn: a node holds the whole volume.
 func (NodeConn) Span(_ memnode.Key, n int) int { return n }
@@ -188,41 +205,47 @@ func NewEngine(c Conn, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) 
 	if maxInFlight <= 0 {
 		maxInFlight = 1024
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		c: c, hv: hv, lz: lz,
 		inflight: make(map[memnode.Key]*flight, maxInFlight),
-		bufs:     make(chan []byte, maxInFlight),
-		compl:    make(chan pending, maxInFlight+runBuffers),
-		ctx:      ctx, cancel: cancel,
-		done: make(chan struct{}),
+		free:     make(chan *prefetch, maxInFlight),
+		runs:     make(chan *run, runBuffers),
 	}
 	for i := 0; i < maxInFlight; i++ {
-		e.bufs <- make([]byte, memnode.PageSize)
+		p := &prefetch{e: e, buf: make([]byte, memnode.PageSize)}
+		finish := p.finish
+		p.fn = func(err error) { e.answered(finish, err) }
+		e.free <- p
 	}
-	e.runs = make(chan *run, runBuffers)
 	for i := 0; i < runBuffers; i++ {
-		e.runs <- &run{buf: make([]byte, MaxRun*memnode.PageSize)}
+		r := &run{e: e, buf: make([]byte, MaxRun*memnode.PageSize)}
+		finish := r.finish
+		r.fn = func(err error) { e.answered(finish, err) }
+		e.runs <- r
 	}
 	e.unlock = e.mu.Unlock
 	e.flights.New = func() any { return new(flight) }
-	go e.completions()
 	return e
 }
 
-// Close stops the completion loop; prefetches in flight are abandoned.
+// Close makes the prefetches in flight end without touching the Loading
+// Zone or Host View, so both may be released once it returns; their
+// waiters and joiners are told the engine closed.
 func (e *Engine) Close() {
-	e.cancel()
-	close(e.compl)
-	<-e.done
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
 }
+
+// errClosed ends the prefetches that complete after Close.
+var errClosed = errors.New("dpu: transfer engine closed")
 
 // Prefetch fetches page k into the Loading Zone unless a prefetch of k is
 // already in flight or too many are. It does not wait.
 func (e *Engine) Prefetch(k memnode.Key) {
-	var buf []byte
+	var p *prefetch
 	select {
-	case buf = <-e.bufs:
+	case p = <-e.free:
 	default:
 		e.Throttled.Add(1)
 		return
@@ -231,13 +254,45 @@ func (e *Engine) Prefetch(k memnode.Key) {
 	f := e.startFlight(k)
 	if f == nil {
 		e.mu.Unlock()
-		e.bufs <- buf
+		e.free <- p
 		return
 	}
-	call := e.c.PrefetchAsync(e.ctx, k, buf)
-	e.mu.Unlock()
+	p.k, p.f = k, f
 	e.Issued.Add(1)
-	e.compl <- pending{k: k, f: f, call: call, buf: buf}
+	e.c.PrefetchFn(k, p.buf, p.fn)
+	e.mu.Unlock()
+}
+
+// answered finishes a prefetch or run on the connection's reader:
+// finish runs with e.mu held and unlocks it. The lock is only tried: its
+// holder may be queueing a write-back on this very connection, behind a
+// full send buffer that waits for the node, which waits for this reader.
+func (e *Engine) answered(finish func(error), err error) {
+	if !e.mu.TryLock() {
+		e.Deferred.Add(1)
+		go func() {
+			e.mu.Lock()
+			finish(err)
+		}()
+		return
+	}
+	finish(err)
+}
+
+// finish places the page, e.mu held (it unlocks), then serves joiners.
+func (p *prefetch) finish(err error) {
+	e := p.e
+	if e.closed {
+		err = errClosed
+	}
+	e.complete(p.k, p.f, p.buf, err)
+	js := takeJoiners(p.f, p.js[:0])
+	e.mu.Unlock()
+	e.flights.Put(p.f) // waiters keep only the channel
+	e.finishJoiners(p.k, js, err)
+	clear(js)
+	p.js, p.f = js[:0], nil
+	e.free <- p
 }
 
 // startFlight registers a prefetch of k, e.mu held; nil (and counted) if
@@ -289,10 +344,44 @@ func (e *Engine) prefetchRun(first memnode.Key, n int) {
 		e.runs <- r
 		return
 	}
-	call := e.c.ReadAsync(e.ctx, first.Volume(), first.Page()*memnode.PageSize, r.buf[:n*memnode.PageSize])
-	e.mu.Unlock()
 	e.Issued.Add(uint64(issued))
-	e.compl <- pending{call: call, run: r}
+	e.c.ReadOneFn(first.Volume(), first.Page()*memnode.PageSize, r.buf[:n*memnode.PageSize], r.fn)
+	e.mu.Unlock()
+}
+
+// finish places the run's pages, e.mu held (it unlocks), then serves
+// joiners.
+func (r *run) finish(err error) {
+	e := r.e
+	if e.closed {
+		err = errClosed
+	}
+	js, jkeys, jn := r.js[:0], r.jkeys[:0], r.jn[:0]
+	for i, f := range r.flights[:r.n] {
+		if f != nil {
+			k := memnode.MakeKey(r.first.Volume(), r.first.Page()+uint64(i))
+			e.complete(k, f, r.buf[i*memnode.PageSize:(i+1)*memnode.PageSize], err)
+			if len(f.joiners) > 0 {
+				jkeys, jn = append(jkeys, k), append(jn, len(f.joiners))
+				js = takeJoiners(f, js)
+			}
+		}
+	}
+	e.mu.Unlock()
+	for i, f := range r.flights[:r.n] {
+		if f != nil {
+			e.flights.Put(f)
+			r.flights[i] = nil
+		}
+	}
+	rest := js
+	for i, k := range jkeys {
+		e.finishJoiners(k, rest[:jn[i]], err)
+		rest = rest[jn[i]:]
+	}
+	clear(js)
+	r.js, r.jkeys, r.jn = js[:0], jkeys[:0], jn[:0]
+	e.runs <- r
 }
 
 // complete applies a finished prefetch of page k (its flight f, its bytes
@@ -321,15 +410,22 @@ func (e *Engine) complete(k memnode.Key, f *flight, page []byte, err error) {
 
 // finishJoiners serves the asynchronous host misses that waited for
 // prefetch f of page k, e.mu not held: from the Loading Zone, or if the
-// page was stale or failed, by reading it themselves.
-func (e *Engine) finishJoiners(k memnode.Key, js []joiner) {
+// page was stale or failed, by reading it themselves; after Close, with
+// its error.
+func (e *Engine) finishJoiners(k memnode.Key, js []joiner, err error) {
 	for _, j := range js {
+		if err == errClosed {
+			j.done(err)
+			continue
+		}
 		if e.lz.CheckAndReturn(uint64(k), j.dst) == memnode.PageSize {
 			e.Joined.Add(1)
 			j.done(nil)
 			continue
 		}
-		e.readFn(k, j.dst, j.done)
+		// Stale or failed (rare). Not on this goroutine, which may be the
+		// connection's reader: sending can wait for it.
+		go e.readFn(k, j.dst, j.done)
 	}
 }
 
@@ -339,52 +435,6 @@ func takeJoiners(f *flight, buf []joiner) []joiner {
 	clear(f.joiners)
 	f.joiners = f.joiners[:0]
 	return buf
-}
-
-func (e *Engine) completions() {
-	defer close(e.done)
-	var js []joiner
-	var jkeys []memnode.Key
-	var jn []int
-	for p := range e.compl {
-		js, jkeys, jn = js[:0], jkeys[:0], jn[:0]
-		if r := p.run; r != nil {
-			err := p.call.Wait(e.ctx)
-			e.mu.Lock()
-			for i, f := range r.flights[:r.n] {
-				if f != nil {
-					k := memnode.MakeKey(r.first.Volume(), r.first.Page()+uint64(i))
-					e.complete(k, f, r.buf[i*memnode.PageSize:(i+1)*memnode.PageSize], err)
-					if len(f.joiners) > 0 {
-						jkeys, jn = append(jkeys, k), append(jn, len(f.joiners))
-						js = takeJoiners(f, js)
-					}
-				}
-			}
-			e.mu.Unlock()
-			for _, f := range r.flights[:r.n] {
-				if f != nil {
-					e.flights.Put(f)
-				}
-			}
-			e.runs <- r
-		} else {
-			err := p.call.Wait(e.ctx)
-			e.mu.Lock()
-			e.complete(p.k, p.f, p.buf, err)
-			if len(p.f.joiners) > 0 {
-				jkeys, jn = append(jkeys, p.k), append(jn, len(p.f.joiners))
-				js = takeJoiners(p.f, js)
-			}
-			e.mu.Unlock()
-			e.flights.Put(p.f) // waiters keep only the channel
-			e.bufs <- p.buf
-		}
-		for i, k := range jkeys {
-			e.finishJoiners(k, js[:jn[i]])
-			js = js[jn[i]:]
-		}
-	}
 }
 
 // ReadPage implements pagestore.Remote: the host's own miss. If a
@@ -429,8 +479,8 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 
 // ReadPageAsync implements pagestore.AsyncReader: ReadPage without
 // blocking. A miss on a page whose prefetch is in flight joins it and is
-// finished by the completion loop; others are read on the engine's
-// connection and finished by its reader.
+// finished with that prefetch; others are read on the engine's connection
+// and finished by its reader.
 func (e *Engine) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
 	e.mu.Lock()
 	if f, ok := e.inflight[k]; ok {

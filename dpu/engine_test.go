@@ -415,3 +415,40 @@ func TestAsyncMissJoinsPrefetch(t *testing.T) {
 		})
 	}
 }
+
+// A prefetch's answer is applied by the memory-node connection's reader.
+// When the engine's lock is taken (a write-back may be queueing on that
+// very connection, waiting for the reader) the reader passes the answer
+// on instead of waiting, and the page still arrives.
+func TestPrefetchAnswerNeverWaitsForTheEngineLock(t *testing.T) {
+	r, g := gatedRig(t)
+	k := memnode.MakeKey(r.vol.ID, 5)
+	g.Hold()
+	r.e.Prefetch(k)
+	r.e.mu.Lock()
+	g.Release()
+	require.Eventually(t, func() bool { return r.e.Deferred.Load() == 1 }, 5*time.Second, time.Millisecond,
+		"the reader passed the answer on")
+	r.e.mu.Unlock()
+	require.Eventually(t, func() bool { return r.e.Placed.Load() == 1 }, 5*time.Second, time.Millisecond)
+	dst := make([]byte, memnode.PageSize)
+	assert.Equal(t, memnode.PageSize, r.lz.CheckAndReturn(uint64(k), dst))
+}
+
+// After Close the answers still in flight touch neither the Loading Zone
+// nor Host View (their memory may be released), and misses that joined
+// them are told the engine closed.
+func TestAnswersAfterCloseLeaveTheZoneAlone(t *testing.T) {
+	r, g := gatedRig(t)
+	k := memnode.MakeKey(r.vol.ID, 6)
+	g.Hold()
+	r.e.Prefetch(k)
+	done := make(chan error, 1)
+	r.e.ReadPageAsync(k, make([]byte, memnode.PageSize), func(err error) { done <- err })
+	r.e.Close()
+	g.Release()
+	require.ErrorIs(t, <-done, errClosed)
+	assert.Zero(t, r.lz.Placed.Load())
+	assert.False(t, r.hv.Contains(uint64(k)))
+	assert.Equal(t, uint64(1), r.e.Failed.Load())
+}

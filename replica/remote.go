@@ -355,14 +355,27 @@ func (r *Remote) ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte
 	return n.c.ReadAsync(ctx, local, off, p)
 }
 
-// PrefetchAsync is ReadAsync of page k as a prefetch (memnode
-// OpPrefetch).
-func (r *Remote) PrefetchAsync(ctx context.Context, k pagestore.Key, page []byte) memnode.Call {
+// PrefetchFn reads page k from one replica as a prefetch (memnode
+// OpPrefetch), without failing over (dpu.Conn); done is called as by
+// memnode.Client.PrefetchFn.
+func (r *Remote) PrefetchFn(k pagestore.Key, page []byte, done func(error)) {
 	_, n, local, err := r.oneCopy(k.Volume(), k.Page()*pageid.Size, pageid.Size)
 	if err != nil {
-		return memnode.DoneCall(err)
+		done(err)
+		return
 	}
-	return n.c.PrefetchAsync(ctx, memnode.MakeKey(local, k.Page()), page)
+	n.c.PrefetchFn(memnode.MakeKey(local, k.Page()), page, done)
+}
+
+// ReadOneFn is ReadAsync with a completion function (dpu.Conn): one
+// replica, no failing over.
+func (r *Remote) ReadOneFn(vol uint16, off uint64, p []byte, done func(error)) {
+	_, n, local, err := r.oneCopy(vol, off, len(p))
+	if err != nil {
+		done(err)
+		return
+	}
+	n.c.ReadFn(local, off, p, done)
 }
 
 // ReadFn is ReadAt without blocking: done is called once, from the
