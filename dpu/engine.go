@@ -65,8 +65,8 @@ type Engine struct {
 	FalsePositives atomic.Uint64
 }
 
-// prefetch is one page's prefetch in flight; fn is its done method,
-// bound once, so a prefetch allocates nothing.
+// prefetch is one page's prefetch in flight, pooled with its buffer and
+// its completion function, so a prefetch allocates nothing.
 type prefetch struct {
 	e   *Engine
 	k   memnode.Key
@@ -229,8 +229,9 @@ func NewEngine(c Conn, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) 
 }
 
 // Close makes the prefetches in flight end without touching the Loading
-// Zone or Host View, so both may be released once it returns; their
-// waiters and joiners are told the engine closed.
+// Zone or Host View, so both may be released once it returns (answers
+// arrive until the connection closes): misses that joined them are told
+// the engine closed, and misses waiting in ReadPage read for themselves.
 func (e *Engine) Close() {
 	e.mu.Lock()
 	e.closed = true

@@ -382,14 +382,14 @@ func (z *Zone) Check() error {
 		}
 		// At most one entry per record, of its current generation: what
 		// lets Place skip reading records' states.
-		stale := e>>40 - 1
-		if stale >= z.n || (z.state(stale).Load()>>8)&0xffffff != e&0xffffff {
+		named := e>>40 - 1
+		if named >= z.n || (z.state(named).Load()>>8)&0xffffff != e&0xffffff {
 			return fmt.Errorf("loadingzone: index %d holds %#x, not the entry of a record's current generation", i, e)
 		}
-		if j, dup := seen[stale]; dup {
-			return fmt.Errorf("loadingzone: record %d indexed at %d and %d", stale, j, i)
+		if j, dup := seen[named]; dup {
+			return fmt.Errorf("loadingzone: record %d indexed at %d and %d", named, j, i)
 		}
-		seen[stale] = i
+		seen[named] = i
 		slot, _, ok := z.live(e)
 		if !ok {
 			continue
