@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -41,6 +42,11 @@ type PageOptions struct {
 	// Sweep varies "cache" or "lz" over Values (the other settings fixed).
 	Sweep  string
 	Values []uint64
+	// Rounds runs every system this many times, the systems taking turns,
+	// and keeps each one's median run (by throughput): on shared cores a
+	// single run swings by a fifth, and turns spread slow spells over
+	// every system. Default 1.
+	Rounds int
 }
 
 // PageSystems lists the systems Page knows: local (all data in host
@@ -145,6 +151,9 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("dataset %s, cache %s, Loading Zone %s, %d connections × %d in flight, %v measured after %v warm-up; memory node, host (and pd3-split's agent) are separate processes",
 		units.FormatSize(opt.Dataset), units.FormatSize(opt.Cache), units.FormatSize(opt.LZ), opt.Clients, opt.Depth, opt.Duration, opt.Warmup))
+	if opt.Rounds > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("closed-loop rows: each system's median of %d runs by GETs/s, the systems taking turns; ratios are of those runs", opt.Rounds))
+	}
 	if opt.FixedLoad > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("rows with load=R: open loop at R GETs/s = %.2f × sync's peak, %s arrivals; latency from each request's scheduled send time (send delay: how late the requester sent it)", opt.FixedLoad, opt.Arrivals))
 	}
@@ -154,12 +163,19 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 // pageConfig measures every system in one configuration and adds the
 // results and ratios to rep.
 func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload.Dist, t int, cfg, suffix string) error {
+	runs := map[string][]Result{}
+	for round := 0; round < max(opt.Rounds, 1); round++ {
+		for _, sys := range opt.Systems {
+			r, err := runPageSystem(ctx, opt, sys, dist, t, 0)
+			if err != nil {
+				return fmt.Errorf("%s (%s): %w", sys, cfg, err)
+			}
+			runs[sys] = append(runs[sys], r)
+		}
+	}
 	byName := map[string]Result{}
 	for _, sys := range opt.Systems {
-		r, err := runPageSystem(ctx, opt, sys, dist, t, 0)
-		if err != nil {
-			return fmt.Errorf("%s (%s): %w", sys, cfg, err)
-		}
+		r := medianRun(runs[sys])
 		r.Config = cfg
 		rep.Results = append(rep.Results, r)
 		byName[sys] = r
@@ -231,6 +247,14 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 		}
 	}
 	return nil
+}
+
+// medianRun is the run of median throughput (the lower middle of an even
+// count), whole: its latency and CPU belong to the same run.
+func medianRun(rs []Result) Result {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b Result) int { return cmp.Compare(a.OpsPerSec, b.OpsPerSec) })
+	return rs[(len(rs)-1)/2]
 }
 
 func workersName(t int) string {

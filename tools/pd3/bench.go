@@ -124,6 +124,7 @@ func benchCmd() *cobra.Command {
 	fl.Float64Var(&popt.FixedLoad, "fixed-load", 0, "also run every system open-loop at this fraction of sync's peak (e.g. 0.5) and compare p99")
 	fl.StringVar(&arrivals, "arrivals", "poisson", "open-loop spacing of GETs: poisson or uniform")
 	fl.StringVar(&sweep, "sweep", "", "vary one setting: cache=16MiB..1GiB or lz=1MiB..256MiB (doubling), or a comma list")
+	fl.IntVar(&popt.Rounds, "rounds", 1, "run every system this many times, taking turns, and report each one's median run (ratios of medians)")
 
 	var hvopt bench.HostViewOptions
 	hv := &cobra.Command{
