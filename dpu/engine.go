@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -50,6 +51,11 @@ type Engine struct {
 	free   chan *prefetch // free prefetches; bounds prefetches in flight
 	runs   chan *run      // free run buffers; bounds runs in flight
 	closed bool           // guarded by mu: completions touch nothing shared
+	// finishing counts completions running (they touch the Loading Zone
+	// after releasing mu): Close waits for those that may have seen the
+	// engine open. A lock here would let a waiting Close hold up the
+	// connection's reader, which a write-back holding mu may wait for.
+	finishing atomic.Int64
 
 	// Counters.
 	Issued, Placed, Deduped, Throttled, Stale, Failed atomic.Uint64
@@ -236,6 +242,9 @@ func (e *Engine) Close() {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
+	for e.finishing.Load() > 0 { // those that saw it open end soon
+		time.Sleep(10 * time.Microsecond)
+	}
 }
 
 // errClosed ends the prefetches that complete after Close.
@@ -269,15 +278,18 @@ func (e *Engine) Prefetch(k memnode.Key) {
 // holder may be queueing a write-back on this very connection, behind a
 // full send buffer that waits for the node, which waits for this reader.
 func (e *Engine) answered(finish func(error), err error) {
+	e.finishing.Add(1)
 	if !e.mu.TryLock() {
 		e.Deferred.Add(1)
 		go func() {
 			e.mu.Lock()
 			finish(err)
+			e.finishing.Add(-1)
 		}()
 		return
 	}
 	finish(err)
+	e.finishing.Add(-1)
 }
 
 // finish places the page, e.mu held (it unlocks), then serves joiners.

@@ -452,3 +452,32 @@ func TestAnswersAfterCloseLeaveTheZoneAlone(t *testing.T) {
 	assert.False(t, r.hv.Contains(uint64(k)))
 	assert.Equal(t, uint64(1), r.e.Failed.Load())
 }
+
+// Close returns only once completions that saw the engine open have
+// finished: one still serving a joined miss from the Loading Zone holds
+// it, since the zone may be released once Close returns.
+func TestCloseWaitsForCompletionsInProgress(t *testing.T) {
+	r, g := gatedRig(t)
+	k := memnode.MakeKey(r.vol.ID, 8)
+	g.Hold()
+	r.e.Prefetch(k)
+	entered, leave := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(leave) }) }
+	t.Cleanup(release) // before the rig's: the node's reader must not stay held
+	r.e.ReadPageAsync(k, make([]byte, memnode.PageSize), func(err error) {
+		close(entered)
+		<-leave
+	})
+	g.Release()
+	<-entered
+	closed := make(chan struct{})
+	go func() { r.e.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a completion was serving a miss")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	<-closed
+}
