@@ -272,12 +272,12 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	vol := "disk0:" + strconv.FormatUint(opt.Dataset, 10)
 	args := []string{"serve", "--page", "127.0.0.1:0", "--volume", vol, "--cache", strconv.FormatUint(opt.Cache, 10),
 		"--workers", strconv.Itoa(workers), "--metrics", "127.0.0.1:0"}
-	lz := strconv.FormatUint(opt.LZ, 10)
-	var node, agent *Child
-	var startAgent func(hostAddr string) (*Child, error)
 	if sys == "relay-local" {
 		return runPageRelay(ctx, opt, args, dist, rate)
 	}
+	lz := strconv.FormatUint(opt.LZ, 10)
+	var node, agent *Child
+	var startAgent func(hostAddr string) (*Child, error)
 	if sys != "local" {
 		var err error
 		node, err = StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
