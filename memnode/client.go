@@ -38,6 +38,11 @@ type ClientOptions struct {
 	// Stages, if set, is stamped as a READ with a completion function is
 	// issued (the miss-path breakdown); nil in production.
 	Stages *stages.Recorder
+	// Lone, if set, tells the reader whether its process serves one
+	// request at most (sockio.Busy.Lone of the host's front ends): then it
+	// waits for responses in poll(2), otherwise in the network poller
+	// (pipeline.Options.Lone). nil always waits in poll(2).
+	Lone func() bool
 }
 
 // Client talks to one memory node. It is safe for concurrent use: requests
@@ -236,7 +241,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 	}
-	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight})
+	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight, Lone: c.opt.Lone})
 	hello := make([]byte, 4+len(c.opt.Token))
 	binary.LittleEndian.PutUint32(hello, Version)
 	copy(hello[4:], c.opt.Token)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pagestore"
@@ -286,12 +287,19 @@ func TestStructuredReadAndErrors(t *testing.T) {
 }
 
 // TestMalformedRequests: each bad request gets its error (or its
-// connection closed) while another client keeps working.
+// connection closed) while another client keeps working, and is counted
+// as served only until then.
 func TestMalformedRequests(t *testing.T) {
-	r := newRig(t, 1<<20, 32*4096)
+	var busy sockio.Busy
+	r := newRig(t, 1<<20, 32*4096, func(s *Server) { s.Busy = &busy })
 	good := dial(t, r.addr, "disk0", false)
 	check := func(t *testing.T) {
 		t.Helper()
+		// Every request is uncounted once answered, refused or dropped
+		// with its connection, or the memory-node reader would think the
+		// host busy for good (sockio.Reader.DirectIf).
+		assert.Eventually(t, func() bool { return busy.Count() == 0 }, 5*time.Second, time.Millisecond,
+			"requests still counted as served: %d", busy.Count())
 		good.send(nbdproto.CmdRead, 0, 42, 0, 4096, nil)
 		errno, cookie, _ := good.simple(t, 4096)
 		require.Zero(t, errno)

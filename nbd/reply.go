@@ -50,6 +50,7 @@ func (c *conn) recycle(r *request) {
 		r.start = time.Time{}
 	}
 	c.inflight.Add(-1)
+	c.s.Busy.Add(-1)
 	if cap(r.buf) > len(r.page) {
 		c.s.bufs.put(r.buf)
 	}

@@ -98,6 +98,10 @@ type Server struct {
 	// a host spinning too takes the core it needs. One connection of the
 	// server polls at a time.
 	PollFor time.Duration
+	// Busy, if set, counts this server's requests from being read to
+	// being answered, for the readers that wait in poll(2) only while
+	// their process serves one request (sockio.Reader.DirectIf).
+	Busy *sockio.Busy
 
 	group netsrv.Group
 	// spinners: the one place to poll (PollFor).
@@ -230,7 +234,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	if fast != nil {
 		// The reader waits for requests in poll(2): a request wakes this
 		// thread directly, and a hit is answered with no scheduler hop.
-		fast.Direct()
+		fast.DirectIf(s.Busy.Lone)
 		fast.Spin(s.PollFor, &s.spinners)
 	}
 	err = c.transmit()

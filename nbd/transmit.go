@@ -113,6 +113,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 			return nil // outstanding requests finish in transmit
 		}
 		c.inflight.Add(1)
+		s.Busy.Add(1)
 		if r.typ == nbdproto.CmdWrite {
 			if r.length > s.MaxRequest {
 				// Refuse it, but keep the stream in step if we can.

@@ -104,6 +104,11 @@ type Options struct {
 	ReadBuf int
 	// MaxPending bounds the bytes waiting to be written (default 8 MiB).
 	MaxPending int
+	// Lone, if set, is asked before the reader waits for responses: true
+	// waits in poll(2) (a lone request's answer wakes the reader directly),
+	// false in the network poller (sockio.Reader.DirectIf). nil always
+	// waits in poll(2).
+	Lone func() bool
 }
 
 // ErrTimeout is wrapped by the error of calls failed by the watchdog.
@@ -255,7 +260,11 @@ func (s *Session) readLoop() {
 	// and completes its call with no scheduler hop (see sockio).
 	var rd io.Reader = s.nc
 	if fast := sockio.NewReader(s.nc); fast != nil {
-		fast.Direct()
+		if s.opt.Lone != nil {
+			fast.DirectIf(s.opt.Lone)
+		} else {
+			fast.Direct()
+		}
 		rd = fast
 	}
 	cr := &capReader{r: rd}

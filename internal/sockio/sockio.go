@@ -19,7 +19,8 @@
 // find a P again: with as many threads blocked here as Ps, it parks and
 // another thread runs it, a wake-up more (docs/ARCHITECTURE.md). Use it
 // for a few connections that carry most of a process's work, not for
-// every connection of a busy server.
+// every connection of a busy server; a server whose load varies waits
+// this way only while it serves one request (DirectIf with Busy).
 //
 // A blocked poll holds the socket's descriptor, so closing the connection
 // must first shut its reading side down (Close does both); a connection
@@ -63,6 +64,9 @@ type Reader struct {
 	spinners *Spinners
 	// cold: the owner expects its next input late (Cold); no spin.
 	cold bool
+	// lone, if set, is asked before each wait whether the thread may wait
+	// in poll(2) (DirectIf); false parks in the network poller instead.
+	lone func() bool
 	// Spins counts the attempts made while spinning: an idle connection
 	// adds none once its window has passed.
 	Spins atomic.Uint64
@@ -120,6 +124,40 @@ func (b *Spinners) give() { b.used.Add(-1) }
 // apply. Call it from the reading goroutine.
 func (r *Reader) Direct() { r.direct = true }
 
+// DirectIf is Direct for the waits at which lone reports true (Busy.Lone:
+// the process serves one request at most); at the others Read parks in
+// the network poller and leaves the thread's P to the process at once.
+// A thread blocked in poll(2) keeps its P until the runtime's monitor
+// takes it back, so under load the goroutines it could run wait 20 µs or
+// more, and the hand-off and the return each cost a thread wake-up.
+// Call it from the reading goroutine; lone runs there and must be cheap.
+func (r *Reader) DirectIf(lone func() bool) { r.direct, r.lone = true, lone }
+
+// Busy counts the requests a process is serving, for DirectIf: its
+// front ends add each request from reading it to queueing its reply.
+// A nil *Busy counts nothing and is always lone.
+type Busy struct{ n atomic.Int32 }
+
+// Add adds d (1 as a request is read, -1 as its reply is queued).
+func (b *Busy) Add(d int32) {
+	if b != nil {
+		b.n.Add(d)
+	}
+}
+
+// Count is the number of requests being served.
+func (b *Busy) Count() int {
+	if b == nil {
+		return 0
+	}
+	return int(b.n.Load())
+}
+
+// Lone reports whether at most one request is being served: the input a
+// reader waits for is then the next thing the process does, and waiting
+// in poll(2) saves the scheduler's wake-ups.
+func (b *Busy) Lone() bool { return b == nil || b.n.Load() <= 1 }
+
 // NewReader returns a Reader for nc, or nil if nc is not a socket this
 // package can wait on (then read nc itself).
 func NewReader(nc net.Conn) *Reader {
@@ -148,6 +186,11 @@ func (r *Reader) Read(p []byte) (int, error) {
 	}
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if r.drained && r.lone != nil && !r.lone() {
+		n, err := r.nc.Read(p)
+		r.drained = n < len(p)
+		return n, err
 	}
 	if r.drained && r.spin > 0 && !r.cold {
 		if n, err := r.spinRead(p); n > 0 || err != nil {

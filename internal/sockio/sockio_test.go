@@ -239,3 +239,59 @@ func TestReadsWaitsAndWritesAllocateNothing(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// DirectIf waits in poll(2) only while lone says so; otherwise the
+// reader parks in the network poller and poll(2) never wakes it. The
+// test switches lone back and forth on one connection and reads the same
+// way both times: each read must wait, since the bytes come later.
+func TestDirectIfWaitsInPollOnlyWhileLone(t *testing.T) {
+	a, b := pair(t, "tcp", "127.0.0.1:0")
+	r := NewReader(b)
+	require.NotNil(t, r)
+	var lone atomic.Bool
+	r.DirectIf(lone.Load)
+	readLate := func() {
+		t.Helper()
+		go func() {
+			time.Sleep(5 * time.Millisecond) // the reader is waiting by now
+			a.Write([]byte{1})
+		}()
+		var p [8]byte
+		n, err := r.Read(p[:])
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	var p [8]byte
+	a.Write([]byte{0})
+	_, err := r.Read(p[:]) // leaves the reader drained: the next read waits
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		lone bool
+		want string
+	}{{false, "network poller"}, {true, "poll(2)"}, {false, "network poller"}} {
+		lone.Store(tc.lone)
+		before := r.Wakeups.Load()
+		readLate()
+		if tc.lone {
+			assert.Greater(t, r.Wakeups.Load(), before, "a lone reader did not wait in poll(2)")
+		} else {
+			assert.Equal(t, before, r.Wakeups.Load(), "a reader under load waited in poll(2)")
+		}
+	}
+}
+
+func TestBusyIsLoneWithOneRequestAtMost(t *testing.T) {
+	var nilBusy *Busy
+	nilBusy.Add(5) // counts nothing
+	assert.True(t, nilBusy.Lone(), "a nil Busy is always lone")
+
+	var b Busy
+	for _, tc := range []struct {
+		add  int32
+		lone bool
+	}{{0, true}, {1, true}, {1, false}, {30, false}, {-31, true}, {-1, true}} {
+		b.Add(tc.add)
+		assert.Equal(t, tc.lone, b.Lone(), "after adding %d", tc.add)
+	}
+}

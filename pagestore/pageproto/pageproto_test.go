@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -288,4 +289,47 @@ func TestClientNamesTheWrongServer(t *testing.T) {
 	err = c.Get(ctx, pageid.MakeKey(1, 0), make([]byte, PageSize))
 	require.ErrorIs(t, err, ErrFraming)
 	assert.ErrorContains(t, err, "this looks like an NBD server, not a page server")
+}
+
+// gateBackend holds every GET until release is closed.
+type gateBackend struct{ release chan struct{} }
+
+func (g gateBackend) Get(ctx context.Context, _ pageid.Key, _ []byte) error {
+	<-g.release
+	return nil
+}
+func (gateBackend) Put(context.Context, pageid.Key, []byte) error { return nil }
+func (gateBackend) Flush(context.Context) error                   { return nil }
+
+// Busy counts each request from its header being read to its reply being
+// queued, on every connection: the memory-node reader that consults it
+// must see the server's load (sockio.Reader.DirectIf).
+func TestBusyCountsRequestsInFlight(t *testing.T) {
+	ctx := context.Background()
+	g := gateBackend{release: make(chan struct{})}
+	var busy sockio.Busy
+	srv := &Server{Backend: g, Workers: 4, Busy: &busy}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(ctx, ln)
+	t.Cleanup(func() { srv.Close() })
+	var calls []Call
+	for range 2 {
+		c, err := Dial(ctx, ln.Addr().String(), ClientOptions{})
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		for p := range 2 {
+			calls = append(calls, c.GetAsync(pageid.MakeKey(1, uint64(p)), make([]byte, PageSize)))
+		}
+	}
+	require.Eventually(t, func() bool { return busy.Count() == 4 }, 5*time.Second, time.Millisecond,
+		"four GETs held by the backend, %d counted", busy.Count())
+	assert.False(t, busy.Lone())
+	close(g.release)
+	for _, c := range calls {
+		require.NoError(t, c.Wait(ctx))
+	}
+	// A reply can reach the client just before its worker uncounts it.
+	assert.Eventually(t, func() bool { return busy.Count() == 0 }, 5*time.Second, time.Millisecond,
+		"answered requests still counted: %d", busy.Count())
 }

@@ -58,6 +58,10 @@ type Server struct {
 	// Mirror, if set, is shown every connection's request bytes as they
 	// are read (the DPU agent's tap).
 	Mirror mirror.Mirror
+	// Busy, if set, counts this server's requests from being read to
+	// their reply being queued, for the readers that wait in poll(2) only
+	// while their process serves one request (sockio.Reader.DirectIf).
+	Busy *sockio.Busy
 
 	queue   chan *request
 	startMu sync.Once
@@ -135,7 +139,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	if fast := sockio.NewReader(nc); fast != nil {
 		// The reader waits for requests in poll(2), woken by the kernel
 		// directly rather than through the network poller (see sockio).
-		fast.Direct()
+		fast.DirectIf(s.Busy.Lone)
 		rd = fast
 	}
 	if s.Mirror != nil {
@@ -175,12 +179,14 @@ func (s *Server) read(c *conn) error {
 		}
 		r.Discard(HeaderSize)
 		req := <-c.free
+		s.Busy.Add(1)
 		req.hdr = h
 		if s.Latency != nil {
 			req.start = time.Now()
 		}
 		if n := h.Op.PayloadLen(); n > 0 {
 			if _, err := io.ReadFull(r, req.data[:n]); err != nil {
+				s.Busy.Add(-1)
 				c.free <- req
 				return fmt.Errorf("reading %v payload: %w", h.Op, err)
 			}
@@ -203,6 +209,7 @@ func (s *Server) worker() {
 		if s.Latency != nil {
 			s.Latency(req.hdr.Op, time.Since(req.start))
 		}
+		s.Busy.Add(-1)
 		req.c.free <- req
 	}
 }

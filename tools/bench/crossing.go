@@ -89,13 +89,19 @@ func (c *crossReader) readFull(p []byte) error {
 //
 // With proxy it is a byte relay to forward instead, for any protocol
 // (NBD with its handshake): each direction is copied by a goroutine of
-// its own that sleeps in poll(2), and requests pipeline through it.
+// its own that sleeps in poll(2) while the relay has one connection and
+// in the network poller while it has more, as pd3's servers do under
+// load; requests pipeline through it.
 func ServeCrossing(ctx context.Context, ln net.Listener, forward string, poll string, proxy bool) error {
 	in, up, err := crossingModes(forward, poll, proxy)
 	if err != nil {
 		return err
 	}
 	go func() { <-ctx.Done(); ln.Close() }()
+	// The relay's connections: like pd3's servers, it waits in poll(2)
+	// only while it relays for one of them (sockio.Reader.DirectIf), so
+	// that a ceiling measured with many is not held back by its threads.
+	var conns sockio.Busy
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -108,7 +114,7 @@ func ServeCrossing(ctx context.Context, ln net.Listener, forward string, poll st
 			defer sockio.Close(nc)
 			serve := func() error { return crossConn(ctx, nc, forward, in, up) }
 			if proxy {
-				serve = func() error { return proxyConn(ctx, nc, forward) }
+				serve = func() error { return proxyConn(ctx, nc, forward, &conns) }
 			}
 			if err := serve(); err != nil && !errors.Is(err, io.EOF) && ctx.Err() == nil {
 				fmt.Fprintf(os.Stderr, "crossing: %v\n", err)
@@ -182,12 +188,14 @@ func crossingModes(forward, poll string, proxy bool) (in, up waitMode, err error
 
 // proxyConn copies nc to a connection to forward and back until either
 // side ends.
-func proxyConn(ctx context.Context, nc net.Conn, forward string) error {
+func proxyConn(ctx context.Context, nc net.Conn, forward string, conns *sockio.Busy) error {
 	var d net.Dialer
 	up, err := d.DialContext(ctx, "tcp", forward)
 	if err != nil {
 		return err
 	}
+	conns.Add(1)
+	defer conns.Add(-1)
 	errc := make(chan error, 2)
 	copyTo := func(dst, src net.Conn) {
 		r, err := newCrossReader(src, waitPoll2)
@@ -195,6 +203,7 @@ func proxyConn(ctx context.Context, nc net.Conn, forward string) error {
 			errc <- err
 			return
 		}
+		r.r.DirectIf(conns.Lone)
 		buf := make([]byte, 256<<10)
 		for {
 			n, err := r.r.Read(buf)

@@ -27,6 +27,7 @@ import (
 	"github.com/pd3-go/pd3/hostview/pagecache"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
@@ -342,6 +343,10 @@ type Host struct {
 	KernelView *pagecache.View
 	TrackerErr error
 
+	// busy counts the requests the front ends serve: the memory-node
+	// clients' readers wait in poll(2) only while it is lone (sockio).
+	busy *sockio.Busy
+
 	closeOnce    sync.Once
 	done         chan error
 	nbdDone      chan error
@@ -384,7 +389,8 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err := checkMirror(cfg); err != nil {
 		return nil, err
 	}
-	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages}
+	busy := new(sockio.Busy)
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages, Lone: busy.Lone}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -392,7 +398,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	h := &Host{Client: c, done: make(chan error, 1)}
+	h := &Host{Client: c, busy: busy, done: make(chan error, 1)}
 	h.onClose(c.Close)
 	defer func() {
 		if err != nil {
@@ -846,7 +852,7 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	h := &Host{Store: st, done: make(chan error, 1)}
+	h := &Host{Store: st, busy: new(sockio.Busy), done: make(chan error, 1)}
 	for i, vs := range cfg.Volumes {
 		v := memnode.VolumeInfo{ID: uint16(i + 1), Name: vs.Name, Size: (vs.Size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)}
 		st.AddVolume(v)
@@ -911,7 +917,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
-			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor}
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor, Busy: h.busy}
 
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
@@ -937,7 +943,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir, Latency: h.lat.observePage}
+	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir, Latency: h.lat.observePage, Busy: h.busy}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil
 }

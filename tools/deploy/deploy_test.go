@@ -33,6 +33,11 @@ func TestUnixSockets(t *testing.T) {
 		CacheBytes: 16 * 4096, PageListen: "unix:" + filepath.Join(dir, "page.sock"), NBDListen: "unix:" + filepath.Join(dir, "nbd.sock"),
 	})
 	require.NoError(t, err)
+	// Both front ends count their requests where the memory-node client's
+	// reader looks (sockio.Reader.DirectIf).
+	require.NotNil(t, h.busy)
+	assert.Same(t, h.busy, h.NBD.Busy)
+	assert.Same(t, h.busy, h.Page.Busy)
 	// NBD on a unix socket, reached by the URI the command prints.
 	if _, err := exec.LookPath("nbdinfo"); err == nil {
 		uri := NBDURI(h.NBDAddr, "disk0")

@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/replica"
@@ -33,7 +34,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	if err := checkMirror(cfg); err != nil {
 		return nil, err
 	}
-	h := &Host{done: make(chan error, 1)}
+	h := &Host{busy: new(sockio.Busy), done: make(chan error, 1)}
 	defer func() {
 		if err != nil {
 			h.Close(context.WithoutCancel(ctx))
@@ -45,7 +46,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	h.onClose(cli.Close)
 	h.etcd = cli
-	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second}
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second, Lone: h.busy.Lone}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
