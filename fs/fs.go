@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
@@ -55,7 +56,11 @@ type Config struct {
 	// OnWrite, if set, sees the pages of every WRITE once they are in the
 	// host cache (the agent's Host View adds them).
 	OnWrite func(first pageid.Key, pages int)
-	Log     *slog.Logger
+	// Busy, if set, counts the READs and WRITEs being served, beside the
+	// host's other front ends: the memory-node client's reader waits in
+	// poll(2) only while the host serves one request (sockio.Busy).
+	Busy *sockio.Busy
+	Log  *slog.Logger
 }
 
 // Backend is where a filesystem's volumes live. Only a *memnode.Client

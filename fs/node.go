@@ -645,6 +645,8 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 		return fuse.ReadResultData(nil), 0
 	}
 	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
+	n.f.cfg.Busy.Add(1)
+	defer n.f.cfg.Busy.Add(-1)
 	c.io.RLock()
 	if vol == 0 {
 		k, ok := n.f.readInline(c, uint64(off), dest)
@@ -698,6 +700,8 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	if end > MaxFileSize {
 		return 0, syscall.EFBIG
 	}
+	n.f.cfg.Busy.Add(1)
+	defer n.f.cfg.Busy.Add(-1)
 	if vol == 0 {
 		if vol, e = n.writeInline(ctx, c, uint64(off), data); e != 0 {
 			return 0, e

@@ -762,7 +762,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if stale {
 		cfg.Log.Warn(fmt.Sprintf("detached a dead pd3 mount at %s, left by a pd3 that ended without unmounting", cfg.Mount))
 	}
-	fcfg := fs.Config{Name: cfg.FSName, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log}
+	fcfg := fs.Config{Name: cfg.FSName, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log, Busy: h.busy}
 	if h.Client != nil {
 		fcfg.Backend = h.Client
 	}
