@@ -232,8 +232,10 @@ func (s *Server) serveConn(nc net.Conn) {
 	}
 	nc.SetDeadline(time.Time{})
 	if fast != nil {
-		// The reader waits for requests in poll(2): a request wakes this
-		// thread directly, and a hit is answered with no scheduler hop.
+		// While the host serves one request at most, the reader waits in
+		// poll(2): a request wakes this thread directly, and a hit is
+		// answered with no scheduler hop. Under load it waits in the
+		// network poller and leaves its P to the requests (sockio).
 		fast.DirectIf(s.Busy.Lone)
 		fast.Spin(s.PollFor, &s.spinners)
 	}

@@ -256,8 +256,9 @@ func (s *Session) Close(err error) {
 
 func (s *Session) readLoop() {
 	defer s.wg.Done()
-	// The reader waits in poll(2): a response wakes this thread directly
-	// and completes its call with no scheduler hop (see sockio).
+	// The reader waits in poll(2) (while Lone says so): a response wakes
+	// this thread directly and completes its call with no scheduler hop
+	// (see sockio).
 	var rd io.Reader = s.nc
 	if fast := sockio.NewReader(s.nc); fast != nil {
 		if s.opt.Lone != nil {

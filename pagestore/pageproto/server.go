@@ -137,8 +137,9 @@ func (s *Server) Close() error {
 func (s *Server) serveConn(nc net.Conn) {
 	var rd io.Reader = nc
 	if fast := sockio.NewReader(nc); fast != nil {
-		// The reader waits for requests in poll(2), woken by the kernel
-		// directly rather than through the network poller (see sockio).
+		// While the host serves one request at most, the reader waits in
+		// poll(2), woken by the kernel directly; under load, in the
+		// network poller, leaving its P to the workers (see sockio).
 		fast.DirectIf(s.Busy.Lone)
 		rd = fast
 	}
