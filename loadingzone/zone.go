@@ -267,21 +267,23 @@ func (z *Zone) Place(k uint64, page []byte) {
 	// (two-choice balancing keeps overflow negligible); if all 8 hold
 	// other live keys, the first one's record becomes unreachable
 	// (counted; when reclaimed, OnDrop tells Host View).
-	z.each(k, func(i, tag uint64) bool {
-		if e := z.idx(i).Load(); e != 0 && (e>>24)&0xffff == tag {
+	// One pass finds the free positions and clears the entry of an older
+	// record of k, which frees its position too.
+	b1, b2, tag := z.candidates(k)
+	free, first := z.positions(b1, b2, func(i, e uint64) bool {
+		if e != 0 && (e>>24)&0xffff == tag {
 			if old, ost, ok := z.live(e); ok && old != slot && z.key(old).Load() == k {
 				z.state(old).CompareAndSwap(ost, ost&^0xff|stDropped)
 				z.idx(i).Store(0)
+				return true
 			}
 		}
-		return true
+		return e == 0
 	})
-	b1, b2, tag := z.candidates(k)
-	free, first := z.positions(b1, b2, func(e uint64) bool { return e == 0 })
 	if free[0] == 0 && free[1] == 0 {
 		// Entries of records no longer live (consumed or dropped, not yet
 		// reclaimed) may be taken.
-		free, first = z.positions(b1, b2, func(e uint64) bool {
+		free, first = z.positions(b1, b2, func(_, e uint64) bool {
 			_, _, ok := z.live(e)
 			return !ok
 		})
@@ -300,12 +302,12 @@ func (z *Zone) Place(k uint64, page []byte) {
 	z.Placed.Add(1)
 }
 
-// positions counts, in each of buckets b1 and b2, the index positions
-// whose entry take says may be taken, and returns the lowest of each.
-func (z *Zone) positions(b1, b2 uint64, take func(e uint64) bool) (n [2]int, first [2]uint64) {
+// positions counts, in each of buckets b1 and b2, the index positions i
+// whose entry e take says may be taken, and returns the lowest of each.
+func (z *Zone) positions(b1, b2 uint64, take func(i, e uint64) bool) (n [2]int, first [2]uint64) {
 	for x, b := range [2]uint64{b1, b2} {
 		for i := b + bucketWords - 1; ; i-- {
-			if take(z.idx(i).Load()) {
+			if take(i, z.idx(i).Load()) {
 				n[x]++
 				first[x] = i
 			}

@@ -261,11 +261,7 @@ func (s *Session) readLoop() {
 	// (see sockio).
 	var rd io.Reader = s.nc
 	if fast := sockio.NewReader(s.nc); fast != nil {
-		if s.opt.Lone != nil {
-			fast.DirectIf(s.opt.Lone)
-		} else {
-			fast.Direct()
-		}
+		fast.DirectIf(s.opt.Lone)
 		rd = fast
 	}
 	cr := &capReader{r: rd}

@@ -130,7 +130,8 @@ func (r *Reader) Direct() { r.direct = true }
 // A thread blocked in poll(2) keeps its P until the runtime's monitor
 // takes it back, so under load the goroutines it could run wait 20 µs or
 // more, and the hand-off and the return each cost a thread wake-up.
-// Call it from the reading goroutine; lone runs there and must be cheap.
+// A nil lone is Direct. Call it from the reading goroutine; lone runs
+// there and must be cheap.
 func (r *Reader) DirectIf(lone func() bool) { r.direct, r.lone = true, lone }
 
 // Busy counts the requests a process is serving, for DirectIf: its
