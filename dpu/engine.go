@@ -199,9 +199,7 @@ func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][
 
 // TrimQueued implements Conn.
 func (c NodeConn) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error {
-	call := c.TrimAsync(ctx, vol, off, n)
-	queued()
-	return call.Wait(ctx)
+	return c.Client.TrimQueued(ctx, vol, off, n, queued)
 }
 
 // NewEngine starts an engine with at most maxInFlight prefetches
@@ -634,14 +632,34 @@ func (e *Engine) Fence(ctx context.Context, vol uint16, token uint64) error {
 
 func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	e.mu.Lock()
-	for p := off / memnode.PageSize; p < (off+n+memnode.PageSize-1)/memnode.PageSize; p++ {
-		k := memnode.MakeKey(vol, p)
-		if e.hv != nil {
-			e.hv.Delete(uint64(k))
+	first, end := off/memnode.PageSize, (off+n+memnode.PageSize-1)/memnode.PageSize
+	if end-first <= uint64(e.lz.Records()) {
+		for p := first; p < end; p++ {
+			k := memnode.MakeKey(vol, p)
+			if e.hv != nil {
+				e.hv.Delete(uint64(k))
+			}
+			e.lz.Invalidate(uint64(k))
+			delete(e.inflight, k)
 		}
-		e.lz.Invalidate(uint64(k))
-		delete(e.inflight, k)
+		return e.c.TrimQueued(ctx, vol, off, n, e.unlock)
 	}
+	// More pages than the zone has records (a file's volume trimmed past
+	// its size, terabytes): one pass over the prefetches in flight and
+	// one over the records. Host View loses what the zone held; a page
+	// the host caches leaves Host View when the host's page store drops
+	// it for the trim (its OnEvict), and other pages have no entry.
+	lo, hi := memnode.MakeKey(vol, first), memnode.MakeKey(vol, end)
+	for k := range e.inflight {
+		if k >= lo && k < hi {
+			delete(e.inflight, k)
+		}
+	}
+	e.lz.InvalidateRange(uint64(lo), uint64(hi), func(k uint64) {
+		if e.hv != nil {
+			e.hv.Delete(k)
+		}
+	})
 	return e.c.TrimQueued(ctx, vol, off, n, e.unlock)
 }
 

@@ -32,13 +32,19 @@ type rig struct {
 // client and a 1 MiB volume "v"; cleanup closes both.
 func testNode(t *testing.T, ctx context.Context) (*memnode.Client, memnode.VolumeInfo) {
 	t.Helper()
+	return sizedNode(t, ctx, 1<<20)
+}
+
+// sizedNode is testNode with a volume of size bytes.
+func sizedNode(t *testing.T, ctx context.Context, size uint64) (*memnode.Client, memnode.VolumeInfo) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &memnode.Server{Store: memnode.NewStore(0)}
 	go srv.Serve(ctx, ln)
 	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
 	require.NoError(t, err)
-	vol, err := c.Create(ctx, "v", 1<<20)
+	vol, err := c.Create(ctx, "v", size)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close(); srv.Close() })
 	return c, vol

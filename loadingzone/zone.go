@@ -339,6 +339,28 @@ func (z *Zone) unindex(k, slot uint64) {
 func (z *Zone) Invalidate(k uint64) bool {
 	z.pmu.Lock()
 	defer z.pmu.Unlock()
+	return z.invalidateLocked(k)
+}
+
+// InvalidateRange is Invalidate of every key in [lo, hi) with a produced
+// record, for ranges with more keys than the zone has records (a file
+// trimmed past its size): one pass over the records. It calls dropped
+// (if not nil) with each key it dropped.
+func (z *Zone) InvalidateRange(lo, hi uint64, dropped func(k uint64)) {
+	z.pmu.Lock()
+	defer z.pmu.Unlock()
+	for s := uint64(0); s < z.n; s++ {
+		if z.state(s).Load()&0xff != stProduced {
+			continue
+		}
+		if k := z.key(s).Load(); k >= lo && k < hi && z.invalidateLocked(k) && dropped != nil {
+			dropped(k)
+		}
+	}
+}
+
+// invalidateLocked is Invalidate with the producer lock held.
+func (z *Zone) invalidateLocked(k uint64) bool {
 	dropped := false
 	z.each(k, func(i, tag uint64) bool {
 		e := z.idx(i).Load()

@@ -198,3 +198,23 @@ func TestIndexHoldsOnlyCurrentRecords(t *testing.T) {
 	assert.LessOrEqual(t, used, n)
 	assert.Zero(t, z.IndexLost.Load())
 }
+
+// TestInvalidateRange drops the produced records of keys in [lo, hi) and
+// only those, naming each, and skips consumed ones.
+func TestInvalidateRange(t *testing.T) {
+	z := newZone(t, 16)
+	for _, k := range []uint64{9, 10, 11, 15, 19, 20} {
+		z.Place(k, page(k, 1))
+	}
+	dst := make([]byte, PageSize)
+	require.Equal(t, PageSize, z.CheckAndReturn(11, dst)) // consumed: not dropped again
+	var dropped []uint64
+	z.InvalidateRange(10, 20, func(k uint64) { dropped = append(dropped, k) })
+	assert.ElementsMatch(t, []uint64{10, 15, 19}, dropped)
+	for _, k := range []uint64{10, 11, 15, 19} {
+		assert.Zero(t, z.CheckAndReturn(k, dst), "key %d", k)
+	}
+	for _, k := range []uint64{9, 20} {
+		assert.Equal(t, PageSize, z.CheckAndReturn(k, dst), "key %d outside the range", k)
+	}
+}

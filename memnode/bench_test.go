@@ -119,3 +119,23 @@ func BenchmarkWrite4K(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTrimSparse is a trim of a 4 TiB volume past a file's first
+// MiB, what a filesystem does to a file's volume past its size.
+func BenchmarkTrimSparse(b *testing.B) {
+	s := NewStore(0)
+	v, err := s.Create("sparse", 4<<40)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := s.WriteAt(v.ID, 0, make([]byte, PageSize)); err != nil {
+			b.Fatal(err)
+		}
+		for off := uint64(ChunkSize); off < 4<<40; off += MaxTrim {
+			if err := s.Trim(v.ID, off, min(MaxTrim, 4<<40-off)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -75,6 +75,24 @@ func (t *chunkTable) get(i uint64, alloc bool) *chunk {
 	return t.alloc(i)
 }
 
+// holeEnd returns the first chunk index at or after i that may hold a
+// chunk: past a sparse table's missing segment, else i. A trim of
+// terabytes (a file's volume past its size) skips what was never written
+// a segment at a time.
+func (t *chunkTable) holeEnd(i uint64) uint64 {
+	v := t.view.Load()
+	if v.segs == nil {
+		return i
+	}
+	t.mu.RLock()
+	seg := v.segs[i/segChunks]
+	t.mu.RUnlock()
+	if seg != nil {
+		return i
+	}
+	return (i/segChunks + 1) * segChunks
+}
+
 // alloc makes chunk i, once per chunk of a volume's life: a lock here
 // costs nothing that matters.
 func (t *chunkTable) alloc(i uint64) *chunk {

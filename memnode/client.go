@@ -485,9 +485,14 @@ func (c *Client) Prefetch(ctx context.Context, k Key, page []byte) error {
 	return c.PrefetchAsync(ctx, k, page).Wait(ctx)
 }
 
-// TrimAsync starts zeroing n (< 4 GiB) bytes at off of volume vol.
+// MaxTrim is the most bytes one TRIM request covers: its count is 32
+// bits, and a file's volume is terabytes. Longer trims are cut into
+// requests of MaxTrim (a whole number of chunks) at most.
+const MaxTrim = 1 << 30
+
+// TrimAsync starts zeroing n (at most MaxTrim) bytes at off of volume vol.
 func (c *Client) TrimAsync(ctx context.Context, vol uint16, off, n uint64) Call {
-	if n > 0xffffffff {
+	if n > MaxTrim {
 		return Call{err: fmt.Errorf("memnode TRIM: %w: %d bytes in one request", ErrTooLarge, n), what: OpTrim}
 	}
 	return c.start(ctx, &ReqHeader{Op: OpTrim, Volume: vol, Offset: off, Count: uint32(n)}, nil, nil)
@@ -495,14 +500,30 @@ func (c *Client) TrimAsync(ctx context.Context, vol uint16, off, n uint64) Call 
 
 // Trim zeroes n bytes at off of volume vol, freeing whole chunks.
 func (c *Client) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	return c.TrimQueued(ctx, vol, off, n, nil)
+}
+
+// TrimQueued is Trim of any length: its requests (one per MaxTrim) are
+// all sent before the first is waited for, then queued (if not nil) is
+// called. It returns the first request's error, after waiting for all.
+func (c *Client) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error {
+	var one [1]Call
+	calls := one[:0]
 	for n > 0 {
-		m := min(n, 1<<30)
-		if err := c.TrimAsync(ctx, vol, off, m).Wait(ctx); err != nil {
-			return err
-		}
+		m := min(n, MaxTrim)
+		calls = append(calls, c.TrimAsync(ctx, vol, off, m))
 		off, n = off+m, n-m
 	}
-	return nil
+	if queued != nil {
+		queued()
+	}
+	var first error
+	for _, call := range calls {
+		if err := call.Wait(ctx); first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func (c *Client) word(ctx context.Context, h *ReqHeader, payload []byte) (uint64, error) {

@@ -587,3 +587,31 @@ func TestPersistResize(t *testing.T) {
 		})
 	}
 }
+
+// TestTrimAcrossSparseSegments: a trim of terabytes skips the segments
+// never written and still frees or zeroes every chunk it covers, in a
+// written segment after holes as in the first one.
+func TestTrimAcrossSparseSegments(t *testing.T) {
+	s := NewStore(0)
+	v, err := s.Create("sparse", 4<<40)
+	require.NoError(t, err)
+	data := pattern(3, PageSize)
+	at := []uint64{0, 1<<30 + 5*ChunkSize + 7*PageSize, 3<<40 + ChunkSize/2, 4<<40 - PageSize}
+	for _, off := range at {
+		require.NoError(t, s.WriteAt(v.ID, off, data))
+	}
+	require.Equal(t, uint64(len(at)*ChunkSize), s.Used())
+
+	require.NoError(t, s.Trim(v.ID, PageSize, 4<<40-2*PageSize))
+	got := make([]byte, PageSize)
+	require.NoError(t, s.ReadAt(v.ID, 0, got))
+	assert.Equal(t, data, got, "the page before the trim")
+	require.NoError(t, s.ReadAt(v.ID, at[3], got))
+	assert.Equal(t, data, got, "the page after the trim")
+	for _, off := range at[1:3] {
+		require.NoError(t, s.ReadAt(v.ID, off, got))
+		assert.Equal(t, make([]byte, PageSize), got, "byte %d survived the trim", off)
+	}
+	assert.Equal(t, uint64(2*ChunkSize), s.Used(), "only the first and last chunks hold data")
+	require.NoError(t, s.Check())
+}

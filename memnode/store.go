@@ -530,8 +530,11 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 		co := off % ChunkSize
 		m := min(end-off, ChunkSize-co)
 		c := v.chunks.get(off/ChunkSize, false)
-		if c == nil { // a hole of a sparse volume: nothing to free or log
+		if c == nil { // a hole: nothing to free or log
 			off += m
+			if next := v.chunks.holeEnd(off / ChunkSize); next*ChunkSize > off {
+				off = min(next*ChunkSize, end)
+			}
 			continue
 		}
 		// The last chunk of a volume may be short; covering up to the

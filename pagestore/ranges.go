@@ -328,6 +328,23 @@ func (s *Store) WriteFresh(ctx context.Context, vol uint16, off uint64, p []byte
 // are written; partial pages are zeroed in place.
 func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep bool) error {
 	tr, canTrim := s.remote.(Trimmer)
+	if first, end := (off+PageSize-1)/PageSize*PageSize, (off+n)/PageSize*PageSize; canTrim && !keep && end > first &&
+		(end-first)/PageSize >= uint64(len(s.frames)) {
+		// More whole pages than the cache has frames (a file's volume
+		// zeroed past its size): the partial pages at either end, then
+		// the cached pages among the rest in one pass, and one Trim.
+		if err := s.checkRange(vol, off, n); err != nil {
+			return err
+		}
+		if err := s.ZeroRange(ctx, vol, off, first-off, false); err != nil {
+			return err
+		}
+		if err := s.ZeroRange(ctx, vol, end, off+n-end, false); err != nil {
+			return err
+		}
+		s.discardPages(vol, first/PageSize, end/PageSize)
+		return tr.Trim(ctx, vol, first, end-first)
+	}
 	var zero [PageSize]byte
 	var runStart, runLen uint64 // a run of whole pages to trim remotely
 	flushRun := func() error {

@@ -285,3 +285,39 @@ func TestReadStreamTellsTheRemote(t *testing.T) {
 	require.NoError(t, s.ReadRange(ctx, 1, 64*PageSize, make([]byte, 8*PageSize)))
 	assert.Equal(t, int64(63), r.streamed.Load(), "a cached read is no stream's")
 }
+
+// TestZeroRangeOfTerabytes: zeroing a 4 TiB volume from an unaligned
+// offset to its end (a file's volume past its size) zeroes the partial
+// page, drops the cached pages and trims the remote's past it, keeps
+// what lies before, and looks at the cache's frames, not at each of the
+// range's billion pages.
+func TestZeroRangeOfTerabytes(t *testing.T) {
+	ctx := context.Background()
+	rem := NewMemRemote()
+	const volPages = 1 << 30 // 4 TiB
+	s := newTestStore(t, rem, 16, "s3fifo", volPages)
+	keys := []Key{pageid.MakeKey(1, 0), pageid.MakeKey(1, 1), pageid.MakeKey(1, 2), pageid.MakeKey(1, 1<<29), pageid.MakeKey(1, volPages-1)}
+	for i, k := range keys {
+		require.NoError(t, s.Put(ctx, k, fill(k, 1)))
+		if i%2 == 0 {
+			require.NoError(t, s.Flush(ctx)) // some at the remote only, some cached too
+		}
+	}
+	require.NoError(t, s.Flush(ctx))
+	require.NoError(t, s.Get(ctx, keys[3], make([]byte, PageSize)))
+
+	const from = PageSize + 100
+	require.NoError(t, s.ZeroRange(ctx, 1, from, volPages*PageSize-from, false))
+	got := make([]byte, PageSize)
+	require.NoError(t, s.Get(ctx, keys[0], got))
+	assert.True(t, bytes.Equal(fill(keys[0], 1), got), "the page before the range")
+	require.NoError(t, s.Get(ctx, keys[1], got))
+	want := fill(keys[1], 1)
+	clear(want[100:])
+	assert.True(t, bytes.Equal(want, got), "the partial page keeps its first 100 bytes only")
+	for _, k := range keys[2:] {
+		assert.True(t, bytes.Equal(make([]byte, PageSize), rem.Page(k)), "page %d is still at the remote", k.Page())
+		require.NoError(t, s.Get(ctx, k, got))
+		assert.True(t, bytes.Equal(make([]byte, PageSize), got), "page %d still reads", k.Page())
+	}
+}

@@ -226,8 +226,16 @@ func (s *Store) RemoveVolumePages(id uint16, end uint64) {
 	s.vmu.Lock()
 	delete(s.volumes, id)
 	s.vmu.Unlock()
-	if end < uint64(len(s.frames)) {
-		for p := range end {
+	s.discardPages(id, 0, end)
+}
+
+// discardPages drops the cached pages first to end (exclusive) of volume
+// id without writing them back. A range of fewer pages than the cache
+// has frames is looked up page by page; a longer one (a file's volume is
+// terabytes) costs one pass over the frames instead.
+func (s *Store) discardPages(id uint16, first, end uint64) {
+	if end-first < uint64(len(s.frames)) {
+		for p := first; p < end; p++ {
 			s.discard(pageid.MakeKey(id, p))
 		}
 		return
@@ -237,7 +245,7 @@ func (s *Store) RemoveVolumePages(id uint16, end uint64) {
 		fr.mu.RLock()
 		k, valid := fr.key, fr.valid
 		fr.mu.RUnlock()
-		if valid && k.Volume() == id {
+		if valid && k.Volume() == id && k.Page() >= first && k.Page() < end {
 			s.discard(k)
 		}
 	}

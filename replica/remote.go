@@ -564,7 +564,7 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 
 // TrimQueued is Trim calling queued, as WriteQueued does.
 func (r *Remote) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error {
-	return r.ranged(ctx, vol, off, n, "trim", queued, func(c *memnode.Client, local uint16, at, m uint64) memnode.Call {
+	return r.ranged(ctx, vol, off, n, memnode.MaxTrim, "trim", queued, func(c *memnode.Client, local uint16, at, m uint64) memnode.Call {
 		return c.TrimAsync(ctx, local, at, m)
 	})
 }
@@ -573,15 +573,16 @@ func (r *Remote) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queu
 // extent it touches: the bytes of a range that is not whole pages (a
 // filesystem's metadata).
 func (r *Remote) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
-	return r.ranged(ctx, vol, off, uint64(len(p)), "write", nil, func(c *memnode.Client, local uint16, at, m uint64) memnode.Call {
+	return r.ranged(ctx, vol, off, uint64(len(p)), uint64(len(p)), "write", nil, func(c *memnode.Client, local uint16, at, m uint64) memnode.Call {
 		return c.WriteAsync(ctx, local, at, p[at-off:at-off+m])
 	})
 }
 
-// ranged sends n bytes at off of vol, cut at extents, to every node that
-// takes writes of each (send makes one request), calls queued once all
-// are sent, and settles them.
-func (r *Remote) ranged(ctx context.Context, vol uint16, off, n uint64, what string, queued func(), send func(c *memnode.Client, local uint16, at, m uint64) memnode.Call) error {
+// ranged sends n bytes at off of vol, cut at extents and into pieces of
+// at most most bytes (what one request carries), to every node that takes
+// writes of each (send makes one request), calls queued once all are
+// sent, and settles them.
+func (r *Remote) ranged(ctx context.Context, vol uint16, off, n, most uint64, what string, queued func(), send func(c *memnode.Client, local uint16, at, m uint64) memnode.Call) error {
 	v, err := r.volume(vol)
 	if err != nil {
 		if queued != nil {
@@ -599,7 +600,7 @@ func (r *Remote) ranged(ctx context.Context, vol uint16, off, n uint64, what str
 	var ops []op
 	items := 0
 	for n > 0 {
-		m := min(n, s.ExtentBytes-off%s.ExtentBytes)
+		m := min(n, s.ExtentBytes-off%s.ExtentBytes, most)
 		at := off
 		ops = r.issue(ops, items, v, at, func(c *memnode.Client, local uint16) memnode.Call { return send(c, local, at, m) })
 		items++
