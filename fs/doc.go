@@ -16,7 +16,9 @@
 // outgrows twice the last, and loading replays records up to a torn tail.
 // Volumes that the tree does not name (files created after the last save,
 // volumes made ahead and not used, freed files' volumes not yet deleted
-// in the background) are deleted at the next Open.
+// in the background) are deleted at the next Open. Close leaves a clean
+// mark; after a mount that crashed, each file's bytes past its saved size
+// are zeroed before the run first reaches past it (stale.go).
 //
 // The volumes live behind a Backend: one memory node (*memnode.Client,
 // which also holds the mount lease), or a replica.Group that keeps each

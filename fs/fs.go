@@ -116,6 +116,9 @@ type FS struct {
 
 	storedCache storedCache // st_blocks and statfs
 
+	// unstaled counts files whose stale tails were zeroed (stale.go).
+	unstaled atomic.Uint64
+
 	syncMu sync.Mutex // serialises snapshots
 	lease  memnode.Lease
 	token  uint64      // with cfg.Fencing: the mount's fencing token
@@ -214,6 +217,15 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		}}}
 		f.changes, f.snapshotDue = 1, true
 	}
+	// Cleared before anything is written, so that a crash of this mount
+	// is seen by the next even if it happens now.
+	clean, err := f.meta.takeClean(ctx)
+	if err != nil {
+		if cfg.Fencing == nil {
+			f.lease.Release(ctx)
+		}
+		return nil, err
+	}
 	f.nextIno = snap.NextIno
 	// A tree saved by an older pd3 gets a snapshot of this version before
 	// any record: that pd3 would read the old one and skip the journal.
@@ -240,6 +252,9 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		}
 		delete(byName, n.Vol)
 		n.vol = v.ID
+		if !clean {
+			n.markStale(n.Size)
+		}
 		f.byVol[v.ID] = n
 		if err := f.present(ctx, v.ID); err != nil {
 			return nil, err
@@ -283,6 +298,11 @@ func (f *FS) Close(ctx context.Context) error {
 	f.emptyPool(ctx)
 	if err := f.Sync(ctx); err != nil {
 		return err
+	}
+	if !f.fenced.Load() {
+		if err := f.meta.markClean(ctx); err != nil {
+			return err
+		}
 	}
 	if f.cfg.Fencing != nil {
 		return nil // the holder lets the mount go

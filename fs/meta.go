@@ -81,6 +81,13 @@ type inode struct {
 	// io orders data writes (shared) against truncation (exclusive); it
 	// is not guarded by the model's lock.
 	io sync.RWMutex
+	// stale is 1 + the size the file had when it was loaded after a
+	// mount that crashed (0: nothing stale): that mount may have written
+	// pages back past the size it saved, so bytes from there on must be
+	// zeroed before anything makes them part of the file (unstale).
+	// staleMu serialises that zeroing.
+	stale   atomic.Uint64
+	staleMu sync.Mutex
 	// gen is bumped by every change of the file's bytes (write,
 	// truncation, fallocate, its move to a volume) before the change
 	// returns; streams are its open handles' read-ahead (readahead.go),
@@ -254,6 +261,41 @@ func (m *metaStore) load(ctx context.Context) (*snapshot, error) {
 	}
 	m.gen, m.slot, m.n, m.jlen, m.seq = gen, slot, n, jlen, uint32(len(recs))
 	return s, nil
+}
+
+// The clean mark is one word of the metadata volume, on a page of its
+// own: Close writes cleanMark there once everything is saved, and Open
+// clears it. A mount that finds no mark follows one that crashed, whose
+// write-backs may have reached past the sizes it saved (stale tails).
+const (
+	cleanOff  = 2 * pageid.Size
+	cleanMark = 0x4e41454c43334450 // "PD3CLEAN", little-endian
+)
+
+// takeClean reports whether the previous mount ended with Close, and
+// clears the mark so that the next mount learns whether this one did.
+func (m *metaStore) takeClean(ctx context.Context) (bool, error) {
+	var w [8]byte
+	if err := m.read(ctx, cleanOff, w[:]); err != nil {
+		return false, fmt.Errorf("fs: reading the clean mark: %w", err)
+	}
+	if binary.LittleEndian.Uint64(w[:]) != cleanMark {
+		return false, nil
+	}
+	if err := m.write(ctx, cleanOff, make([]byte, 8)); err != nil {
+		return false, fmt.Errorf("fs: clearing the clean mark: %w", err)
+	}
+	return true, nil
+}
+
+// markClean records that this mount saved everything and stops.
+func (m *metaStore) markClean(ctx context.Context) error {
+	var w [8]byte
+	binary.LittleEndian.PutUint64(w[:], cleanMark)
+	if err := m.write(ctx, cleanOff, w[:]); err != nil {
+		return fmt.Errorf("fs: writing the clean mark: %w", err)
+	}
+	return nil
 }
 
 // read fills p from off of the metadata volume, a chunk per request.

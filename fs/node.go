@@ -196,6 +196,9 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	f.mu.RLock()
 	old, vol := c.Size, c.vol
 	f.mu.RUnlock()
+	if err := f.unstale(ctx, c, vol, size); err != nil {
+		return f.errno("truncate", err)
+	}
 	if size < old {
 		end := pageUp(old)
 		if err := f.cfg.Store.ZeroRange(ctx, vol, size, end-size, false); err != nil {
@@ -711,6 +714,10 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		}
 	}
 	c.io.RLock()
+	if err := n.f.unstale(ctx, c, vol, end); err != nil {
+		c.io.RUnlock()
+		return 0, n.f.errno("write", err)
+	}
 	// Reach before the pages are cached, even if the write fails. Past
 	// both the size and what any earlier write reached nothing was
 	// written, so a page this write covers in part needs no read of the
@@ -821,6 +828,11 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 	c.io.RLock()
 	defer c.io.RUnlock()
 	defer n.f.ra.changed(c)
+	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		if err := n.f.unstale(ctx, c, vol, end); err != nil {
+			return n.f.errno("fallocate", err)
+		}
+	}
 	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 && off < cur {
 		if err := n.f.cfg.Store.ZeroRange(ctx, vol, off, min(end, cur)-off, false); err != nil {
 			return n.f.errno("fallocate", err)

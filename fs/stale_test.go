@@ -1,0 +1,82 @@
+package fs_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCrashLeavesNoBytesPastTheSize: bytes that a crashed mount wrote
+// back past the size it had saved never become part of the file, whether
+// a truncation grows it over them, a write past them leaves them in a
+// hole, or fallocate extends it; a mount that follows a clean unmount
+// zeroes nothing.
+func TestCrashLeavesNoBytesPastTheSize(t *testing.T) {
+	ctx := context.Background()
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 1<<20)
+	const size = 3*4096 + 100 // saved, and not a whole number of pages
+	const grown = size + 4*4096
+	saved := bytes.Repeat([]byte{'a'}, size)
+	secret := bytes.Repeat([]byte("secret! "), 4*4096/8)
+	grow := map[string]func(f *os.File) error{
+		"truncated":  func(f *os.File) error { return f.Truncate(grown) },
+		"written":    func(f *os.File) error { _, err := f.WriteAt([]byte{'z'}, grown-1); return err },
+		"fallocated": func(f *os.File) error { return syscall.Fallocate(int(f.Fd()), 0, size, grown-size) },
+	}
+	for name := range grow {
+		f, err := os.Create(e.path(name))
+		require.NoError(t, err)
+		_, err = f.Write(saved)
+		require.NoError(t, err)
+		require.NoError(t, f.Sync())
+		require.NoError(t, f.Close())
+	}
+	for name := range grow { // never fsynced: the sizes saved stay
+		f, err := os.OpenFile(e.path(name), os.O_WRONLY|os.O_APPEND, 0)
+		require.NoError(t, err)
+		_, err = f.Write(secret)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+	}
+	// The secret reaches the memory node as a write-back by eviction
+	// would, and the metadata does not.
+	require.NoError(t, e.st.Flush(ctx))
+	dir := e.dir
+	e.crash()
+
+	e = mount(t, addr, dir, 1<<20)
+	for name, g := range grow {
+		f, err := os.OpenFile(e.path(name), os.O_RDWR, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		st, err := f.Stat()
+		require.NoError(t, err)
+		require.EqualValues(t, size, st.Size(), "%s: the size saved before the crash", name)
+		require.NoError(t, g(f), name)
+		require.NoError(t, f.Close())
+	}
+	assert.EqualValues(t, len(grow), e.fs.Unstaled(), "each file's tail zeroed once")
+
+	// Read back through a fresh mount: the kernel's page cache of the
+	// last one would answer with the zeroes it filled in itself.
+	e.unmount()
+	e = mount(t, addr, dir, 1<<20)
+	for name := range grow {
+		got, err := os.ReadFile(e.path(name))
+		require.NoError(t, err)
+		require.Len(t, got, grown, name)
+		want := make([]byte, grown-size)
+		if name == "written" {
+			want[len(want)-1] = 'z'
+		}
+		assert.True(t, bytes.Equal(want, got[size:]), "%s: the crashed mount's bytes show past the saved size: %q", name, bytes.TrimRight(got[size:], "\x00"))
+	}
+	require.NoError(t, os.Truncate(e.path("truncated"), 2*grown))
+	assert.Zero(t, e.fs.Unstaled(), "a mount after a clean unmount zeroed a tail")
+}
