@@ -23,6 +23,3 @@ func (f *FS) VolumeOf(ino uint64) string {
 func Opendirs(m *Mounted) (n uint64, kernelOpens bool) {
 	return m.raw.opendirs.Load(), m.raw.noOpendir
 }
-
-// Unstaled counts the files whose stale tails were zeroed.
-func (f *FS) Unstaled() uint64 { return f.unstaled.Load() }

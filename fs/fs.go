@@ -116,6 +116,8 @@ type FS struct {
 
 	storedCache storedCache // st_blocks and statfs
 
+	// What the mount served (Stats).
+	reads, readBytes, writes, writtenBytes atomic.Uint64
 	// unstaled counts files whose stale tails were zeroed (stale.go).
 	unstaled atomic.Uint64
 
@@ -649,6 +651,23 @@ func (f *FS) release(ctx context.Context, n *inode) {
 		// interrupted unlink must not leave its volume behind.
 		f.freeVolume(context.WithoutCancel(ctx), n.Vol)
 		f.pending.Add(-1)
+	}
+}
+
+// Stats is what a mount served: READ and WRITE requests with their bytes
+// (a READ's as asked, up to the file's size), and the files whose tails
+// past their size were zeroed after a crashed mount (stale.go).
+type Stats struct {
+	Reads, ReadBytes, Writes, WrittenBytes uint64
+	StaleTailsZeroed                       uint64
+}
+
+// Stats returns the mount's counters.
+func (f *FS) Stats() Stats {
+	return Stats{
+		Reads: f.reads.Load(), ReadBytes: f.readBytes.Load(),
+		Writes: f.writes.Load(), WrittenBytes: f.writtenBytes.Load(),
+		StaleTailsZeroed: f.unstaled.Load(),
 	}
 }
 

@@ -650,6 +650,8 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
 	n.f.cfg.Busy.Add(1)
 	defer n.f.cfg.Busy.Add(-1)
+	n.f.reads.Add(1)
+	n.f.readBytes.Add(uint64(len(dest)))
 	c.io.RLock()
 	if vol == 0 {
 		k, ok := n.f.readInline(c, uint64(off), dest)
@@ -705,6 +707,8 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	}
 	n.f.cfg.Busy.Add(1)
 	defer n.f.cfg.Busy.Add(-1)
+	n.f.writes.Add(1)
+	n.f.writtenBytes.Add(uint64(len(data)))
 	if vol == 0 {
 		if vol, e = n.writeInline(ctx, c, uint64(off), data); e != 0 {
 			return 0, e

@@ -61,7 +61,7 @@ func TestCrashLeavesNoBytesPastTheSize(t *testing.T) {
 		require.NoError(t, g(f), name)
 		require.NoError(t, f.Close())
 	}
-	assert.EqualValues(t, len(grow), e.fs.Unstaled(), "each file's tail zeroed once")
+	assert.EqualValues(t, len(grow), e.fs.Stats().StaleTailsZeroed, "each file's tail zeroed once")
 
 	// Read back through a fresh mount: the kernel's page cache of the
 	// last one would answer with the zeroes it filled in itself.
@@ -78,5 +78,5 @@ func TestCrashLeavesNoBytesPastTheSize(t *testing.T) {
 		assert.True(t, bytes.Equal(want, got[size:]), "%s: the crashed mount's bytes show past the saved size: %q", name, bytes.TrimRight(got[size:], "\x00"))
 	}
 	require.NoError(t, os.Truncate(e.path("truncated"), 2*grown))
-	assert.Zero(t, e.fs.Unstaled(), "a mount after a clean unmount zeroed a tail")
+	assert.Zero(t, e.fs.Stats().StaleTailsZeroed, "a mount after a clean unmount zeroed a tail")
 }

@@ -131,6 +131,11 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("fs_readahead_hits_total", "Stream READs answered from the mount's read-ahead.", func(f *fs.FS) uint64 { h, _, _ := f.ReadAheadStats(); return h }),
 			counter("fs_readahead_discards_total", "Read-ahead windows dropped unread (the file changed, the reader sought or closed).", func(f *fs.FS) uint64 { _, d, _ := f.ReadAheadStats(); return d }),
 			gauge("fs_readahead_windows", "Read-ahead windows held (at most 32, 1 MiB each).", func(f *fs.FS) float64 { _, _, w := f.ReadAheadStats(); return float64(w) }),
+			counter("fs_reads_total", "FUSE READ requests served.", func(f *fs.FS) uint64 { return f.Stats().Reads }),
+			counter("fs_read_bytes_total", "Bytes FUSE READs asked for, up to each file's size.", func(f *fs.FS) uint64 { return f.Stats().ReadBytes }),
+			counter("fs_writes_total", "FUSE WRITE requests served.", func(f *fs.FS) uint64 { return f.Stats().Writes }),
+			counter("fs_written_bytes_total", "Bytes of FUSE WRITEs.", func(f *fs.FS) uint64 { return f.Stats().WrittenBytes }),
+			counter("fs_stale_tails_zeroed_total", "Files whose bytes past their saved size were zeroed because the previous mount crashed (once per file and run).", func(f *fs.FS) uint64 { return f.Stats().StaleTailsZeroed }),
 		))
 	}
 	if c := h.control; c != nil {
