@@ -303,7 +303,9 @@ func (f *FS) Close(ctx context.Context) error {
 	}
 	if !f.fenced.Load() {
 		if err := f.meta.markClean(ctx); err != nil {
-			return err
+			// Everything is saved; without the mark the next mount
+			// only zeroes the files' tails as after a crash.
+			f.cfg.Log.Warn("fs: unmounted without the clean mark", "err", err)
 		}
 	}
 	if f.cfg.Fencing != nil {
