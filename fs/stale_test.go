@@ -3,7 +3,9 @@ package fs_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -14,20 +16,55 @@ import (
 // TestCrashLeavesNoBytesPastTheSize: bytes that a crashed mount wrote
 // back past the size it had saved never become part of the file, whether
 // a truncation grows it over them, a write past them leaves them in a
-// hole, or fallocate extends it; a mount that follows a clean unmount
-// zeroes nothing.
+// hole, fallocate extends it, or direct writes of whole pages past them
+// race the zeroing; a mount that follows a clean unmount zeroes nothing.
 func TestCrashLeavesNoBytesPastTheSize(t *testing.T) {
 	ctx := context.Background()
 	addr := startNode(t, 0)
 	e := mount(t, addr, "", 1<<20)
 	const size = 3*4096 + 100 // saved, and not a whole number of pages
 	const grown = size + 4*4096
+	const firstPage = (size + 4095) &^ 4095 // the first whole page past the size
 	saved := bytes.Repeat([]byte{'a'}, size)
 	secret := bytes.Repeat([]byte("secret! "), 4*4096/8)
+	// The ways to grow a file past its saved size.
 	grow := map[string]func(f *os.File) error{
 		"truncated":  func(f *os.File) error { return f.Truncate(grown) },
 		"written":    func(f *os.File) error { _, err := f.WriteAt([]byte{'z'}, grown-1); return err },
 		"fallocated": func(f *os.File) error { return syscall.Fallocate(int(f.Fd()), 0, size, grown-size) },
+		// Three direct writers of whole pages past the size at once
+		// (O_DIRECT: each its own WRITE; the kernel may still take
+		// them one at a time): none loses its page to the zeroing,
+		// which runs once for the file.
+		"concurrent": func(f *os.File) error {
+			d, err := os.OpenFile(f.Name(), os.O_WRONLY|syscall.O_DIRECT, 0)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			pages := alignedBuf(3 * 4096)
+			var wg sync.WaitGroup
+			errs := make([]error, 3)
+			for i := range 3 {
+				p := pages[i*4096 : (i+1)*4096]
+				for j := range p {
+					p[j] = byte('0' + i)
+				}
+				wg.Go(func() { _, errs[i] = d.WriteAt(p, firstPage+int64(i)*4096) })
+			}
+			wg.Wait()
+			return errors.Join(errors.Join(errs...), f.Truncate(grown))
+		},
+	}
+	// What each growth wrote past the saved size (want[0] is byte size).
+	wrote := map[string]func(want []byte){
+		"written": func(want []byte) { want[len(want)-1] = 'z' },
+		"concurrent": func(want []byte) {
+			for i := range 3 {
+				at := firstPage - size + int64(i)*4096
+				copy(want[at:at+4096], bytes.Repeat([]byte{byte('0' + i)}, 4096))
+			}
+		},
 	}
 	for name := range grow {
 		f, err := os.Create(e.path(name))
@@ -72,8 +109,8 @@ func TestCrashLeavesNoBytesPastTheSize(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, got, grown, name)
 		want := make([]byte, grown-size)
-		if name == "written" {
-			want[len(want)-1] = 'z'
+		if w := wrote[name]; w != nil {
+			w(want)
 		}
 		assert.True(t, bytes.Equal(want, got[size:]), "%s: the crashed mount's bytes show past the saved size: %q", name, bytes.TrimRight(got[size:], "\x00"))
 	}
