@@ -329,3 +329,24 @@ func TestAgentRefusingWritesIsBypassed(t *testing.T) {
 	assert.Equal(t, page, got)
 	assert.True(t, l.Attached(), "the agent stays: it is only slower")
 }
+
+// A trim longer than one TRIM request, through an attached agent (a
+// file of more than 4 GiB truncated on a host whose agent is a process
+// of its own), frees the whole range without falling back.
+func TestSplitAgentTrimsManyGiB(t *testing.T) {
+	r := newSplitRig(t)
+	ctx := r.ctx
+	big, err := r.c.Create(ctx, "big", bigVolume)
+	require.NoError(t, err)
+	l, agentConn := r.agentLink(t)
+	r.startAgent(t, agentConn)
+	require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
+	last := memnode.MakeKey(big.ID, 5<<30/memnode.PageSize-1)
+	require.NoError(t, l.WritePages(ctx, []memnode.Key{last}, [][]byte{versioned(7)}))
+
+	require.NoError(t, l.Trim(ctx, big.ID, 0, 5<<30))
+	assert.Zero(t, l.Fallbacks.Load(), "the trim went around the agent")
+	got := make([]byte, memnode.PageSize)
+	require.NoError(t, r.c.ReadAt(ctx, big.ID, last.Page()*memnode.PageSize, got))
+	assert.Equal(t, make([]byte, memnode.PageSize), got, "the last page trimmed still holds data")
+}
