@@ -112,6 +112,12 @@ func (v *volumeFile) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.Se
 	return 0
 }
 
+// Lseek leaves SEEK_DATA and SEEK_HOLE to the kernel, as for files
+// (node.Lseek): the first LSEEK of the mount decides for all of them.
+func (v *volumeFile) Lseek(ctx context.Context, _ gofs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	return 0, syscall.ENOSYS
+}
+
 func (v *volumeFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_TRUNC != 0 {
 		return nil, 0, syscall.EPERM

@@ -1,0 +1,53 @@
+package fs_test
+
+import (
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// TestSeekDataSeesCachedWrites: lseek(SEEK_DATA, SEEK_HOLE) answers with
+// the file as its writer sees it, bytes still in the kernel's writeback
+// cache included. go-fuse's answer from the size the filesystem knows
+// said ENXIO (no data) at offset 0 of a file just written, which a
+// sparse-aware copier would take for a file of holes.
+func TestSeekDataSeesCachedWrites(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0)
+	f, err := os.OpenFile(e.path("f"), os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
+	require.NoError(t, err)
+	defer f.Close()
+	page := make([]byte, 4096)
+	for i := range page {
+		page[i] = 'd'
+	}
+	const far = 1 << 20
+	_, err = f.WriteAt(page, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(page, far)
+	require.NoError(t, err)
+	const size = far + 4096
+
+	check := func(when string) {
+		fd := int(f.Fd())
+		for _, off := range []int64{0, 100, far + 10} {
+			got, err := unix.Seek(fd, off, unix.SEEK_DATA)
+			if assert.NoError(t, err, "%s: SEEK_DATA at %d", when, off) {
+				assert.Equal(t, off, got, "%s: SEEK_DATA at %d, which holds data", when, off)
+			}
+		}
+		hole, err := unix.Seek(fd, 0, unix.SEEK_HOLE)
+		if assert.NoError(t, err, "%s: SEEK_HOLE at 0", when) {
+			assert.True(t, hole >= 4096 && hole <= size, "%s: SEEK_HOLE at 0 says %d", when, hole)
+		}
+		_, err = unix.Seek(fd, size, unix.SEEK_DATA)
+		assert.ErrorIs(t, err, syscall.ENXIO, "%s: SEEK_DATA at the end", when)
+	}
+	check("in the kernel's cache")
+	require.NoError(t, f.Sync())
+	check("after fsync")
+}
