@@ -1,6 +1,7 @@
 package fs_test
 
 import (
+	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -50,4 +51,23 @@ func TestSeekDataSeesCachedWrites(t *testing.T) {
 	check("in the kernel's cache")
 	require.NoError(t, f.Sync())
 	check("after fsync")
+}
+
+// TestSyncfsAfterUnlinks: syncfs(2) succeeds after files were written,
+// closed and unlinked. The kernel still held their inodes and wrote back
+// the times it had changed (the unlink's ctime) as SETATTRs, which the
+// mount, having freed the files, answered ENOENT: syncfs failed with it
+// (stress-ng's io stressor, after touch-like churn).
+func TestSyncfsAfterUnlinks(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0)
+	for i := range 50 {
+		p := e.path(fmt.Sprintf("t%d", i))
+		require.NoError(t, os.WriteFile(p, []byte("z"), 0o644))
+		require.NoError(t, os.Remove(p))
+	}
+	d, err := os.Open(e.dir)
+	require.NoError(t, err)
+	defer d.Close()
+	assert.NoError(t, unix.Syncfs(int(d.Fd())))
 }
