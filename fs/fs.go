@@ -774,6 +774,7 @@ func (f *FS) fillAttr(n *inode, a *fuse.Attr) {
 		a.Blocks = pageUp(uint64(len(n.Data))) / 512
 	}
 	a.Blksize = pageid.Size
+	a.Rdev = n.Rdev
 	a.Uid, a.Gid = n.UID, n.GID
 	a.Atime, a.Atimensec = uint64(n.Atime/1e9), uint32(n.Atime%1e9)
 	a.Mtime, a.Mtimensec = uint64(n.Mtime/1e9), uint32(n.Mtime%1e9)

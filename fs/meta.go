@@ -52,6 +52,7 @@ type attrs struct {
 	// files may have several and do not record them.
 	Parent uint64
 	Target string            // symlink
+	Rdev   uint32            `json:",omitempty"` // character or block device: its number
 	Xattr  map[string][]byte `json:",omitempty"`
 	Vol    string            `json:",omitempty"` // regular file: its data volume's name
 	// Data is the bytes of a regular file without a volume: a file

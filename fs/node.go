@@ -265,61 +265,69 @@ func (n *node) newInode(ctx context.Context, mode uint32) *inode {
 	return &inode{attrs: attrs{Ino: ino, Mode: mode, UID: uid, GID: gid, Nlink: 1, Atime: now, Mtime: now, Ctime: now}}
 }
 
-func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+// makeChild adds a new inode of mode under name in n, once set (if not
+// nil) filled in what its kind holds, and fills the kernel's entry.
+func (n *node) makeChild(ctx context.Context, name string, mode uint32, set func(c *inode), out *fuse.EntryOut) (*gofs.Inode, *inode, syscall.Errno) {
 	if e := n.f.writable(); e != 0 {
-		return nil, nil, 0, e
+		return nil, nil, e
 	}
 	if e := checkName(name); e != 0 {
-		return nil, nil, 0, e
+		return nil, nil, e
 	}
-	// No volume yet: the file's bytes live in its inode until it
-	// outgrows inlineMax (inline.go).
-	c := n.newInode(ctx, syscall.S_IFREG|mode&0o7777)
-	c.opens = 1
+	c := n.newInode(ctx, mode)
+	if set != nil {
+		set(c)
+	}
 	if e := n.add(name, c); e != 0 {
-		return nil, nil, 0, e
+		return nil, nil, e
 	}
 	n.f.mu.RLock()
 	n.f.fillAttr(c, &out.Attr)
 	n.f.mu.RUnlock()
-	return n.newChild(ctx, c), newHandle(c), fuse.FOPEN_KEEP_CACHE, 0
+	return n.newChild(ctx, c), c, 0
+}
+
+func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	// No volume yet: the file's bytes live in its inode until it
+	// outgrows inlineMax (inline.go).
+	i, c, e := n.makeChild(ctx, name, syscall.S_IFREG|mode&0o7777, func(c *inode) { c.opens = 1 }, out)
+	if e != 0 {
+		return nil, nil, 0, e
+	}
+	return i, newHandle(c), fuse.FOPEN_KEEP_CACHE, 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if e := n.f.writable(); e != 0 {
-		return nil, e
-	}
-	if e := checkName(name); e != 0 {
-		return nil, e
-	}
-	c := n.newInode(ctx, syscall.S_IFDIR|mode&0o7777)
-	c.Nlink, c.Parent, c.Entries = 2, n.ino, map[string]uint64{}
-	if e := n.add(name, c); e != 0 {
-		return nil, e
-	}
-	n.f.mu.RLock()
-	n.f.fillAttr(c, &out.Attr)
-	n.f.mu.RUnlock()
-	return n.newChild(ctx, c), 0
+	i, _, e := n.makeChild(ctx, name, syscall.S_IFDIR|mode&0o7777, func(c *inode) {
+		c.Nlink, c.Parent, c.Entries = 2, n.ino, map[string]uint64{}
+	}, out)
+	return i, e
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if e := n.f.writable(); e != 0 {
-		return nil, e
-	}
-	if e := checkName(name); e != 0 {
-		return nil, e
-	}
-	c := n.newInode(ctx, syscall.S_IFLNK|0o777)
-	c.Target, c.Size = target, uint64(len(target))
-	if e := n.add(name, c); e != 0 {
-		return nil, e
-	}
-	n.f.mu.RLock()
-	n.f.fillAttr(c, &out.Attr)
-	n.f.mu.RUnlock()
-	return n.newChild(ctx, c), 0
+	i, _, e := n.makeChild(ctx, name, syscall.S_IFLNK|0o777, func(c *inode) {
+		c.Target, c.Size = target, uint64(len(target))
+	}, out)
+	return i, e
 }
+
+// Mknod makes a FIFO, a socket, a character or block device, or an
+// empty regular file. A special file is an inode and nothing more: the
+// kernel runs FIFOs and sockets itself, and the mount is nodev, so a
+// device node keeps its number (Rdev) without opening the device.
+func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFCHR, syscall.S_IFBLK:
+	case syscall.S_IFIFO, syscall.S_IFSOCK, syscall.S_IFREG:
+		dev = 0
+	default:
+		return nil, syscall.EINVAL
+	}
+	i, _, e := n.makeChild(ctx, name, mode&(syscall.S_IFMT|0o7777), func(c *inode) { c.Rdev = dev }, out)
+	return i, e
+}
+
+var _ gofs.NodeMknoder = (*node)(nil)
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	n.f.mu.RLock()

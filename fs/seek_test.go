@@ -71,3 +71,61 @@ func TestSyncfsAfterUnlinks(t *testing.T) {
 	defer d.Close()
 	assert.NoError(t, unix.Syncfs(int(d.Fd())))
 }
+
+// TestSpecialFiles: mknod makes FIFOs, sockets and device nodes (their
+// numbers kept), a FIFO on the mount carries bytes, and all of them
+// come back after a remount.
+func TestSpecialFiles(t *testing.T) {
+	addr := startNode(t, 0)
+	e := mount(t, addr, "", 0)
+	dev := int(unix.Mkdev(1, 3))
+	made := map[string]struct {
+		mode uint32
+		dev  int
+	}{
+		"fifo": {unix.S_IFIFO | 0o640, 0},
+		"sock": {unix.S_IFSOCK | 0o600, 0},
+		"chr":  {unix.S_IFCHR | 0o600, dev},
+		"blk":  {unix.S_IFBLK | 0o600, dev},
+		"reg":  {unix.S_IFREG | 0o644, 0},
+	}
+	for name, m := range made {
+		require.NoError(t, unix.Mknod(e.path(name), m.mode, m.dev), name)
+	}
+	check := func(when string) {
+		for name, m := range made {
+			var st unix.Stat_t
+			if assert.NoError(t, unix.Lstat(e.path(name), &st), "%s: %s", when, name) {
+				assert.Equal(t, m.mode, st.Mode, "%s: %s's mode", when, name)
+				assert.EqualValues(t, m.dev, st.Rdev, "%s: %s's device number", when, name)
+			}
+		}
+	}
+	check("made")
+
+	done := make(chan error, 1)
+	go func() {
+		w, err := os.OpenFile(e.path("fifo"), os.O_WRONLY, 0)
+		if err == nil {
+			_, err = w.Write([]byte("through the fifo"))
+			w.Close()
+		}
+		done <- err
+	}()
+	r, err := os.Open(e.path("fifo"))
+	require.NoError(t, err)
+	got := make([]byte, 64)
+	n, err := r.Read(got)
+	r.Close()
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	assert.Equal(t, "through the fifo", string(got[:n]))
+
+	dir := e.dir
+	e.unmount()
+	e = mount(t, addr, dir, 0)
+	check("after a remount")
+	for name := range made {
+		require.NoError(t, os.Remove(e.path(name)), name)
+	}
+}
