@@ -65,6 +65,14 @@ func caller(ctx context.Context) (uid, gid uint32) {
 	return 0, 0
 }
 
+// uninterrupted is ctx without the cancellation go-fuse gives it when
+// the kernel forwards a signal to the caller (INTERRUPT): a local
+// filesystem finishes the read, write or fsync its caller was signalled
+// in, and a program that gets EINTR from fsync takes it for a failed one
+// (TestSignalsDoNotFailFsync). A fatal signal still ends the caller's
+// wait in the kernel; the request then finishes unseen.
+func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
 // dir returns the directory inode of n; mu must be held.
 func (n *node) dir() (*inode, syscall.Errno) {
 	d := n.f.inodes[n.ino]
@@ -130,6 +138,7 @@ func (n *node) Getattr(ctx context.Context, _ gofs.FileHandle, out *fuse.AttrOut
 }
 
 func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	ctx = uninterrupted(ctx)
 	if e := n.f.writable(); e != 0 {
 		return e
 	}
@@ -676,6 +685,7 @@ func (n *node) file() (c *inode, vol uint16, size uint64, e syscall.Errno) {
 const streamRead = 256 << 10
 
 func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	ctx = uninterrupted(ctx)
 	c, vol, size, e := n.file()
 	if e != 0 {
 		return nil, e
@@ -730,6 +740,7 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 }
 
 func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	ctx = uninterrupted(ctx)
 	if e := n.f.writable(); e != 0 {
 		return 0, e
 	}
@@ -816,6 +827,7 @@ func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { ret
 // Fsync of a file writes back that file's dirty pages, then the metadata
 // (which holds its size); a directory's fsync saves the metadata.
 func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
 	n.f.mu.RLock()
 	var vol uint16
 	var name string
@@ -841,6 +853,7 @@ func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) sysca
 // (the memory node allocates on write, so space is not reserved), punching
 // a hole trims the pages, and zeroing a range trims and may extend.
 func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
 	if e := n.f.writable(); e != 0 {
 		return e
 	}

@@ -126,6 +126,7 @@ func (v *volumeFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 }
 
 func (v *volumeFile) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	ctx = uninterrupted(ctx)
 	if off < 0 {
 		return nil, syscall.EINVAL
 	}
@@ -140,6 +141,7 @@ func (v *volumeFile) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, o
 }
 
 func (v *volumeFile) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	ctx = uninterrupted(ctx)
 	if off < 0 || uint64(off)+uint64(len(data)) > v.v.Size {
 		return 0, syscall.ENOSPC // a block device's answer to writing past its end
 	}
@@ -150,10 +152,12 @@ func (v *volumeFile) Write(ctx context.Context, _ gofs.FileHandle, data []byte, 
 }
 
 func (v *volumeFile) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
 	return v.f.errno("fsync", v.f.cfg.Store.FlushVolume(ctx, v.v.ID))
 }
 
 func (v *volumeFile) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	ctx = uninterrupted(ctx)
 	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) == 0 {
 		return 0
 	}
