@@ -933,10 +933,13 @@ func (s *Store) Check() error {
 // docs/BENCHMARKS.md). Failures are counted and retried at the next tick;
 // the pages stay dirty meanwhile. An outage is logged when it starts, every
 // wbLogEvery failed rounds while it lasts, and when it ends, not once per
-// round.
-func (s *Store) StartWriteback(ctx context.Context, interval time.Duration) {
+// round. The function returned waits, once ctx has ended, until the
+// goroutine has stopped: no round runs after it returns.
+func (s *Store) StartWriteback(ctx context.Context, interval time.Duration) (wait func()) {
 	log := cmp.Or(s.opt.Log, slog.Default())
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		failing := 0 // consecutive failed rounds
@@ -965,6 +968,7 @@ func (s *Store) StartWriteback(ctx context.Context, interval time.Duration) {
 			}
 		}
 	}()
+	return func() { <-done }
 }
 
 // wbLogEvery is how many failed write-back rounds in a row pass between

@@ -229,9 +229,9 @@ func TestBackgroundWritebackRetries(t *testing.T) {
 	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 64 * PageSize})
 	t.Cleanup(func() { assert.NoError(t, s.Check()) })
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	rem.Fail.Store(true)
-	s.StartWriteback(ctx, 10*time.Millisecond)
+	wait := s.StartWriteback(ctx, 10*time.Millisecond)
+	defer func() { cancel(); wait() }() // before the cleanup's Check: no round in flight
 	for p := uint64(0); p < 8; p++ {
 		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 3)))
 	}
@@ -353,8 +353,10 @@ func TestWritebackStartsEarly(t *testing.T) {
 			mem := NewMemRemote()
 			s := newTestStore(t, mem, 64, "s3fifo", 4096)
 			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			s.StartWriteback(ctx, time.Hour)
+			wait := s.StartWriteback(ctx, time.Hour)
+			// Before the cleanup's Check: a round the last puts kicked
+			// may still be writing.
+			defer func() { cancel(); wait() }()
 			for p := uint64(0); p < tc.dirty; p++ {
 				k := pageid.MakeKey(1, p)
 				require.NoError(t, s.Put(ctx, k, fill(k, 1)))
@@ -375,7 +377,6 @@ func TestWritebackStartsEarly(t *testing.T) {
 				}
 			}
 			assert.GreaterOrEqual(t, written, tc.dirty-left, "pages written back")
-			cancel()
 		})
 	}
 }

@@ -462,8 +462,8 @@ func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store
 	h.onClose(h.releaseVolumes)
 	if cfg.Writeback > 0 {
 		wctx, cancel := context.WithCancel(ctx)
-		st.StartWriteback(wctx, cfg.Writeback)
-		h.onClose(func() error { cancel(); return nil })
+		wait := st.StartWriteback(wctx, cfg.Writeback)
+		h.onClose(func() error { cancel(); wait(); return nil })
 	}
 	h.Store = st
 }
