@@ -32,15 +32,18 @@ import (
 // Result is one system's measurement. Fields that do not apply are zero
 // and omitted from JSON.
 type Result struct {
-	System       string  `json:"system"`
-	Config       string  `json:"config,omitempty"`
-	Ops          uint64  `json:"ops"`
-	OpsPerSec    float64 `json:"ops_per_sec"`
-	GBytesPerSec float64 `json:"gbytes_per_sec,omitempty"`
-	P50us        float64 `json:"p50_us,omitempty"`
-	P99us        float64 `json:"p99_us,omitempty"`
-	HostCPUusOp  float64 `json:"host_cpu_us_per_op,omitempty"`
-	AgentCPUusOp float64 `json:"agent_cpu_us_per_op,omitempty"`
+	System    string  `json:"system"`
+	Config    string  `json:"config,omitempty"`
+	Ops       uint64  `json:"ops"`
+	OpsPerSec float64 `json:"ops_per_sec"`
+	// RoundsOpsPerSec are the throughputs of every run of a row measured
+	// in rounds (--rounds), ascending; the row itself is the median run.
+	RoundsOpsPerSec []float64 `json:"rounds_ops_per_sec,omitempty"`
+	GBytesPerSec    float64   `json:"gbytes_per_sec,omitempty"`
+	P50us           float64   `json:"p50_us,omitempty"`
+	P99us           float64   `json:"p99_us,omitempty"`
+	HostCPUusOp     float64   `json:"host_cpu_us_per_op,omitempty"`
+	AgentCPUusOp    float64   `json:"agent_cpu_us_per_op,omitempty"`
 	// MemnodeCPUusOp is the memory node's CPU per operation where the
 	// benchmark runs one (NBD, FUSE): on these machines it shares the
 	// cores with the host and the clients.
@@ -97,10 +100,10 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\tconfig\tops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\tmemnode CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
+	fmt.Fprintln(tw, "system\tconfig\tops/s\truns ops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\tmemnode CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
-			x.System, x.Config, x.OpsPerSec, x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp, x.MemnodeCPUusOp,
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
+			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp, x.MemnodeCPUusOp,
 			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), sendDelay(x), x.Errors)
 	}
 	tw.Flush()
@@ -116,6 +119,14 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 		fmt.Fprintln(w, "note:", n)
 	}
 	return nil
+}
+
+// roundsRange is a row's spread over its rounds, "-" for a single run.
+func roundsRange(r Result) string {
+	if len(r.RoundsOpsPerSec) < 2 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f–%.0f", r.RoundsOpsPerSec[0], r.RoundsOpsPerSec[len(r.RoundsOpsPerSec)-1])
 }
 
 func sendDelay(r Result) string {

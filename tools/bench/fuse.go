@@ -26,6 +26,8 @@ type FUSEOptions struct {
 	Size    uint64
 	Cache   uint64
 	Runtime time.Duration
+	// Rounds: as NBDOptions.Rounds.
+	Rounds int
 	// Progress, if set, is told each system's fill and jobs.
 	Progress Progress
 }
@@ -120,7 +122,7 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 		}
 	}
 	rep := &Report{Bench: "fuse", Machine: Machine(), Ratios: map[string]float64{}}
-	iops, err := runSuite(rep, opt.Progress, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
+	iops, err := runSuite(rep, opt.Progress, opt.Rounds, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
 		file, proc, node, stop, err := startFUSESystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err

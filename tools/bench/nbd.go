@@ -31,6 +31,9 @@ type NBDOptions struct {
 	Cache   uint64
 	Runtime time.Duration
 	Ramp    time.Duration
+	// Rounds runs the whole suite this many times, the systems taking
+	// turns, and reports each system's median run of each job.
+	Rounds int
 	// Progress, if set, is told each system's fill and jobs.
 	Progress Progress
 }
@@ -82,7 +85,7 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		}
 	}
 	rep := &Report{Bench: "nbd", Machine: Machine(), Ratios: map[string]float64{}}
-	iops, err := runSuite(rep, opt.Progress, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
+	iops, err := runSuite(rep, opt.Progress, opt.Rounds, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
 		uri, server, node, stop, err := startNBDSystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err
@@ -270,47 +273,72 @@ type suiteSystem struct {
 	run  func(job string) (Result, error)
 }
 
-// runSuite starts each system, fills it, runs every job on it (measuring
-// the process) and stops it; results go to rep and the returned IOPS are
-// by system and job, for ratios.
 // errSkip is a job's answer on a system it does not apply to (dbench on
 // a FUSE daemon that serves one file): no result, no failure.
 var errSkip = errors.New("bench: the job does not apply to this system")
 
-func runSuite(rep *Report, progress Progress, systems, jobs []string, start func(sys string) (suiteSystem, error)) (map[string]map[string]float64, error) {
-	iops := map[string]map[string]float64{}
+// runSuite starts each system, fills it, runs every job on it (measuring
+// the process) and stops it; results go to rep and the returned IOPS are
+// by system and job, for ratios. With rounds > 1 it does that rounds
+// times, the systems taking turns in fresh processes, and reports each
+// system's median run of each job: on a shared VM one run of a system
+// swings by a fifth, and a ratio of two single runs by more.
+func runSuite(rep *Report, progress Progress, rounds int, systems, jobs []string, start func(sys string) (suiteSystem, error)) (map[string]map[string]float64, error) {
+	rounds = max(rounds, 1)
+	runs := map[string]map[string][]Result{}
 	pr := progressOr(progress)
-	pr.Begin(len(systems) * (2 + len(jobs)))
+	pr.Begin(rounds * len(systems) * (2 + len(jobs)))
 	defer pr.End()
-	for _, sys := range systems {
-		pr.Step(sys + ": starting")
-		s, err := start(sys)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", sys, err)
+	for round := 1; round <= rounds; round++ {
+		at := ""
+		if rounds > 1 {
+			at = fmt.Sprintf(" (round %d/%d)", round, rounds)
 		}
-		iops[sys] = map[string]float64{}
-		pr.Step(sys + ": filling")
-		if err := s.fill(); err != nil {
-			s.stop()
-			return nil, fmt.Errorf("%s: filling: %w", sys, err)
-		}
-		for _, job := range jobs {
-			pr.Step(sys + ": " + job)
-			r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
-			if errors.Is(err, errSkip) {
-				continue
-			}
+		for _, sys := range systems {
+			pr.Step(sys + ": starting" + at)
+			s, err := start(sys)
 			if err != nil {
-				s.stop()
-				return nil, err
+				return nil, fmt.Errorf("%s: %w", sys, err)
 			}
-			rep.Results = append(rep.Results, r)
-			iops[sys][job] = r.OpsPerSec
+			if runs[sys] == nil {
+				runs[sys] = map[string][]Result{}
+			}
+			pr.Step(sys + ": filling" + at)
+			if err := s.fill(); err != nil {
+				s.stop()
+				return nil, fmt.Errorf("%s: filling: %w", sys, err)
+			}
+			for _, job := range jobs {
+				pr.Step(sys + ": " + job + at)
+				r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
+				if errors.Is(err, errSkip) {
+					continue
+				}
+				if err != nil {
+					s.stop()
+					return nil, err
+				}
+				runs[sys][job] = append(runs[sys][job], r)
+			}
+			if note := idleCPU(sys, s.proc, s.node); note != "" {
+				rep.Notes = append(rep.Notes, note+at)
+			}
+			s.stop()
 		}
-		if note := idleCPU(sys, s.proc, s.node); note != "" {
-			rep.Notes = append(rep.Notes, note)
+	}
+	iops := map[string]map[string]float64{}
+	for _, sys := range systems {
+		iops[sys] = map[string]float64{}
+		for _, job := range jobs {
+			if rs := runs[sys][job]; len(rs) > 0 {
+				r := medianRun(rs)
+				rep.Results = append(rep.Results, r)
+				iops[sys][job] = r.OpsPerSec
+			}
 		}
-		s.stop()
+	}
+	if rounds > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("each row is its system's median run of %d (by ops/s, whole: latency and CPU from the same run), the systems taking turns in fresh processes; \"runs ops/s\" is the range; ratios are of the medians", rounds))
 	}
 	return iops, nil
 }

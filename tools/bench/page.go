@@ -251,10 +251,18 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 
 // medianRun is the run of median throughput (the lower middle of an even
 // count), whole: its latency and CPU belong to the same run.
+// With more than one run it keeps every run's throughput.
 func medianRun(rs []Result) Result {
 	rs = slices.Clone(rs)
 	slices.SortFunc(rs, func(a, b Result) int { return cmp.Compare(a.OpsPerSec, b.OpsPerSec) })
-	return rs[(len(rs)-1)/2]
+	m := rs[(len(rs)-1)/2]
+	if len(rs) > 1 {
+		m.RoundsOpsPerSec = make([]float64, len(rs))
+		for i, r := range rs {
+			m.RoundsOpsPerSec[i] = r.OpsPerSec
+		}
+	}
+	return m
 }
 
 func workersName(t int) string {

@@ -16,11 +16,16 @@ func TestMedianRunKeepsTheMiddleRunWhole(t *testing.T) {
 		want Result
 	}{
 		{"one", []Result{run(5, 1)}, run(5, 1)},
-		{"odd", []Result{run(9, 1), run(3, 2), run(6, 3)}, run(6, 3)},
-		{"even takes the lower middle", []Result{run(4, 1), run(8, 2), run(2, 3), run(6, 4)}, run(4, 1)},
+		{"odd", []Result{run(9, 1), run(3, 2), run(6, 3)}, withRounds(run(6, 3), 3, 6, 9)},
+		{"even takes the lower middle", []Result{run(4, 1), run(8, 2), run(2, 3), run(6, 4)}, withRounds(run(4, 1), 2, 4, 6, 8)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, medianRun(tc.runs))
 		})
 	}
+}
+
+func withRounds(r Result, ops ...float64) Result {
+	r.RoundsOpsPerSec = ops
+	return r
 }

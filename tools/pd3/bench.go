@@ -217,6 +217,7 @@ func benchCmd() *cobra.Command {
 	pagesVar(nbdc.Flags(), &nopt.Cache, "cache", "64MiB", "pd3 host cache")
 	nbdc.Flags().DurationVar(&nopt.Runtime, "runtime", 10*time.Second, "per job")
 	nbdc.Flags().DurationVar(&nopt.Ramp, "ramp", 2*time.Second, "unmeasured start of each job")
+	nbdc.Flags().IntVar(&nopt.Rounds, "rounds", 1, "run every system's jobs this many times, the systems taking turns in fresh processes, and report each one's median run (ratios of medians)")
 	nbdc.Flags().IntVar(&breakdown, "breakdown", 0, "instead of fio jobs: read this many pages one at a time and print where each read's time goes, stage by stage (pd3 miss, pd3 hit, nbdkit peers)")
 
 	var fopt bench.FUSEOptions
@@ -248,6 +249,7 @@ func benchCmd() *cobra.Command {
 	pagesVar(fusec.Flags(), &fopt.Size, "size", "1GiB", "file size")
 	pagesVar(fusec.Flags(), &fopt.Cache, "cache", "64MiB", "pd3 host cache")
 	fusec.Flags().DurationVar(&fopt.Runtime, "runtime", 10*time.Second, "per job")
+	fusec.Flags().IntVar(&fopt.Rounds, "rounds", 1, "run every system's jobs this many times, the systems taking turns in fresh processes, and report each one's median run (ratios of medians)")
 
 	var gsize string
 	gonbd := benchServer("gonbd-server", "go-nbd server", func(ctx context.Context, ln net.Listener) error {

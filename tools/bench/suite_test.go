@@ -1,0 +1,61 @@
+package bench
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// With rounds, the systems take turns in fresh processes (every round
+// starts, fills and stops each system again) and each system's row of a
+// job is its median run, so one slow run of one system moves neither
+// its row nor a ratio.
+func TestSuiteRoundsTakeTurnsAndReportMedians(t *testing.T) {
+	// ops[sys][round] for the one job; round 2 of "a" is an outlier.
+	ops := map[string][]float64{"a": {100, 104, 10}, "b": {50, 52, 48}}
+	var order []string
+	round := map[string]int{}
+	rep := &Report{Ratios: map[string]float64{}}
+	iops, err := runSuite(rep, nil, 3, []string{"a", "b"}, []string{"job", "skipped"}, func(sys string) (suiteSystem, error) {
+		order = append(order, "start "+sys)
+		n := round[sys]
+		round[sys]++
+		return suiteSystem{
+			stop: func() { order = append(order, "stop "+sys) },
+			fill: func() error { return nil },
+			run: func(job string) (Result, error) {
+				if job == "skipped" {
+					return Result{}, errSkip
+				}
+				return Result{OpsPerSec: ops[sys][n], P50us: float64(n)}, nil
+			},
+		}, nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"start a", "stop a", "start b", "stop b", "start a", "stop a", "start b", "stop b", "start a", "stop a", "start b", "stop b"}, order)
+	assert.Equal(t, map[string]map[string]float64{"a": {"job": 100}, "b": {"job": 50}}, iops)
+	require.Len(t, rep.Results, 2)
+	a := rep.Results[0]
+	assert.Equal(t, "a", a.System)
+	assert.Equal(t, 0.0, a.P50us, "the median run is reported whole")
+	assert.Equal(t, []float64{10, 100, 104}, a.RoundsOpsPerSec)
+	assert.Equal(t, "10–104", roundsRange(a))
+	assert.Contains(t, fmt.Sprint(rep.Notes), "median run of 3")
+}
+
+// One round is the suite as it always ran: every run reported as it came.
+func TestSuiteOneRoundReportsTheRun(t *testing.T) {
+	rep := &Report{Ratios: map[string]float64{}}
+	iops, err := runSuite(rep, nil, 1, []string{"a"}, []string{"job"}, func(string) (suiteSystem, error) {
+		return suiteSystem{stop: func() {}, fill: func() error { return nil },
+			run: func(string) (Result, error) { return Result{OpsPerSec: 7}, nil }}, nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 7.0, iops["a"]["job"])
+	require.Len(t, rep.Results, 1)
+	assert.Empty(t, rep.Results[0].RoundsOpsPerSec)
+	assert.Equal(t, "-", roundsRange(rep.Results[0]))
+	assert.Empty(t, rep.Notes)
+}
