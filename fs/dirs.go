@@ -179,12 +179,13 @@ func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 func (h *dirHandle) Releasedir(context.Context, uint32) {}
 
 // rawFS is go-fuse's node bridge with directories read without OPENDIR
-// (above).
+// (above) and the set-ID bits cleared as the kernel asks (killpriv.go).
 type rawFS struct {
 	fuse.RawFileSystem
 	noOpendir bool
-	// opendirs counts the OPENDIRs the kernel sent.
-	opendirs atomic.Uint64
+	// opendirs counts the OPENDIRs the kernel sent, getxattrs the
+	// GETXATTRs.
+	opendirs, getxattrs atomic.Uint64
 }
 
 func (r *rawFS) Init(s *fuse.Server) {

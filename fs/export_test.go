@@ -23,3 +23,6 @@ func (f *FS) VolumeOf(ino uint64) string {
 func Opendirs(m *Mounted) (n uint64, kernelOpens bool) {
 	return m.raw.opendirs.Load(), m.raw.noOpendir
 }
+
+// Getxattrs is how many GETXATTRs the kernel sent m.
+func Getxattrs(m *Mounted) uint64 { return m.raw.getxattrs.Load() }

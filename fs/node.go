@@ -170,15 +170,34 @@ func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrI
 	if c == nil {
 		return n.setattrFreed(in, out)
 	}
+	if in.Valid == killOnly {
+		// A WRITE's or OPEN's request (killpriv.go): a change of mode
+		// only if a bit goes, so that an unprivileged O_DIRECT writer,
+		// whose every WRITE carries the request, costs nothing more.
+		if m := killSuidgid(c.Mode, outsider(ctx, c)); m != c.Mode {
+			c.Mode = m
+			c.Ctime = nowNs()
+			f.changedLocked(c)
+		}
+		n.f.fillAttr(c, &out.Attr)
+		return 0
+	}
 	now := nowNs()
 	if m, ok := in.GetMode(); ok {
 		c.Mode = c.Mode&syscall.S_IFMT | m&0o7777
 	}
+	// The kernel's request to clear set-ID bits, with a truncation or
+	// chown by whoever lacks CAP_FSETID (and any chown), is judged
+	// against the group the file had.
+	outside := outsider(ctx, c)
 	if uid, ok := in.GetUID(); ok {
 		c.UID = uid
 	}
 	if gid, ok := in.GetGID(); ok {
 		c.GID = gid
+	}
+	if in.Valid&fuse.FATTR_KILL_SUIDGID != 0 {
+		c.Mode = killSuidgid(c.Mode, outside)
 	}
 	if t, ok := in.GetATime(); ok {
 		c.Atime = t.UnixNano()

@@ -245,7 +245,7 @@ func benchCmd() *cobra.Command {
 		},
 	}
 	fusec.Flags().StringVar(&fsystems, "systems", strings.Join(bench.FUSEDefaultSystems(), ","), "what to compare: "+strings.Join(bench.FUSESystems, ","))
-	fusec.Flags().StringVar(&fjobs, "jobs", strings.Join(bench.FUSEJobs, ","), "runs: fio as PATTERN-ENGINE-DEPTH-direct|buffered[-THREADS] (PATTERN randread: 4 KiB, seqread1m, seqwrite1m: then fsync), dbench-CLIENTS, and files-OP (2000 files, one at a time: OP create, write4k, stat, rename or unlink)")
+	fusec.Flags().StringVar(&fjobs, "jobs", strings.Join(bench.FUSEJobs, ","), "runs: fio as PATTERN-ENGINE-DEPTH-direct|buffered[-THREADS] (PATTERN randread: 4 KiB, seqread1m, seqwrite1m or seqwrite4k: then fsync), dbench-CLIENTS, and files-OP (2000 files, one at a time: OP create, write4k, stat, rename or unlink)")
 	pagesVar(fusec.Flags(), &fopt.Size, "size", "1GiB", "file size")
 	pagesVar(fusec.Flags(), &fopt.Cache, "cache", "64MiB", "pd3 host cache")
 	fusec.Flags().DurationVar(&fopt.Runtime, "runtime", 10*time.Second, "per job")
