@@ -35,28 +35,34 @@ func killSuidgid(mode uint32, outsider bool) uint32 {
 }
 
 // killOnly is a SETATTR that only asks for the bits to be cleared: the
-// mount's own, for a WRITE or OPEN that carried the kernel's request.
+// mount's own, for a WRITE that carried the kernel's request.
 const killOnly = fuse.FATTR_KILL_SUIDGID
 
 // Writev clears the bits first when the kernel says the writer lacks
 // CAP_FSETID, as a local filesystem does before it copies the data.
 func (r *rawFS) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
-	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
-		if st := r.kill(cancel, &in.InHeader); !st.Ok() {
-			return 0, st
-		}
+	if st := r.killAsked(cancel, in); !st.Ok() {
+		return 0, st
 	}
 	return r.RawFileSystem.Writev(cancel, in, data)
 }
 
 // Write is Writev for a server that would call it.
 func (r *rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
-	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID != 0 {
-		if st := r.kill(cancel, &in.InHeader); !st.Ok() {
-			return 0, st
-		}
+	if st := r.killAsked(cancel, in); !st.Ok() {
+		return 0, st
 	}
 	return r.RawFileSystem.Write(cancel, in, data)
+}
+
+// killAsked clears the bits if the WRITE carries the kernel's request.
+// An OPEN's request (O_TRUNC) needs no handling of its own: without
+// ATOMIC_O_TRUNC the kernel truncates with a SETATTR that carries it too.
+func (r *rawFS) killAsked(cancel <-chan struct{}, in *fuse.WriteIn) fuse.Status {
+	if in.WriteFlags&fuse.WRITE_KILL_SUIDGID == 0 {
+		return fuse.OK
+	}
+	return r.kill(cancel, &in.InHeader)
 }
 
 // GetXAttr counts the requests, for the test that the kernel stops
@@ -64,19 +70,6 @@ func (r *rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (ui
 func (r *rawFS) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
 	r.getxattrs.Add(1)
 	return r.RawFileSystem.GetXAttr(cancel, h, attr, dest)
-}
-
-// Open clears the bits of a file an unprivileged caller opens with
-// O_TRUNC (the kernel's truncating SETATTR that follows says so too).
-func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	st := r.RawFileSystem.Open(cancel, in, out)
-	// go-fuse names the request's open_flags Mode.
-	if st.Ok() && in.Mode&fuse.OPEN_KILL_SUIDGID != 0 {
-		if st = r.kill(cancel, &in.InHeader); !st.Ok() {
-			r.RawFileSystem.Release(cancel, &fuse.ReleaseIn{InHeader: in.InHeader, Fh: out.Fh, Flags: in.Flags})
-		}
-	}
-	return st
 }
 
 // kill clears the bits of h's inode through the node bridge, as a
@@ -89,6 +82,6 @@ func (r *rawFS) kill(cancel <-chan struct{}, h *fuse.InHeader) fuse.Status {
 // outsider says whether the caller of a request is neither root nor in
 // c's group (by its primary group: all the request tells), f.mu held.
 func outsider(ctx context.Context, c *inode) bool {
-	caller, ok := fuse.FromContext(ctx)
-	return !ok || caller.Uid != 0 && caller.Gid != c.GID
+	uid, gid := caller(ctx)
+	return uid != 0 && gid != c.GID
 }

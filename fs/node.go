@@ -171,7 +171,7 @@ func (n *node) Setattr(ctx context.Context, _ gofs.FileHandle, in *fuse.SetAttrI
 		return n.setattrFreed(in, out)
 	}
 	if in.Valid == killOnly {
-		// A WRITE's or OPEN's request (killpriv.go): a change of mode
+		// A WRITE's request (killpriv.go): a change of mode
 		// only if a bit goes, so that an unprivileged O_DIRECT writer,
 		// whose every WRITE carries the request, costs nothing more.
 		if m := killSuidgid(c.Mode, outsider(ctx, c)); m != c.Mode {

@@ -295,35 +295,12 @@ func runSuite(rep *Report, progress Progress, rounds int, systems, jobs []string
 			at = fmt.Sprintf(" (round %d/%d)", round, rounds)
 		}
 		for _, sys := range systems {
-			pr.Step(sys + ": starting" + at)
-			s, err := start(sys)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", sys, err)
-			}
 			if runs[sys] == nil {
 				runs[sys] = map[string][]Result{}
 			}
-			pr.Step(sys + ": filling" + at)
-			if err := s.fill(); err != nil {
-				s.stop()
-				return nil, fmt.Errorf("%s: filling: %w", sys, err)
+			if err := runSystem(rep, pr, sys, at, jobs, start, runs[sys]); err != nil {
+				return nil, err
 			}
-			for _, job := range jobs {
-				pr.Step(sys + ": " + job + at)
-				r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
-				if errors.Is(err, errSkip) {
-					continue
-				}
-				if err != nil {
-					s.stop()
-					return nil, err
-				}
-				runs[sys][job] = append(runs[sys][job], r)
-			}
-			if note := idleCPU(sys, s.proc, s.node); note != "" {
-				rep.Notes = append(rep.Notes, note+at)
-			}
-			s.stop()
 		}
 	}
 	iops := map[string]map[string]float64{}
@@ -341,6 +318,36 @@ func runSuite(rep *Report, progress Progress, rounds int, systems, jobs []string
 		rep.Notes = append(rep.Notes, fmt.Sprintf("each row is its system's median run of %d (by ops/s, whole: latency and CPU from the same run), the systems taking turns in fresh processes; \"runs ops/s\" is the range; ratios are of the medians", rounds))
 	}
 	return iops, nil
+}
+
+// runSystem starts sys, fills it, runs every job on it (adding each run
+// to runs by job), notes its idle CPU and stops it; at names the round.
+func runSystem(rep *Report, pr Progress, sys, at string, jobs []string, start func(sys string) (suiteSystem, error), runs map[string][]Result) error {
+	pr.Step(sys + ": starting" + at)
+	s, err := start(sys)
+	if err != nil {
+		return fmt.Errorf("%s: %w", sys, err)
+	}
+	defer s.stop()
+	pr.Step(sys + ": filling" + at)
+	if err := s.fill(); err != nil {
+		return fmt.Errorf("%s: filling: %w", sys, err)
+	}
+	for _, job := range jobs {
+		pr.Step(sys + ": " + job + at)
+		r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
+		if errors.Is(err, errSkip) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		runs[job] = append(runs[job], r)
+	}
+	if note := idleCPU(sys, s.proc, s.node); note != "" {
+		rep.Notes = append(rep.Notes, note+at)
+	}
+	return nil
 }
 
 // measured runs one fio job and adds the server's CPU per operation and
