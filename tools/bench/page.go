@@ -56,13 +56,21 @@ type PageOptions struct {
 // reported apart from the host's); pd3-packet and pd3-split-packet are
 // those two with the AF_PACKET mirror instead of the connection tap.
 //
+// sync-deep is sync with one worker per request in flight (connections ×
+// depth): the same cache and memory node, every miss read where it
+// happens, enough of them at once to keep as many reads in flight as
+// pd3's agent does. It does the least a host must do for a GET that
+// misses (look up, evict, read remotely, place, answer) and nothing for
+// prefetching: the ceiling of a page server over remote memory that
+// does pd3's work, where relay-local does none of it.
+//
 // relay-local is the ceiling of any page server whose data is remote, as
 // go-relay-nbdkit-memory is for NBD: a Go process that only relays bytes
 // (each direction on a goroutine sleeping in poll(2), as pd3's host
 // reads) in front of local in a process of its own, so every GET makes a
 // miss's four crossings and nothing else. Its "host CPU" is the relay's,
 // and local's server stands where a memory node would.
-var PageSystems = []string{"local", "sync", "leap", "pd3", "pd3-split", "pd3-packet", "pd3-split-packet", "relay-local"}
+var PageSystems = []string{"local", "sync", "sync-deep", "leap", "pd3", "pd3-split", "pd3-packet", "pd3-split-packet", "relay-local"}
 
 // ParseSweep reads "cache=16MiB..1GiB" (doubling from the first value to
 // the last) or "lz=1MiB,4MiB,16MiB".
@@ -151,6 +159,9 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("dataset %s, cache %s, Loading Zone %s, %d connections × %d in flight, %v measured after %v warm-up; memory node, host (and pd3-split's agent) are separate processes",
 		units.FormatSize(opt.Dataset), units.FormatSize(opt.Cache), units.FormatSize(opt.LZ), opt.Clients, opt.Depth, opt.Duration, opt.Warmup))
+	if slices.Contains(opt.Systems, "sync-deep") {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("sync-deep = sync with %d workers, one per request in flight, whatever T says", opt.Clients*opt.Depth))
+	}
 	if opt.Rounds > 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("closed-loop rows: each system's median of %d runs by GETs/s, the systems taking turns; ratios are of those runs", opt.Rounds))
 	}
@@ -189,8 +200,10 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 	}
 	// Host CPU per GET: the split agent's host is the honest "pd3" host.
 	if l, ok := byName["local"]; ok && l.HostCPUusOp > 0 {
-		if r, ok := byName["relay-local"]; ok {
-			rep.Ratios["cpu:relay-local/local"+suffix] = r.HostCPUusOp / l.HostCPUusOp
+		for _, c := range []string{"relay-local", "sync-deep"} {
+			if r, ok := byName[c]; ok {
+				rep.Ratios["cpu:"+c+"/local"+suffix] = r.HostCPUusOp / l.HostCPUusOp
+			}
 		}
 		for _, p := range []string{"pd3-split", "pd3"} {
 			if r, ok := byName[p]; ok {
@@ -204,13 +217,13 @@ func pageConfig(ctx context.Context, opt PageOptions, rep *Report, dist workload
 			}
 		}
 	}
-	for _, sys := range []string{"sync", "leap", "pd3", "pd3-split"} {
+	for _, sys := range []string{"sync", "sync-deep", "leap", "pd3", "pd3-split"} {
 		r, ok := byName[sys]
 		if !ok {
 			continue
 		}
 		lz := uint64(0)
-		if sys != "sync" {
+		if !strings.HasPrefix(sys, "sync") {
 			lz = opt.LZ
 		}
 		rep.Ratios["memnode_rss/stored:"+sys+suffix] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
@@ -278,6 +291,9 @@ var splitSeq atomic.Uint64
 // open loop at rate GETs/s when rate > 0) and stops them.
 func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist workload.Dist, workers int, rate float64) (Result, error) {
 	vol := "disk0:" + strconv.FormatUint(opt.Dataset, 10)
+	if sys == "sync-deep" {
+		workers = opt.Clients * opt.Depth
+	}
 	args := []string{"serve", "--page", "127.0.0.1:0", "--volume", vol, "--cache", strconv.FormatUint(opt.Cache, 10),
 		"--workers", strconv.Itoa(workers), "--metrics", "127.0.0.1:0"}
 	if sys == "relay-local" {
@@ -310,7 +326,7 @@ func runPageSystem(ctx context.Context, opt PageOptions, sys string, dist worklo
 	switch sys {
 	case "local":
 		args = append(args, "--local", "--dpu", "none")
-	case "sync":
+	case "sync", "sync-deep":
 		args = append(args, "--dpu", "none")
 	case "leap":
 		args = append(args, "--dpu", "none", "--prefetch", "leap", "--lz", lz)

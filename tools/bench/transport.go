@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -31,6 +32,36 @@ type TransportOptions struct {
 }
 
 type waiter interface{ Wait(context.Context) error }
+
+// cpuMeter measures over one run the CPU of this process, a transport's
+// client, and of the server child it reads from: with the rate it says
+// which end a gap to a ceiling is spent at.
+type cpuMeter struct {
+	srv         *Child
+	self, child time.Duration
+}
+
+func meterCPU(srv *Child) cpuMeter {
+	self, _ := procstat.CPU(0)
+	return cpuMeter{srv: srv, self: self, child: srv.CPU()}
+}
+
+// result is the Result of n pages moved in el, with the CPU per op.
+func (m cpuMeter) result(sys, config string, n uint64, el time.Duration) Result {
+	r := Result{System: sys, Config: config, Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}
+	m.record(&r)
+	return r
+}
+
+// record sets r's client ("host") and server ("memnode") CPU per op.
+func (m cpuMeter) record(r *Result) {
+	self, _ := procstat.CPU(0)
+	if r.Ops > 0 {
+		r.HostCPUusOp = us(self-m.self) / float64(r.Ops)
+		r.MemnodeCPUusOp = us(m.srv.CPU()-m.child) / float64(r.Ops)
+	}
+}
 
 // ring keeps depth requests in flight for d and returns how many completed.
 func ring[C waiter](ctx context.Context, d time.Duration, depth int, issue func() C) (uint64, time.Duration, error) {
@@ -83,6 +114,10 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raw stream of random pages, zero-copy: %w", err)
 	}
+	rr, err := rrStream(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("random pages asked for and answered: %w", err)
+	}
 	dir, err := os.MkdirTemp("", "pd3-bench-tls-")
 	if err != nil {
 		return nil, err
@@ -98,13 +133,17 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 
 	crypto := sealOpen(opt.Duration / 2)
 	mn := plain[0]
-	rep.Results = append(append([]Result{mn, raw, rawRandom, rawZC}, plain[1:]...), append(mtls, crypto)...)
+	rep.Results = append(append([]Result{mn, raw, rawRandom, rawZC, rr}, plain[1:]...), append(mtls, crypto)...)
 	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
 	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
 	rep.Ratios["memnode/raw-random-zc"] = mn.GBytesPerSec / rawZC.GBytesPerSec
 	// What memnode/raw can reach: a server of random pages that copies
 	// each once (the kernel's copy into the socket) and does no protocol.
 	rep.Ratios["raw-random-zc/raw"] = rawZC.GBytesPerSec / raw.GBytesPerSec
+	// What memnode/raw can reach when, as with the memory node, every
+	// page is asked for: the least request-and-answer exchange.
+	rep.Ratios["rr-random-zc/raw"] = rr.GBytesPerSec / raw.GBytesPerSec
+	rep.Ratios["memnode/rr-random-zc"] = mn.GBytesPerSec / rr.GBytesPerSec
 	rep.Ratios["memnode_rss/stored"] = float64(mn.MemnodeRSS) / float64(mn.MemnodeStored)
 	rep.Ratios["tls/plain"] = mtls[0].OpsPerSec / mn.OpsPerSec
 	rep.Ratios["tls/plain_q1"] = mtls[1].OpsPerSec / plain[1].OpsPerSec
@@ -114,7 +153,8 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	ceiling := 1 / (1/mn.OpsPerSec + 1/crypto.OpsPerSec/cores)
 	rep.Ratios["tls/plain_ceiling"] = ceiling / mn.OpsPerSec
 	rep.Notes = append(rep.Notes,
-		fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's copy); raw-random-zc = blocks written straight from random pages of that region, 64 per writev (one copy, the kernel's: the ceiling of any server of random pages)", opt.Depth, opt.Duration, units.FormatSize(opt.Region)),
+		fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's copy); raw-random-zc = blocks written straight from random pages of that region, 64 per writev (one copy, the kernel's: the ceiling of any server of random pages); rr-random-zc = those pages asked for one by one, %d requests of 32 bytes in flight, each answered by a 16-byte header and the page (one goroutine at each end, no protocol: the ceiling of any server that is asked for every page)", opt.Depth, opt.Duration, units.FormatSize(opt.Region), opt.Depth),
+		"host CPU = this process, the client; memnode CPU = the server process (memory node or raw server); both per op over the run",
 		"memnode-mtls = the same node and client over mutual TLS (ECDSA P-256 certificates of a throwaway CA, the TLS version and cipher Go negotiates); Q1 = one request at a time, latency per request",
 		"aes-gcm = one goroutine sealing and opening 4 KiB with AES-128-GCM (what TLS 1.3 adds per READ); tls/plain_ceiling = the plain READ rate with that work added, spread over all cores",
 	)
@@ -162,6 +202,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string) ([]Resu
 		bufs[i] = make([]byte, memnode.PageSize)
 	}
 	slot := 0
+	cpu := meterCPU(node)
 	n, el, err := ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
 		slot = (slot + 1) % len(bufs)
 		return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[slot])
@@ -173,6 +214,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string) ([]Resu
 	deep := Result{System: sys, Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
 		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
 		MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, HostRSS: hostRSS}
+	cpu.record(&deep)
 
 	var lat hist.H
 	start := time.Now()
@@ -222,26 +264,23 @@ func sealOpen(d time.Duration) Result {
 // rawStream measures the raw stream of system sys: "raw", "raw-random"
 // or "raw-random-zc" (ServeRaw).
 func rawStream(ctx context.Context, opt TransportOptions, sys string) (Result, error) {
-	args := []string{"bench", "raw-server", "--listen", "127.0.0.1:0"}
+	var args []string
 	if sys != "raw" {
 		args = append(args, "--random-region", strconv.FormatUint(opt.Region, 10))
 	}
 	if sys == "raw-random-zc" {
 		args = append(args, "--zero-copy")
 	}
-	srv, err := StartChild(ctx, opt.Exe, []string{"raw server"}, args...)
+	srv, nc, err := rawServer(ctx, opt, args...)
 	if err != nil {
 		return Result{}, err
 	}
 	defer srv.Stop()
-	nc, err := net.Dial("tcp", srv.Addrs["raw server"])
-	if err != nil {
-		return Result{}, err
-	}
 	defer nc.Close()
 	r := bufio.NewReaderSize(nc, 256<<10)
 	buf := make([]byte, memnode.PageSize)
 	var n uint64
+	cpu := meterCPU(srv)
 	start := time.Now()
 	deadline := start.Add(opt.Duration)
 	for {
@@ -253,9 +292,123 @@ func rawStream(ctx context.Context, opt TransportOptions, sys string) (Result, e
 			break
 		}
 	}
-	el := time.Since(start)
-	return Result{System: sys, Config: "4KiB stream", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
-		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}, nil
+	return cpu.result(sys, "4KiB stream", n, time.Since(start)), nil
+}
+
+// rawServer starts a raw server (ServeRaw) with args and connects to it.
+func rawServer(ctx context.Context, opt TransportOptions, args ...string) (*Child, net.Conn, error) {
+	srv, err := StartChild(ctx, opt.Exe, []string{"raw server"}, append([]string{"bench", "raw-server", "--listen", "127.0.0.1:0"}, args...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := net.Dial("tcp", srv.Addrs["raw server"])
+	if err != nil {
+		srv.Stop()
+		return nil, nil, err
+	}
+	return srv, nc, nil
+}
+
+// rrStream measures rr-random-zc: opt.Depth fixed requests in flight on
+// one connection to ServeRaw in answer mode, each answered by a header and
+// a random page, with nothing between the socket and the loop but one
+// goroutine: it writes as many new requests as answers it took from each
+// read, and copies each answer's page out as a client must. It is the
+// ceiling of any request-and-answer server of random pages on this
+// machine: the memory node's work without its tags, calls, table,
+// windows or goroutines.
+func rrStream(ctx context.Context, opt TransportOptions) (Result, error) {
+	srv, nc, err := rawServer(ctx, opt, "--random-region", strconv.FormatUint(opt.Region, 10), "--zero-copy", "--answer")
+	if err != nil {
+		return Result{}, err
+	}
+	defer srv.Stop()
+	defer nc.Close()
+	pages := opt.Region / memnode.PageSize
+	rng := rand.New(rand.NewPCG(1, 2))
+	reqs := make([]byte, opt.Depth*rrRequest)
+	ask := func(k int) error {
+		for i := range k {
+			r := reqs[i*rrRequest : (i+1)*rrRequest]
+			binary.LittleEndian.PutUint64(r[16:], rng.Uint64N(pages)*memnode.PageSize)
+		}
+		_, err := nc.Write(reqs[:k*rrRequest])
+		return err
+	}
+	if err := ask(opt.Depth); err != nil {
+		return Result{}, err
+	}
+	in := make([]byte, 256<<10)
+	dst := make([]byte, memnode.PageSize)
+	var n uint64
+	have := 0
+	cpu := meterCPU(srv)
+	start := time.Now()
+	deadline := start.Add(opt.Duration)
+	for {
+		m, err := nc.Read(in[have:])
+		if err != nil {
+			return Result{}, err
+		}
+		have += m
+		k := have / rrAnswer
+		for i := range k {
+			copy(dst, in[i*rrAnswer+rrHeader:(i+1)*rrAnswer])
+		}
+		have = copy(in, in[k*rrAnswer:have])
+		n += uint64(k)
+		if n >= 1024 && time.Now().After(deadline) {
+			break
+		}
+		if err := ask(k); err != nil {
+			return Result{}, err
+		}
+	}
+	return cpu.result("rr-random-zc", "4KiB ask+answer", n, time.Since(start)), nil
+}
+
+// The request-and-answer ceiling's frames are a memory node's sizes: a
+// 32-byte request carrying the page's offset where a READ does (bytes
+// 16..24), a 16-byte answer header, then the page.
+const (
+	rrRequest = 32
+	rrHeader  = 16
+	rrAnswer  = rrHeader + memnode.PageSize
+)
+
+// answerRequests is ServeRaw's answer mode on one connection: it reads
+// the requests that arrived (one read(2) per burst) and answers them in
+// order, 64 to a writev, each page written straight from mem. There is no
+// protocol beyond the frame sizes: this is the least a server that is
+// asked for each page must do.
+func answerRequests(nc net.Conn, mem []byte) {
+	const batch = 64
+	in := make([]byte, 64<<10)
+	heads := make([]byte, batch*rrHeader)
+	iov := make([][]byte, 0, 2*batch)
+	have := 0
+	for {
+		m, err := nc.Read(in[have:])
+		if err != nil {
+			return
+		}
+		have += m
+		k := have / rrRequest
+		for first := 0; first < k; first += batch {
+			iov = iov[:0]
+			for i := first; i < min(k, first+batch); i++ {
+				o := binary.LittleEndian.Uint64(in[i*rrRequest+16:]) % uint64(len(mem)) &^ (memnode.PageSize - 1)
+				h := heads[(i-first)*rrHeader : (i-first+1)*rrHeader]
+				copy(h[8:], in[i*rrRequest+8:i*rrRequest+16]) // the tag, echoed
+				iov = append(iov, h, mem[o:o+memnode.PageSize])
+			}
+			v := net.Buffers(iov)
+			if _, err := v.WriteTo(nc); err != nil {
+				return
+			}
+		}
+		have = copy(in, in[k*rrRequest:have])
+	}
 }
 
 // ServeRaw streams 4 KiB blocks to every connection on ln, batched into
@@ -265,7 +418,10 @@ func rawStream(ctx context.Context, opt TransportOptions, sys string) (Result, e
 // with zeroCopy too, the blocks are written straight from those pages
 // (one writev of 64 of them), so the kernel's copy into the socket is the
 // only one: the ceiling of any server of random pages.
-func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy bool) error {
+//
+// With answer (and region > 0) it streams nothing of its own: it answers
+// requests instead (answerRequests), the ceiling rrStream measures.
+func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy, answer bool) error {
 	var mem []byte
 	if region > 0 {
 		mem = make([]byte, region)
@@ -279,6 +435,10 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy bool
 		buf := make([]byte, 256<<10)
 		for i := 0; i < len(buf); i += memnode.PageSize {
 			FillPage(memnode.Key(i/memnode.PageSize), buf[i:i+memnode.PageSize])
+		}
+		if answer && mem != nil {
+			answerRequests(nc, mem)
+			return
 		}
 		rng := rand.New(rand.NewPCG(3, 4))
 		var iov [256 << 10 / memnode.PageSize][]byte

@@ -262,12 +262,13 @@ func benchCmd() *cobra.Command {
 	gonbd.Flags().StringVar(&gsize, "size", "1GiB", "export size")
 
 	var region uint64
-	var zeroCopy bool
+	var zeroCopy, answer bool
 	raw := benchServer("raw-server", "raw server", func(ctx context.Context, ln net.Listener) error {
-		return bench.ServeRaw(ctx, ln, region, zeroCopy)
+		return bench.ServeRaw(ctx, ln, region, zeroCopy, answer)
 	})
 	raw.Flags().Uint64Var(&region, "random-region", 0, "copy each block from a random page of a region this large")
 	raw.Flags().BoolVar(&zeroCopy, "zero-copy", false, "with --random-region: write the blocks straight from the region's pages (writev), no copy of our own")
+	raw.Flags().BoolVar(&answer, "answer", false, "with --random-region: answer 32-byte requests (the page's offset at byte 16) with a 16-byte header and the page, instead of streaming")
 
 	var forward, busy string
 	var proxy bool

@@ -226,6 +226,7 @@ func TestBenchSmoke(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Contains(t, rep.Ratios, "memnode/raw")
 	assert.Contains(t, rep.Ratios, "raw-random-zc/raw", "the ceiling of a server of random pages, side by side")
+	assert.Contains(t, rep.Ratios, "memnode/rr-random-zc", "the ceiling of a server asked for every page, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain", "the memory-node link over mutual TLS, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain_ceiling")
 	systems := map[string]bool{}
@@ -233,7 +234,7 @@ func TestBenchSmoke(t *testing.T) {
 		systems[r.System] = true
 		assert.Positive(t, r.OpsPerSec, "%s %s", r.System, r.Config)
 	}
-	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "raw-random-zc": true, "memnode-mtls": true, "aes-gcm": true}, systems)
+	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "raw-random-zc": true, "rr-random-zc": true, "memnode-mtls": true, "aes-gcm": true}, systems)
 
 	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms", "--dist", "uniform,zipf:0.99", "--json")
 	require.NoError(t, err, out)
@@ -241,6 +242,22 @@ func TestBenchSmoke(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	assert.Len(t, rep.Results, 8, "4 systems × 2 distributions")
 	assert.Contains(t, rep.Ratios, "pd3/sync@dist=zipf:0.99 T=CPUs")
+	for _, r := range rep.Results {
+		assert.Zero(t, r.Errors)
+		assert.Positive(t, r.OpsPerSec)
+	}
+
+	// The ceilings: relay-local does no page server's work, sync-deep
+	// does a miss's with a worker per request in flight.
+	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms",
+		"--systems", "local,relay-local,sync-deep", "--clients", "2", "--depth", "3", "--json")
+	require.NoError(t, err, out)
+	rep = bench.Report{}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	for _, k := range []string{"relay-local/local", "sync-deep/local", "cpu:relay-local/local", "cpu:sync-deep/local"} {
+		assert.Contains(t, rep.Ratios, k)
+	}
+	assert.Contains(t, rep.Notes, "sync-deep = sync with 6 workers, one per request in flight, whatever T says")
 	for _, r := range rep.Results {
 		assert.Zero(t, r.Errors)
 		assert.Positive(t, r.OpsPerSec)
