@@ -18,7 +18,8 @@
 // volumes made ahead and not used, freed files' volumes not yet deleted
 // in the background) are deleted at the next Open. Close leaves a clean
 // mark; after a mount that crashed, each file's bytes past its saved size
-// are zeroed before the run first reaches past it (stale.go).
+// are zeroed before the run first reaches past it, and so are those a
+// write that failed past the size may have left (stale.go).
 //
 // The volumes live behind a Backend: one memory node (*memnode.Client,
 // which also holds the mount lease), or a replica.Group that keeps each

@@ -82,13 +82,12 @@ type inode struct {
 	// io orders data writes (shared) against truncation (exclusive); it
 	// is not guarded by the model's lock.
 	io sync.RWMutex
-	// stale is 1 + the size the file had when it was loaded after a
-	// mount that crashed (0: nothing stale): that mount may have written
-	// pages back past the size it saved, so bytes from there on must be
-	// zeroed before anything makes them part of the file (unstale).
-	// staleMu serialises that zeroing.
-	stale   atomic.Uint64
-	staleMu sync.Mutex
+	// stale is 1 + the first byte from which what lies past the size
+	// may not be zeroes (0: nothing stale): the size the file had when
+	// it was loaded after a mount that crashed, or where a write that
+	// failed past the size began. Those bytes are zeroed before anything
+	// makes them part of the file (stale.go).
+	stale atomic.Uint64
 	// gen is bumped by every change of the file's bytes (write,
 	// truncation, fallocate, its move to a volume) before the change
 	// returns; streams are its open handles' read-ahead (readahead.go),

@@ -803,7 +803,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		}
 	}
 	c.io.RLock()
-	if err := n.f.unstale(ctx, c, vol, end); err != nil {
+	if err := n.f.unstaleShared(ctx, c, vol, end); err != nil {
 		c.io.RUnlock()
 		return 0, n.f.errno("write", err)
 	}
@@ -819,6 +819,10 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	zeroFrom := max(size, c.reach(end))
 	err := n.f.cfg.Store.WriteFresh(ctx, vol, uint64(off), data, zeroFrom)
 	n.f.ra.changed(c)
+	if err != nil && end > size {
+		// Pages it cached before it failed may lie past the size.
+		c.markStale(max(uint64(off), size))
+	}
 	if err == nil {
 		n.f.mu.Lock()
 		c.Size = max(c.Size, end)
@@ -920,7 +924,7 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 	defer c.io.RUnlock()
 	defer n.f.ra.changed(c)
 	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
-		if err := n.f.unstale(ctx, c, vol, end); err != nil {
+		if err := n.f.unstaleShared(ctx, c, vol, end); err != nil {
 			return n.f.errno("fallocate", err)
 		}
 	}
