@@ -770,6 +770,7 @@ func (f *FS) fillAttr(n *inode, a *fuse.Attr) {
 	if n.vol != 0 {
 		stored, _ := f.storedOf(n.vol)
 		a.Blocks = stored / 512
+		n.shownStored.Store(stored + 1)
 	} else if n.inline() {
 		a.Blocks = pageUp(uint64(len(n.Data))) / 512
 	}

@@ -1,6 +1,7 @@
 package fs_test
 
 import (
+	"bytes"
 	"encoding/binary"
 	"os"
 	"os/exec"
@@ -144,4 +145,42 @@ func TestWritesDoNotAskForCapabilities(t *testing.T) {
 	require.NoError(t, f.Close())
 	asked := fs.Getxattrs(e.m) - before
 	assert.LessOrEqual(t, asked, uint64(2), "GETXATTRs for %d writes", writes)
+}
+
+// TestOverwritesAndFsyncsAskNoCapabilities: a database that overwrites a
+// page and fsyncs it, again and again, costs no GETXATTR per write. An
+// fsync drops the kernel's attributes (and with them its knowledge that
+// the file has no capabilities) only when the blocks they show changed,
+// and then the next stat shows the new ones.
+func TestOverwritesAndFsyncsAskNoCapabilities(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 0)
+	f, err := os.Create(e.path("db"))
+	require.NoError(t, err)
+	defer f.Close()
+	page := bytes.Repeat([]byte{1}, 4096)
+	for i := range 8 {
+		_, err := f.WriteAt(page, int64(i)*4096)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Sync())
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Fstat(int(f.Fd()), &st))
+	require.EqualValues(t, 1<<20, st.Blocks*512, "one chunk stored")
+
+	before := fs.Getxattrs(e.m)
+	const cycles = 50
+	for i := range cycles {
+		page[0] = byte(i)
+		_, err := f.WriteAt(page, 3*4096)
+		require.NoError(t, err)
+		require.NoError(t, f.Sync())
+	}
+	asked := fs.Getxattrs(e.m) - before
+	assert.LessOrEqual(t, asked, uint64(2), "GETXATTRs for %d overwrites, each fsynced", cycles)
+
+	_, err = f.WriteAt(page, 5<<20) // a second chunk
+	require.NoError(t, err)
+	require.NoError(t, f.Sync())
+	require.NoError(t, syscall.Fstat(int(f.Fd()), &st))
+	assert.EqualValues(t, 2<<20, st.Blocks*512, "the stat after an fsync that stored more shows it")
 }

@@ -94,6 +94,10 @@ type inode struct {
 	// whose windows count only if gen did not move while they were read.
 	gen     atomic.Uint64
 	streams streamSet
+	// shownStored is 1 + the bytes stored that the attributes last
+	// given to the kernel counted in st_blocks (0: none given): an fsync
+	// that stores no more drops nothing the kernel holds.
+	shownStored atomic.Uint64
 }
 
 func (n *inode) isDir() bool     { return n.Mode&syscall.S_IFMT == syscall.S_IFDIR }

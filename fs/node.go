@@ -868,9 +868,10 @@ func (n *node) Flush(ctx context.Context, _ gofs.FileHandle) syscall.Errno { ret
 func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) syscall.Errno {
 	ctx = uninterrupted(ctx)
 	n.f.mu.RLock()
+	c := n.f.inodes[n.ino]
 	var vol uint16
 	var name string
-	if c := n.f.inodes[n.ino]; c != nil {
+	if c != nil {
 		vol, name = c.vol, c.Vol
 	}
 	n.f.mu.RUnlock()
@@ -878,12 +879,17 @@ func (n *node) Fsync(ctx context.Context, _ gofs.FileHandle, flags uint32) sysca
 		if err := n.f.cfg.Store.FlushVolume(ctx, vol); err != nil {
 			return n.f.errno("fsync", err)
 		}
-		n.f.storedChanged(ctx, vol, name)
 		// With the writeback cache the kernel keeps the attributes it
 		// has until they time out; the next stat should show the
 		// blocks this fsync stored. Attributes only (offset -1): the
-		// pages the kernel holds are the newest.
-		n.NotifyContent(-1, 0)
+		// pages the kernel holds are the newest. Dropping them when
+		// the blocks did not change would cost the next write a
+		// GETATTR and a GETXATTR (the kernel forgets that the file has
+		// no capabilities): two round trips per fsync of a database
+		// that overwrites its pages in place.
+		if stored, ok := n.f.storedChanged(ctx, vol, name); !ok || c.shownStored.Load() != stored+1 {
+			n.NotifyContent(-1, 0)
+		}
 	}
 	return n.f.errno("fsync", n.f.syncMeta(ctx, false))
 }

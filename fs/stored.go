@@ -79,10 +79,12 @@ type volumeOpener interface {
 
 // storedChanged refreshes what volume vol (named name) stores, after an
 // fsync whose caller may well look at the blocks next: one OPEN, so the
-// cost does not grow with the number of files.
-func (f *FS) storedChanged(ctx context.Context, vol uint16, name string) {
+// cost does not grow with the number of files. It returns the bytes
+// stored, or ok false when it could not learn them (the next stat asks
+// every volume instead).
+func (f *FS) storedChanged(ctx context.Context, vol uint16, name string) (stored uint64, ok bool) {
 	s := &f.storedCache
-	if c, ok := f.cfg.Backend.(volumeOpener); ok {
+	if c, isOpener := f.cfg.Backend.(volumeOpener); isOpener {
 		if v, err := c.Open(ctx, name); err == nil && v.ID == vol {
 			s.mu.Lock()
 			if s.by != nil {
@@ -90,10 +92,11 @@ func (f *FS) storedChanged(ctx context.Context, vol uint16, name string) {
 				s.by[vol] = v.Stored
 			}
 			s.mu.Unlock()
-			return
+			return v.Stored, true
 		}
 	}
 	s.mu.Lock()
 	s.at = time.Time{}
 	s.mu.Unlock()
+	return 0, false
 }

@@ -91,8 +91,12 @@ func fuseJobArgs(job string) ([]string, error) {
 		// is a system call into the kernel's cache, which a mount
 		// that made the kernel ask it something per write slows.
 		args = append(args, "--rw=write", "--bs=4k", "--end_fsync=1")
+	case "commit4k":
+		// A database committing a page at a time: a 4 KiB overwrite
+		// at a random offset, then fsync, again and again.
+		args = append(args, "--rw=randwrite", "--bs=4k", "--fsync=1")
 	default:
-		return nil, fmt.Errorf("bad FUSE job pattern %q (randread, seqread1m, seqwrite1m, seqwrite4k)", f[0])
+		return nil, fmt.Errorf("bad FUSE job pattern %q (randread, seqread1m, seqwrite1m, seqwrite4k, commit4k)", f[0])
 	}
 	switch f[3] {
 	case "direct":

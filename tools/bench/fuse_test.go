@@ -17,6 +17,7 @@ func TestFUSEJobNames(t *testing.T) {
 		{job: "randread-psync-1-direct-4", want: []string{"--ioengine=psync", "--iodepth=1", "--rw=randread", "--bs=4k", "--direct=1", "--numjobs=4", "--group_reporting"}},
 		{job: "seqwrite1m-psync-1-buffered", want: []string{"--ioengine=psync", "--iodepth=1", "--rw=write", "--bs=1M", "--end_fsync=1", "--direct=0"}},
 		{job: "seqwrite4k-psync-1-buffered", want: []string{"--ioengine=psync", "--iodepth=1", "--rw=write", "--bs=4k", "--end_fsync=1", "--direct=0"}},
+		{job: "commit4k-psync-1-buffered", want: []string{"--ioengine=psync", "--iodepth=1", "--rw=randwrite", "--bs=4k", "--fsync=1", "--direct=0"}},
 		{job: "dbench-2"},
 		{job: "files-rename"},
 		{job: "files-chmod", err: "files-OP"},
