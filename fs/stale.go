@@ -56,10 +56,10 @@ func (c *inode) staleBefore(end uint64) bool {
 // exclusively. It returns at once for a file with no stale tail, or one
 // the operation does not reach.
 func (f *FS) unstale(ctx context.Context, c *inode, vol uint16, end uint64) error {
-	if !c.staleBefore(end) {
+	s := c.stale.Load()
+	if s == 0 || end < s {
 		return nil
 	}
-	s := c.stale.Load()
 	f.mu.RLock()
 	from := max(s-1, c.Size)
 	f.mu.RUnlock()

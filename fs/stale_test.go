@@ -57,19 +57,9 @@ func TestCrashLeavesNoBytesPastTheSize(t *testing.T) {
 		f, err := os.OpenFile(e.path(name), os.O_RDWR, 0)
 		require.NoError(t, err)
 		defer f.Close()
-		st, err := f.Stat()
-		require.NoError(t, err)
-		require.EqualValues(t, size, st.Size(), "%s: the size saved before the crash", name)
-		require.NoError(t, g(f), name)
-		require.NoError(t, f.Close())
+		growPast(t, f, size, g, "the size saved before the crash")
 	}
-	assert.EqualValues(t, len(grow), e.fs.Stats().StaleTailsZeroed, "each file's tail zeroed once")
-
-	// Read back through a fresh mount: the kernel's page cache of the
-	// last one would answer with the zeroes it filled in itself.
-	e.unmount()
-	e = mount(t, addr, dir, 1<<20)
-	checkGrown(t, e, grow, wrote, size, grown, "the crashed mount's bytes show past the saved size")
+	e = checkGrown(t, e, grow, wrote, size, grown, "the crashed mount's bytes show past the saved size")
 	require.NoError(t, os.Truncate(e.path("truncated"), 2*grown))
 	assert.Zero(t, e.fs.Stats().StaleTailsZeroed, "a mount after a clean unmount zeroed a tail")
 }
@@ -110,20 +100,8 @@ func TestFailedWriteLeavesNoBytesPastTheSize(t *testing.T) {
 		faults.Fail.Store(false)
 		require.Error(t, err, "%s: a write the cache cannot hold and the node refuses", name)
 		require.NoError(t, d.Close())
-		st, err := f.Stat()
-		require.NoError(t, err)
-		require.EqualValues(t, size, st.Size(), "%s: the failed write moved the size", name)
-		require.NoError(t, g(f), name)
-		require.NoError(t, f.Close())
+		growPast(t, f, size, g, "the failed write moved the size")
 	}
-
-	assert.EqualValues(t, len(grow), e.fs.Stats().StaleTailsZeroed, "each file's tail zeroed once")
-
-	// Read back through a fresh mount: the kernel's page cache of this
-	// one would answer with the zeroes it filled in itself.
-	dir := e.dir
-	e.unmount()
-	e = mount(t, addr, dir, 1<<20)
 	checkGrown(t, e, grow, wrote, size, grown, "the failed write's bytes show past the old size")
 }
 
@@ -172,10 +150,28 @@ func waysToGrow(size, grown int64) (grow map[string]func(f *os.File) error, wrot
 	return grow, wrote
 }
 
-// checkGrown reads back each file grow grew from size to grown in e and
-// wants zeroes past size but for what wrote says each growth wrote.
-func checkGrown(t *testing.T, e *env, grow map[string]func(*os.File) error, wrote map[string]func([]byte), size, grown int64, shows string) {
+// growPast checks that f still has size bytes, grows it with g and
+// closes it.
+func growPast(t *testing.T, f *os.File, size int64, g func(*os.File) error, sizeMoved string) {
 	t.Helper()
+	st, err := f.Stat()
+	require.NoError(t, err)
+	require.EqualValues(t, size, st.Size(), "%s: %s", f.Name(), sizeMoved)
+	require.NoError(t, g(f), f.Name())
+	require.NoError(t, f.Close())
+}
+
+// checkGrown wants each file's stale tail zeroed once in e, then reads
+// back each file grow grew from size to grown through a fresh mount of
+// e's directory (the kernel's page cache of e would answer with the
+// zeroes it filled in itself) and wants zeroes past size but for what
+// wrote says each growth wrote. It returns the fresh mount.
+func checkGrown(t *testing.T, e *env, grow map[string]func(*os.File) error, wrote map[string]func([]byte), size, grown int64, shows string) *env {
+	t.Helper()
+	assert.EqualValues(t, len(grow), e.fs.Stats().StaleTailsZeroed, "each file's tail zeroed once")
+	dir := e.dir
+	e.unmount()
+	e = mount(t, e.addr, dir, 1<<20)
 	for name := range grow {
 		got, err := os.ReadFile(e.path(name))
 		require.NoError(t, err)
@@ -192,4 +188,5 @@ func checkGrown(t *testing.T, e *env, grow map[string]func(*os.File) error, wrot
 			t.Logf("%s: at byte %d: %.16q", name, int(size)+at, got[int(size)+at:])
 		}
 	}
+	return e
 }
