@@ -215,3 +215,56 @@ func TestMixedPayloadsArriveWhole(t *testing.T) {
 		require.True(t, ok, "payload %d (%d bytes) corrupted", i, sizes[i])
 	}
 }
+
+// After the reader hands a response to a waiting caller it parks in the
+// network poller, not poll(2): the caller is queued on the reader's P,
+// which a thread blocked in poll(2) would keep. Responses completed by
+// Fn (no one to wake) keep the poll(2) wait. Each response comes late
+// enough that the reader is waiting for it; poll(2)'s returns are counted.
+func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
+	cl, sv := tcpPair(t)
+	release := make(chan struct{})
+	toyServer(t, sv, release)
+	s := New(cl, toy{}, Options{})
+	defer s.Close(io.EOF)
+	require.NotNil(t, s.fast)
+
+	answerLate := func() {
+		time.Sleep(10 * time.Millisecond) // the reader is waiting by now
+		release <- struct{}{}
+	}
+	done := make(chan struct{}, 1)
+	viaFn := func() {
+		c := s.Get()
+		c.Dst, c.Fn = make([]byte, 4), func(*Call) { done <- struct{}{} }
+		require.NoError(t, s.Send(c, make([]byte, 8), nil))
+		answerLate()
+		<-done
+	}
+	viaWait := func() {
+		c := send(t, s, make([]byte, 4))
+		answerLate()
+		require.NoError(t, c.Wait(context.Background()))
+	}
+
+	viaFn() // the reader has read once and is drained
+	for _, tc := range []struct {
+		name string
+		call func()
+		poll bool
+	}{
+		{"Fn", viaFn, true},
+		{"first Wait (the reader woke no one before it)", viaWait, true},
+		{"Wait after Wait", viaWait, false},
+		{"Fn after Wait", viaFn, false},
+		{"Fn after Fn", viaFn, true},
+	} {
+		before := s.fast.Wakeups.Load()
+		tc.call()
+		if tc.poll {
+			assert.Greater(t, s.fast.Wakeups.Load(), before, "%s: the reader did not wait in poll(2)", tc.name)
+		} else {
+			assert.Equal(t, before, s.fast.Wakeups.Load(), "%s: the reader held its P in poll(2) after waking a caller", tc.name)
+		}
+	}
+}
