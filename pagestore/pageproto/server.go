@@ -59,8 +59,8 @@ type Server struct {
 	// are read (the DPU agent's tap).
 	Mirror mirror.Mirror
 	// Busy, if set, counts this server's requests from being read to
-	// their reply being queued, for the readers that wait in poll(2) only
-	// while their process serves one request (sockio.Reader.DirectIf).
+	// their reply being queued, for the process's other readers that wait
+	// in poll(2) only while it serves one request (sockio.Reader.DirectIf).
 	Busy *sockio.Busy
 
 	queue   chan *request
@@ -135,14 +135,11 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) serveConn(nc net.Conn) {
+	// The reader waits in the network poller, never in poll(2) (sockio):
+	// it hands every request to a worker, which would find the reader's
+	// P held while the reader slept in poll(2) — at queue depth 1 too
+	// (docs/BENCHMARKS.md, "A reader that woke a caller leaves it its P").
 	var rd io.Reader = nc
-	if fast := sockio.NewReader(nc); fast != nil {
-		// While the host serves one request at most, the reader waits in
-		// poll(2), woken by the kernel directly; under load, in the
-		// network poller, leaving its P to the workers (see sockio).
-		fast.DirectIf(s.Busy.Lone)
-		rd = fast
-	}
 	if s.Mirror != nil {
 		st := s.Mirror.NewStream()
 		defer st.Close()
