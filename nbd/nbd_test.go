@@ -602,3 +602,60 @@ func TestTrimFreesChunks(t *testing.T) {
 	_, _, data = c.simple(t, 4096)
 	assert.Equal(t, bytes.Repeat([]byte{7}, 4096), data, "untrimmed data stays")
 }
+
+// After the reader hands a request to a worker (a WRITE) its next wait for
+// input is in the network poller, not poll(2): the worker is queued on the
+// reader's P, which a thread blocked in poll(2) would keep. Requests the
+// reader answers itself (a one-page READ) keep the poll(2) wait. Each
+// request comes late enough that the reader is waiting for it; poll(2)'s
+// returns are counted.
+func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
+	conns := make(chan *conn, 1)
+	r := newRig(t, 1<<20, 32*4096, func(s *Server) { s.transmitting = func(c *conn) { conns <- c } })
+	c := dial(t, r.addr, "disk0", false)
+	sc := <-conns
+	require.NotNil(t, sc.fast)
+
+	cookie := uint64(0)
+	late := func(typ nbdproto.Cmd, payload []byte) {
+		t.Helper()
+		time.Sleep(10 * time.Millisecond) // the reader is waiting by now
+		cookie++
+		off, n, reply := uint64(4096), uint32(len(payload)), 0
+		switch typ {
+		case nbdproto.CmdRead:
+			n, reply = 4096, 4096
+		case nbdproto.CmdFlush:
+			off = 0 // a FLUSH has neither offset nor length
+		}
+		c.send(typ, 0, cookie, off, n, payload)
+		errno, got, _ := c.simple(t, reply)
+		require.Zero(t, errno)
+		require.Equal(t, cookie, got)
+	}
+	late(nbdproto.CmdRead, nil) // the reader is drained: its next read waits
+	for _, tc := range []struct {
+		name string
+		typ  nbdproto.Cmd
+		poll bool
+	}{
+		{"READ", nbdproto.CmdRead, true},
+		{"WRITE after a READ", nbdproto.CmdWrite, true},
+		{"READ after a WRITE", nbdproto.CmdRead, false},
+		{"READ after a READ", nbdproto.CmdRead, true},
+		{"FLUSH", nbdproto.CmdFlush, true},
+		{"WRITE after a FLUSH", nbdproto.CmdWrite, false},
+	} {
+		var payload []byte
+		if tc.typ == nbdproto.CmdWrite {
+			payload = bytes.Repeat([]byte{7}, 4096)
+		}
+		before := sc.fast.Wakeups.Load()
+		late(tc.typ, payload)
+		if tc.poll {
+			assert.Greater(t, sc.fast.Wakeups.Load(), before, "%s: the reader did not wait in poll(2)", tc.name)
+		} else {
+			assert.Equal(t, before, sc.fast.Wakeups.Load(), "%s: the reader held its P in poll(2) after handing a request to a worker", tc.name)
+		}
+	}
+}

@@ -111,6 +111,9 @@ type Server struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	once     sync.Once
+	// transmitting, if set, sees each connection as its transmission
+	// phase begins (tests).
+	transmitting func(*conn)
 
 	// Counters.
 	Connections, Requests, Errors, ProtocolViolations atomic.Uint64
@@ -235,9 +238,13 @@ func (s *Server) serveConn(nc net.Conn) {
 		// While the host serves one request at most, the reader waits in
 		// poll(2): a request wakes this thread directly, and a hit is
 		// answered with no scheduler hop. Under load it waits in the
-		// network poller and leaves its P to the requests (sockio).
+		// network poller and leaves its P to the requests (sockio), as
+		// it does right after handing a request to a worker (Handed).
 		fast.DirectIf(s.Busy.Lone)
 		fast.Spin(s.PollFor, &s.spinners)
+	}
+	if s.transmitting != nil {
+		s.transmitting(c)
 	}
 	err = c.transmit()
 	if tc, ok := c.nc.(*tls.Conn); ok {

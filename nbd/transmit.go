@@ -150,6 +150,11 @@ func (c *conn) readRequests(work chan<- *request) error {
 			}
 		}
 		work <- r
+		if c.fast != nil {
+			// The worker is queued on this thread's P: the next wait
+			// must not hold it (sockio.Reader.Handed).
+			c.fast.Handed()
+		}
 	}
 }
 

@@ -262,23 +262,12 @@ func (s *Session) readLoop() {
 	defer s.wg.Done()
 	// The reader waits in poll(2) (while Lone says so): a response wakes
 	// this thread directly and completes its call with no scheduler hop
-	// (see sockio). Except right after it woke a waiting caller: that
-	// caller is queued on this thread's P, and a thread blocked in poll(2)
-	// keeps its P, so the caller would wait for the runtime's monitor
-	// (20 µs to 10 ms) whenever no other P is idle — as in a FUSE server,
-	// whose readers hold theirs in read(2). Parking in the network poller
-	// leaves the P to the caller at once. (Doubled a mount's commits/s,
-	// docs/BENCHMARKS.md.)
+	// (see sockio). Except right after it woke a caller blocked in Wait,
+	// which would find this thread's P held (sockio.Reader.Handed;
+	// doubled a mount's commits/s, docs/BENCHMARKS.md).
 	var rd io.Reader = s.nc
-	woke := false
 	if s.fast != nil {
-		s.fast.DirectIf(func() bool {
-			if woke {
-				woke = false
-				return false
-			}
-			return s.opt.Lone == nil || s.opt.Lone()
-		})
+		s.fast.DirectIf(s.opt.Lone)
 		rd = s.fast
 	}
 	cr := &capReader{r: rd}
@@ -313,7 +302,9 @@ func (s *Session) readLoop() {
 			s.fail(c.err)
 			return
 		}
-		woke = woke || c.Fn == nil
+		if c.Fn == nil && s.fast != nil {
+			s.fast.Handed()
+		}
 		s.complete(c)
 	}
 }

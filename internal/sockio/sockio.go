@@ -67,6 +67,8 @@ type Reader struct {
 	// lone, if set, is asked before each wait whether the thread may wait
 	// in poll(2) (DirectIf); false parks in the network poller instead.
 	lone func() bool
+	// handed: the owner readied a goroutine since the last wait (Handed).
+	handed bool
 	// Spins counts the attempts made while spinning: an idle connection
 	// adds none once its window has passed.
 	Spins atomic.Uint64
@@ -134,6 +136,15 @@ func (r *Reader) Direct() { r.direct = true }
 // there and must be cheap.
 func (r *Reader) DirectIf(lone func() bool) { r.direct, r.lone = true, lone }
 
+// Handed tells a direct Reader that its owner has readied another
+// goroutine since its last wait (handed it a request, or a response it
+// waits for): the next wait is in the network poller, whatever lone says.
+// The readied goroutine is queued on this thread's P, which a thread
+// blocked in poll(2) keeps; it would wait for the monitor's retake
+// whenever no other P is idle (in a FUSE server, whose readers hold
+// theirs in read(2), always). Call it from the reading goroutine.
+func (r *Reader) Handed() { r.handed = true }
+
 // Busy counts the requests a process is serving, for DirectIf: its
 // front ends add each request from reading it to queueing its reply.
 // A nil *Busy counts nothing and is always lone.
@@ -188,7 +199,8 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if r.drained && r.lone != nil && !r.lone() {
+	if r.drained && (r.handed || (r.lone != nil && !r.lone())) {
+		r.handed = false
 		n, err := r.nc.Read(p)
 		r.drained = n < len(p)
 		return n, err

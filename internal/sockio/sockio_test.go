@@ -281,6 +281,39 @@ func TestDirectIfWaitsInPollOnlyWhileLone(t *testing.T) {
 	}
 }
 
+// Handed sends one wait, the next, to the network poller, even while lone
+// says poll(2); the waits after it are poll(2) again.
+func TestHandedParksOneWaitInTheNetworkPoller(t *testing.T) {
+	a, b := pair(t, "tcp", "127.0.0.1:0")
+	r := NewReader(b)
+	require.NotNil(t, r)
+	r.DirectIf(func() bool { return true })
+	var p [8]byte
+	a.Write([]byte{0})
+	_, err := r.Read(p[:]) // drained: the next read waits
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		handed, poll bool
+	}{{false, true}, {true, false}, {false, true}, {true, false}} {
+		if tc.handed {
+			r.Handed()
+		}
+		before := r.Wakeups.Load()
+		go func() {
+			time.Sleep(5 * time.Millisecond) // the reader is waiting by now
+			a.Write([]byte{1})
+		}()
+		n, err := r.Read(p[:])
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		if tc.poll {
+			assert.Greater(t, r.Wakeups.Load(), before, "the wait after an unhanded read was not in poll(2)")
+		} else {
+			assert.Equal(t, before, r.Wakeups.Load(), "the wait after Handed was in poll(2)")
+		}
+	}
+}
+
 func TestBusyIsLoneWithOneRequestAtMost(t *testing.T) {
 	var nilBusy *Busy
 	nilBusy.Add(5) // counts nothing
