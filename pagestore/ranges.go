@@ -442,7 +442,7 @@ func (s *Store) discard(k Key) {
 	s.unindex(k, f)
 	fr.valid = false
 	fr.key = 0
-	s.markClean(fr)
+	s.markClean(f)
 	fr.ver++
 	s.discards.Add(1)
 	if s.opt.OnEvict != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"runtime"
 	"sort"
 	"sync"
@@ -132,6 +133,12 @@ type Store struct {
 	discards, wbFailures, evictWBs    atomic.Uint64
 	freshWrites                       atomic.Uint64
 	ndirty                            atomic.Int64 // frames with dirty set
+	// dirtyBits has bit f%64 of word f/64 set while frame f is dirty (set
+	// and cleared with the flag, under the frame's write lock): a flush
+	// finds the dirty frames by scanning words, not frames. A scan of a
+	// 64 MiB cache's 16 K frames cost 50–65 µs of every fsync on the
+	// mount, and grows with the cache.
+	dirtyBits []atomic.Uint64
 
 	asyncState
 }
@@ -170,13 +177,14 @@ func New(remote Remote, opt Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		remote:  remote,
-		opt:     opt,
-		frames:  make([]frame, n),
-		data:    make([]byte, n*PageSize),
-		pol:     pol,
-		free:    make([]int32, n),
-		volumes: make(map[uint16]memnode.VolumeInfo),
+		remote:    remote,
+		opt:       opt,
+		frames:    make([]frame, n),
+		dirtyBits: make([]atomic.Uint64, (n+63)/64),
+		data:      make([]byte, n*PageSize),
+		pol:       pol,
+		free:      make([]int32, n),
+		volumes:   make(map[uint16]memnode.VolumeInfo),
 	}
 	for i := range s.free {
 		s.free[i] = int32(n - 1 - i)
@@ -470,7 +478,7 @@ func (s *Store) modify(ctx context.Context, k Key, how fillMode, fn func(page []
 			if fr.key == k && fr.valid {
 				fn(s.page(f))
 				fr.ver++
-				s.markDirty(fr)
+				s.markDirty(f)
 				fr.mu.Unlock()
 				s.pol.hit(f)
 				s.hits.Add(1)
@@ -502,7 +510,7 @@ func (s *Store) modify(ctx context.Context, k Key, how fillMode, fn func(page []
 		fn(s.page(f))
 		fr.valid = true
 		fr.ver++
-		s.markDirty(fr)
+		s.markDirty(f)
 		fr.mu.Unlock()
 		s.track(f, k)
 		return nil
@@ -544,7 +552,7 @@ func (s *Store) unindex(k Key, f int32) {
 func (s *Store) releaseFrame(f int32) {
 	fr := &s.frames[f]
 	fr.key, fr.valid = 0, false
-	s.markClean(fr)
+	s.markClean(f)
 	fr.mu.Unlock()
 	s.evictMu.Lock()
 	s.free = append(s.free, f)
@@ -615,7 +623,7 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 			}
 			s.writeBacks.Add(1)
 			s.evictWBs.Add(1)
-			s.markClean(fr)
+			s.markClean(f)
 		}
 		s.evicted(f, k)
 		return f, nil
@@ -639,20 +647,41 @@ func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
 	return f, false
 }
 
-// markDirty sets fr's dirty flag (fr.mu held for writing). Once half the
-// frames are dirty it starts a background write-back round, so that a
-// burst of writes does not leave the misses after it only dirty victims.
-func (s *Store) markDirty(fr *frame) {
-	if !fr.dirty.Swap(true) && s.ndirty.Add(1) > int64(len(s.frames)/2) {
+// markDirty sets frame f's dirty flag (its mu held for writing). Once
+// half the frames are dirty it starts a background write-back round, so
+// that a burst of writes does not leave the misses after it only dirty
+// victims.
+func (s *Store) markDirty(f int32) {
+	if s.frames[f].dirty.Swap(true) {
+		return
+	}
+	s.dirtyBits[f/64].Or(1 << (f % 64))
+	if s.ndirty.Add(1) > int64(len(s.frames)/2) {
 		s.kickWriteback()
 	}
 }
 
-// markClean clears fr's dirty flag.
-func (s *Store) markClean(fr *frame) {
-	if fr.dirty.Swap(false) {
+// markClean clears frame f's dirty flag (its mu held for writing).
+func (s *Store) markClean(f int32) {
+	if s.frames[f].dirty.Swap(false) {
+		s.dirtyBits[f/64].And(^(uint64(1) << (f % 64)))
 		s.ndirty.Add(-1)
 	}
+}
+
+// nextDirty returns the first frame from f on whose dirty bit is set, or
+// len(s.frames).
+func (s *Store) nextDirty(f int) int {
+	for w := f / 64; w < len(s.dirtyBits); w++ {
+		word := s.dirtyBits[w].Load()
+		if w == f/64 {
+			word &= ^uint64(0) << (f % 64)
+		}
+		if word != 0 {
+			return w*64 + bits.TrailingZeros64(word)
+		}
+	}
+	return len(s.frames)
 }
 
 // kickWriteback starts a background write-back round now if
@@ -803,11 +832,8 @@ func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 		vers  [flushBatch]uint64
 		n     int
 	)
-	for ; i < len(s.frames) && n < flushBatch; i++ {
+	for i = s.nextDirty(i); i < len(s.frames) && n < flushBatch; i = s.nextDirty(i + 1) {
 		fr := &s.frames[i]
-		if !fr.dirty.Load() {
-			continue
-		}
 		fr.mu.RLock()
 		if !fr.valid || !fr.dirty.Load() || (vol != 0 && fr.key.Volume() != vol) {
 			fr.mu.RUnlock()
@@ -829,7 +855,7 @@ func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 		if err == nil {
 			fr.mu.Lock()
 			if fr.key == keys[j] && fr.ver == vers[j] {
-				s.markClean(fr)
+				s.markClean(held[j])
 			}
 			fr.mu.Unlock()
 		}
@@ -894,6 +920,9 @@ func (s *Store) Check() error {
 		}
 		if s.frames[i].dirty.Load() {
 			dirty++
+		}
+		if bit := s.dirtyBits[i/64].Load()>>(i%64)&1 == 1; bit != s.frames[i].dirty.Load() {
+			return fmt.Errorf("pagestore: frame %d's dirty bit is %v, its flag %v", i, bit, !bit)
 		}
 	}
 	if n := s.dirtyCount(); n != dirty {
