@@ -145,7 +145,7 @@ func (s *Store) initAsync() {
 		if !s.claim(f) {
 			return false
 		}
-		if s.frames[f].dirty.Load() {
+		if s.dirty(f) {
 			s.frames[f].mu.Unlock()
 			return false
 		}

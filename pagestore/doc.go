@@ -29,7 +29,7 @@
 // that it frees between batches, so FlushVolume (a file's fsync) waits for
 // one batch of a round, not the whole round, and no two write-backs of one
 // page by flushes are ever in flight together. A round finds the dirty
-// frames in a bitmap kept with their flags, so an fsync that finds one
+// frames in a bitmap of dirty bits, so an fsync that finds one
 // dirty page costs the same in a cache of 64 MiB or 64 GiB.
 // A dirty page whose write-back fails stays in the cache (it is the only
 // copy of an acknowledged write) and the miss that needed its frame fails.
