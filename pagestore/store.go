@@ -646,7 +646,7 @@ func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
 	return f, false
 }
 
-// markDirty sets frame f's dirty flag (its mu held for writing). Once
+// markDirty sets frame f's dirty bit (its mu held for writing). Once
 // half the frames are dirty it starts a background write-back round, so
 // that a burst of writes does not leave the misses after it only dirty
 // victims.
@@ -660,7 +660,7 @@ func (s *Store) markDirty(f int32) {
 	}
 }
 
-// markClean clears frame f's dirty flag (its mu held for writing).
+// markClean clears frame f's dirty bit (its mu held for writing).
 func (s *Store) markClean(f int32) {
 	bit := uint64(1) << (f % 64)
 	if s.dirtyBits[f/64].And(^bit)&bit != 0 {
