@@ -60,6 +60,10 @@ const (
 	stPending   = 0
 	stReceiving = 1
 	stAbandoned = 2
+
+	sigNone   = 0
+	sigDone   = 1
+	sigParked = 2
 )
 
 // Call is one request in flight and, when done, its result.
@@ -87,8 +91,15 @@ type Call struct {
 
 	err   error
 	state atomic.Uint32
-	done  chan struct{}
-	s     *Session
+	// signal tells a waiter its call is complete: the session stores
+	// sigDone; a waiter that finds sigNone stores sigParked and blocks on
+	// done, which the session then sends on. A waiter that comes after the
+	// response (the usual case with many calls in flight) touches no
+	// channel (a send and a select per call were about 5% of a client's
+	// CPU at 1024 READs in flight, docs/BENCHMARKS.md).
+	signal atomic.Uint32
+	done   chan struct{}
+	s      *Session
 }
 
 // Options tune a session.
@@ -129,7 +140,11 @@ type Session struct {
 	// can wait on): the reader goroutine's alone, but for its counters.
 	fast *sockio.Reader
 
-	lastRecv atomic.Int64 // unix nanos of the last response byte seen
+	// progress counts responses read and the starts of work (a first call
+	// in flight); the watchdog times the silence between its changes. A
+	// count, not a timestamp: reading the clock per response was 3-4% of
+	// a client's CPU at 1024 READs in flight (docs/BENCHMARKS.md).
+	progress atomic.Uint64
 	closed   chan struct{}
 	wg       sync.WaitGroup
 }
@@ -152,7 +167,6 @@ func New(nc net.Conn, p Protocol, opt Options) *Session {
 	s := &Session{nc: nc, proto: p, opt: opt, calls: NewTable[Call](opt.MaxInFlight), closed: make(chan struct{}), fast: sockio.NewReader(nc)}
 	s.w = NewBatchWriter(nc, opt.MaxPending, func(err error) { s.fail(fmt.Errorf("writing request: %w", err)) })
 	s.pool.New = func() any { return &Call{done: make(chan struct{}, 1)} }
-	s.lastRecv.Store(time.Now().UnixNano())
 	s.wg.Add(2)
 	go s.readLoop()
 	go s.watchdog()
@@ -171,6 +185,7 @@ func (s *Session) put(c *Call) {
 	c.Fn, c.Arg = nil, nil
 	c.Status, c.N, c.err = 0, 0, nil
 	c.state.Store(stPending)
+	c.signal.Store(sigNone)
 	s.pool.Put(c)
 }
 
@@ -206,7 +221,7 @@ func (s *Session) register(c *Call) (tag uint32, inFlight int, err error) {
 	tag, inFlight, err = s.calls.Register(c)
 	if err == nil && inFlight == 1 {
 		// The watchdog measures silence from the moment work exists.
-		s.lastRecv.Store(time.Now().UnixNano())
+		s.progress.Add(1)
 	}
 	return tag, inFlight, err
 }
@@ -231,14 +246,18 @@ func (s *Session) fail(err error) {
 }
 
 // complete hands a finished call to its waiter, or runs its Fn and
-// recycles it.
-func (s *Session) complete(c *Call) {
+// recycles it; woke reports whether a waiter blocked in Wait was readied.
+func (s *Session) complete(c *Call) (woke bool) {
 	if c.Fn == nil {
-		c.done <- struct{}{}
-		return
+		if c.signal.Swap(sigDone) == sigParked {
+			c.done <- struct{}{}
+			return true
+		}
+		return false
 	}
 	c.Fn(c)
 	s.put(c)
+	return false
 }
 
 // Err is the transport error a call failed with (nil if a response
@@ -278,7 +297,7 @@ func (s *Session) readLoop() {
 			s.fail(fmt.Errorf("reading response: %w", err))
 			return
 		}
-		s.lastRecv.Store(time.Now().UnixNano())
+		s.progress.Add(1)
 		c := s.calls.Take(h.Tag)
 		if c == nil {
 			s.fail(fmt.Errorf("response for unknown tag %#x", h.Tag))
@@ -302,10 +321,9 @@ func (s *Session) readLoop() {
 			s.fail(c.err)
 			return
 		}
-		if c.Fn == nil && s.fast != nil {
+		if s.complete(c) && s.fast != nil {
 			s.fast.Handed()
 		}
-		s.complete(c)
 	}
 }
 
@@ -374,22 +392,30 @@ func readPayload(r *bufio.Reader, cr *capReader, c *Call, n int) error {
 
 func (s *Session) watchdog() {
 	defer s.wg.Done()
-	period := max(s.opt.OpTimeout/4, time.Millisecond)
+	// Silence is timed from the first tick that saw the count where it
+	// stopped, up to a period after the last response: a short period
+	// keeps a timeout within 1.125 × OpTimeout of it.
+	period := max(s.opt.OpTimeout/8, time.Millisecond)
 	t := time.NewTicker(period)
 	defer t.Stop()
+	last, quiet := s.progress.Load(), time.Now()
 	for {
 		select {
 		case <-s.closed:
 			return
-		case <-t.C:
-		}
-		pending, broken := s.calls.Pending(), s.calls.Err() != nil
-		if broken {
-			return
-		}
-		if pending > 0 && time.Since(time.Unix(0, s.lastRecv.Load())) > s.opt.OpTimeout {
-			s.fail(fmt.Errorf("%w (%v, %d requests outstanding)", ErrTimeout, s.opt.OpTimeout, pending))
-			return
+		case now := <-t.C:
+			pending, broken := s.calls.Pending(), s.calls.Err() != nil
+			if broken {
+				return
+			}
+			if p := s.progress.Load(); p != last || pending == 0 {
+				last, quiet = p, now
+				continue
+			}
+			if now.Sub(quiet) >= s.opt.OpTimeout {
+				s.fail(fmt.Errorf("%w (%v, %d requests outstanding)", ErrTimeout, s.opt.OpTimeout, pending))
+				return
+			}
 		}
 	}
 }
@@ -405,13 +431,15 @@ func (c *Call) Wait(ctx context.Context) error {
 // recycled; its return value becomes Wait's when the transport succeeded.
 func (c *Call) WaitFn(ctx context.Context, fn func(*Call) error) error {
 	s := c.s
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		if c.state.CompareAndSwap(stPending, stAbandoned) {
-			return ctx.Err()
+	if c.signal.Load() != sigDone && c.signal.CompareAndSwap(sigNone, sigParked) {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			if c.state.CompareAndSwap(stPending, stAbandoned) {
+				return ctx.Err()
+			}
+			<-c.done // the session is completing it and will send
 		}
-		<-c.done
 	}
 	err := c.err
 	if err == nil && fn != nil {

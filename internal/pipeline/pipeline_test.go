@@ -108,6 +108,30 @@ func TestWatchdogTimesOut(t *testing.T) {
 	assert.ErrorIs(t, err, ErrTimeout)
 }
 
+// The watchdog times silence, not a call's age: calls answered one at a
+// time, each well within OpTimeout, all succeed though the last waits
+// several timeouts in all.
+func TestWatchdogSparesASlowButLiveConnection(t *testing.T) {
+	cl, sv := net.Pipe()
+	release := make(chan struct{})
+	toyServer(t, sv, release)
+	s := New(cl, toy{}, Options{OpTimeout: 200 * time.Millisecond})
+	defer s.Close(io.EOF)
+	calls := make([]*Call, 8)
+	for i := range calls {
+		calls[i] = send(t, s, make([]byte, 4))
+	}
+	go func() {
+		for range calls {
+			time.Sleep(50 * time.Millisecond)
+			release <- struct{}{}
+		}
+	}()
+	for i, c := range calls {
+		require.NoError(t, c.Wait(context.Background()), "call %d", i)
+	}
+}
+
 // TestCompletionFunctions: calls with Fn complete on the session's
 // goroutines with their payload in place, mixed with waited calls, and
 // fail through Fn when the connection breaks.
@@ -247,6 +271,15 @@ func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
 		require.NoError(t, c.Wait(context.Background()))
 	}
 
+	// A caller that calls Wait after its response was read was never
+	// parked: there is no one to wake, and the reader keeps poll(2).
+	viaLateWait := func() {
+		c := send(t, s, make([]byte, 4))
+		release <- struct{}{}
+		require.Eventually(t, func() bool { return c.signal.Load() == sigDone }, 5*time.Second, time.Millisecond)
+		require.NoError(t, c.Wait(context.Background()))
+	}
+
 	viaFn() // the reader has read once and is drained
 	for _, tc := range []struct {
 		name string
@@ -258,6 +291,8 @@ func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
 		{"Wait after Wait", viaWait, false},
 		{"Fn after Wait", viaFn, false},
 		{"Fn after Fn", viaFn, true},
+		{"Wait that came late", viaLateWait, true},
+		{"Fn after a Wait that came late", viaFn, true},
 	} {
 		before := s.fast.Wakeups.Load()
 		tc.call()
