@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/hist"
@@ -29,6 +30,10 @@ type TransportOptions struct {
 	Duration time.Duration // per system
 	Depth    int           // requests in flight
 	Region   uint64        // bytes read from at random
+	// Rounds runs the deep READ and stream systems this many times, taking
+	// turns, and reports each one's median run (ratios of medians); the
+	// Q1, FAA and TLS rows run once.
+	Rounds int
 }
 
 type waiter interface{ Wait(context.Context) error }
@@ -98,26 +103,38 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		opt.Region = 64 << 20
 	}
 	rep := &Report{Bench: "transport", Machine: Machine(), Ratios: map[string]float64{}}
-	plain, err := nodeReads(ctx, opt, "")
-	if err != nil {
-		return nil, err
+	var plain []Result
+	runs := map[string][]Result{}
+	var byRound []string // memnode/rr-random-zc of each round
+	for round := range max(opt.Rounds, 1) {
+		rs, err := nodeReads(ctx, opt, "", round == 0)
+		if err != nil {
+			return nil, err
+		}
+		if round == 0 {
+			plain = rs
+		}
+		runs["memnode"] = append(runs["memnode"], rs[0])
+		for _, sys := range []struct{ name, what string }{
+			{"raw", "raw stream"},
+			{"raw-random", "raw stream of random pages"},
+			{"raw-random-zc", "raw stream of random pages, zero-copy"},
+		} {
+			r, err := rawStream(ctx, opt, sys.name)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", sys.what, err)
+			}
+			runs[sys.name] = append(runs[sys.name], r)
+		}
+		rr, err := rrStream(ctx, opt)
+		if err != nil {
+			return nil, fmt.Errorf("random pages asked for and answered: %w", err)
+		}
+		runs["rr-random-zc"] = append(runs["rr-random-zc"], rr)
+		byRound = append(byRound, fmt.Sprintf("%.2f", rs[0].GBytesPerSec/rr.GBytesPerSec))
 	}
-	raw, err := rawStream(ctx, opt, "raw")
-	if err != nil {
-		return nil, fmt.Errorf("raw stream: %w", err)
-	}
-	rawRandom, err := rawStream(ctx, opt, "raw-random")
-	if err != nil {
-		return nil, fmt.Errorf("raw stream of random pages: %w", err)
-	}
-	rawZC, err := rawStream(ctx, opt, "raw-random-zc")
-	if err != nil {
-		return nil, fmt.Errorf("raw stream of random pages, zero-copy: %w", err)
-	}
-	rr, err := rrStream(ctx, opt)
-	if err != nil {
-		return nil, fmt.Errorf("random pages asked for and answered: %w", err)
-	}
+	mn, raw, rawRandom := medianRun(runs["memnode"]), medianRun(runs["raw"]), medianRun(runs["raw-random"])
+	rawZC, rr := medianRun(runs["raw-random-zc"]), medianRun(runs["rr-random-zc"])
 	dir, err := os.MkdirTemp("", "pd3-bench-tls-")
 	if err != nil {
 		return nil, err
@@ -126,13 +143,12 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if err := tlsfiles.WriteCA(dir, dir); err != nil {
 		return nil, err
 	}
-	mtls, err := nodeReads(ctx, opt, dir)
+	mtls, err := nodeReads(ctx, opt, dir, true)
 	if err != nil {
 		return nil, fmt.Errorf("over mutual TLS: %w", err)
 	}
 
 	crypto := sealOpen(opt.Duration / 2)
-	mn := plain[0]
 	rep.Results = append(append([]Result{mn, raw, rawRandom, rawZC, rr}, plain[1:]...), append(mtls, crypto)...)
 	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
 	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
@@ -158,14 +174,17 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		"memnode-mtls = the same node and client over mutual TLS (ECDSA P-256 certificates of a throwaway CA, the TLS version and cipher Go negotiates); Q1 = one request at a time, latency per request",
 		"aes-gcm = one goroutine sealing and opening 4 KiB with AES-128-GCM (what TLS 1.3 adds per READ); tls/plain_ceiling = the plain READ rate with that work added, spread over all cores",
 	)
+	if len(byRound) > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("4KiB READ and stream rows: each system's median of %d runs by throughput, the systems taking turns (ratios of medians); memnode/rr-random-zc by round: %s", len(byRound), strings.Join(byRound, " ")))
+	}
 	return rep, nil
 }
 
 // nodeReads starts a memory node (over mutual TLS with the certificates in
 // tlsDir, laid out by tlsfiles.WriteCA, when it is not "") and measures
-// 4 KiB READs at opt.Depth and one at a time, then, in clear only, 8-byte
-// FAAs.
-func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string) ([]Result, error) {
+// 4 KiB READs at opt.Depth and, if full, one at a time, then, in clear
+// only, 8-byte FAAs.
+func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bool) ([]Result, error) {
 	sys := "memnode"
 	args := []string{"memnode", "--listen", "127.0.0.1:0"}
 	var copt memnode.ClientOptions
@@ -215,6 +234,9 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string) ([]Resu
 		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
 		MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, HostRSS: hostRSS}
 	cpu.record(&deep)
+	if !full {
+		return []Result{deep}, nil
+	}
 
 	var lat hist.H
 	start := time.Now()

@@ -70,6 +70,7 @@ func benchCmd() *cobra.Command {
 	}
 	transport.Flags().DurationVar(&topt.Duration, "duration", 5*time.Second, "measurement time per system")
 	transport.Flags().IntVar(&topt.Depth, "depth", 1024, "requests in flight")
+	transport.Flags().IntVar(&topt.Rounds, "rounds", 1, "run the READ and stream systems this many times, taking turns, and report each one's median run (ratios of medians)")
 
 	var popt bench.PageOptions
 	var systems, dists, workers, sweep, arrivals string

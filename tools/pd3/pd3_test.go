@@ -220,7 +220,7 @@ func TestBenchSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
-	out, err := run(t, "", "bench", "transport", "--duration", "200ms", "--json")
+	out, err := run(t, "", "bench", "transport", "--duration", "200ms", "--rounds", "2", "--json")
 	require.NoError(t, err, out)
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
@@ -235,6 +235,10 @@ func TestBenchSmoke(t *testing.T) {
 		assert.Positive(t, r.OpsPerSec, "%s %s", r.System, r.Config)
 	}
 	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "raw-random-zc": true, "rr-random-zc": true, "memnode-mtls": true, "aes-gcm": true}, systems)
+	assert.Len(t, rep.Results, 10, "one row per system and configuration, whatever the rounds")
+	for _, r := range rep.Results[:5] {
+		assert.Len(t, r.RoundsOpsPerSec, 2, "%s %s: the median of both rounds, with each round's rate", r.System, r.Config)
+	}
 
 	out, err = run(t, "", "bench", "page", "--dataset", "16MiB", "--cache", "1MiB", "--duration", "300ms", "--warmup", "100ms", "--dist", "uniform,zipf:0.99", "--json")
 	require.NoError(t, err, out)
