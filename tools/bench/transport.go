@@ -363,7 +363,7 @@ func rrStream(ctx context.Context, opt TransportOptions) (Result, error) {
 	in := make([]byte, 256<<10)
 	// Each page goes to the buffer of its request, one per request in
 	// flight, as the memory node's bench reads into its callers' buffers:
-	// a copy into one cache-hot page cost a third of what those copies
+	// a copy into one cache-hot page cost a quarter of what those copies
 	// cost, and a client cannot choose where its callers want their pages.
 	dst := make([][]byte, opt.Depth)
 	for i := range dst {
