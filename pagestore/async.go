@@ -118,10 +118,71 @@ func (l *asyncLoad) finish(err error) {
 	done(err)
 }
 
+// PutNow stores src as page k if it can without waiting: the page is
+// cached and no one holds it, or a free frame or a clean page's frame
+// takes it. Otherwise it returns ErrWouldBlock having done nothing (the
+// page is being read, flushed or loaded; only dirty frames are left to
+// evict); use Put from a goroutine that may block. Other errors (a bad
+// key, a missing volume) are final.
+//
+// It is the write path of a connection reader that runs one-page writes
+// to completion without a worker, as GetAsync is its read path.
+func (s *Store) PutNow(k Key, src []byte) error {
+	if len(src) != PageSize {
+		return ErrBadPage
+	}
+	if err := s.CheckKey(k); err != nil {
+		return err
+	}
+	if f, ok := s.lookup(k); ok {
+		fr := &s.frames[f]
+		if !fr.mu.TryLock() {
+			return ErrWouldBlock
+		}
+		if fr.key != k || !fr.valid {
+			fr.mu.Unlock()
+			return ErrWouldBlock
+		}
+		s.overwrite(f, src)
+		s.pol.hit(f)
+		s.hits.Add(1)
+		return nil
+	}
+	f, ok := s.tryClaimClean()
+	if !ok {
+		return ErrWouldBlock
+	}
+	if !s.publish(k, f) {
+		return ErrWouldBlock // someone else is placing k
+	}
+	s.misses.Add(1)
+	s.frames[f].valid = true
+	s.overwrite(f, src)
+	s.track(f, k)
+	return nil
+}
+
+// overwrite copies src into write-locked frame f, marks it dirty and
+// unlocks it.
+func (s *Store) overwrite(f int32, src []byte) {
+	copy(s.page(f), src)
+	s.frames[f].ver++
+	s.markDirty(f)
+	s.frames[f].mu.Unlock()
+}
+
 // tryClaimClean is claimFrame for a caller that must not block: a free
 // frame, or a clean resident page evicted without a write-back.
 func (s *Store) tryClaimClean() (int32, bool) {
-	f, free := s.takeVictim(s.claimClean)
+	claim := s.claimClean
+	if s.dirtyCount() > len(s.frames)*3/4 {
+		// Few clean pages are left: the policy's scan for one looks at
+		// up to four times every frame, under evictMu, on a path that
+		// must not wait. Take only a free frame; claimFrame writes a
+		// victim back instead.
+		claim = nil
+	}
+	f, free := s.takeVictim(claim)
 	if free {
 		return f, true
 	}

@@ -18,7 +18,11 @@
 // goroutine, makes the frame valid and unlocks it — a lock released by
 // another goroutine than the one that took it, which sync.RWMutex allows.
 // Whenever it would have to wait it does nothing and says ErrWouldBlock.
-// Its loads hold at most a quarter of the frames.
+// Its loads hold at most a quarter of the frames. PutNow is its write
+// path: a cached page no one holds, or a free or clean frame, takes the
+// write at once. With more than three quarters of the frames dirty both
+// take free frames only, since a search for a clean page among dirty ones
+// would scan the cache under the eviction lock.
 //
 // # Writes and durability
 //

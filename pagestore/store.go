@@ -630,8 +630,8 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 }
 
 // takeVictim takes a free frame (free is true) or, failing that, the
-// policy's victim among the frames claim accepts (-1 if none); either
-// comes write-locked.
+// policy's victim among the frames claim accepts (-1 if none, or if claim
+// is nil); either comes write-locked.
 func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
 	s.evictMu.Lock()
 	if n := len(s.free); n > 0 {
@@ -640,6 +640,10 @@ func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
 		s.evictMu.Unlock()
 		s.frames[f].mu.Lock()
 		return f, true
+	}
+	if claim == nil {
+		s.evictMu.Unlock()
+		return -1, false
 	}
 	f = s.pol.victim(claim)
 	s.evictMu.Unlock()
