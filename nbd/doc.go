@@ -42,7 +42,9 @@
 // a remote read whose completion (on the memory-node client's reader
 // goroutine) fills the frame and appends the reply. That replaces two
 // goroutine hand-offs per request (reader → worker, memory-node reader →
-// worker) with none. Everything else, and reads the page store cannot
+// worker) with none. A one-page WRITE without FUA is written into the
+// cache by the reader the same way when the backend is a PageWriter and
+// the page can be taken at once. Everything else, and reads the page store cannot
 // start without waiting (page busy, only dirty frames to evict, too many
 // loads in flight), goes to Workers goroutines that execute requests
 // concurrently. Replies are appended to one BatchWriter and leave in

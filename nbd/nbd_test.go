@@ -634,22 +634,24 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 		require.Equal(t, cookie, got)
 	}
 	late(nbdproto.CmdRead, nil) // the reader is drained: its next read waits
+	// A WRITE of two pages goes to a worker; one of one page the cache
+	// can take at once is written by the reader itself (writePage).
 	for _, tc := range []struct {
-		name string
-		typ  nbdproto.Cmd
-		poll bool
+		name  string
+		typ   nbdproto.Cmd
+		pages int
+		poll  bool
 	}{
-		{"READ", nbdproto.CmdRead, true},
-		{"WRITE after a READ", nbdproto.CmdWrite, true},
-		{"READ after a WRITE", nbdproto.CmdRead, false},
-		{"READ after a READ", nbdproto.CmdRead, true},
-		{"FLUSH", nbdproto.CmdFlush, true},
-		{"WRITE after a FLUSH", nbdproto.CmdWrite, false},
+		{"READ", nbdproto.CmdRead, 0, true},
+		{"WRITE after a READ", nbdproto.CmdWrite, 2, true},
+		{"READ after a WRITE", nbdproto.CmdRead, 0, false},
+		{"READ after a READ", nbdproto.CmdRead, 0, true},
+		{"FLUSH", nbdproto.CmdFlush, 0, true},
+		{"WRITE after a FLUSH", nbdproto.CmdWrite, 2, false},
+		{"one-page WRITE after a WRITE", nbdproto.CmdWrite, 1, false},
+		{"READ after a one-page WRITE", nbdproto.CmdRead, 0, true},
 	} {
-		var payload []byte
-		if tc.typ == nbdproto.CmdWrite {
-			payload = bytes.Repeat([]byte{7}, 4096)
-		}
+		payload := bytes.Repeat([]byte{7}, tc.pages*4096)
 		before := sc.fast.Wakeups.Load()
 		late(tc.typ, payload)
 		if tc.poll {

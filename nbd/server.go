@@ -46,6 +46,17 @@ type PageReader interface {
 
 var _ PageReader = (*pagestore.Store)(nil)
 
+// PageWriter is implemented by backends that can take a one-page write
+// without blocking (*pagestore.Store): the connection reader then writes
+// such a page into the cache itself, with no worker hand-off;
+// ErrWouldBlock (a page in use, only dirty frames left to evict) sends
+// the write to the workers instead.
+type PageWriter interface {
+	PutNow(k pageid.Key, src []byte) error
+}
+
+var _ PageWriter = (*pagestore.Store)(nil)
+
 // Export is one volume served over NBD.
 type Export struct {
 	Name        string
@@ -201,7 +212,8 @@ type conn struct {
 	exp        Export
 
 	bw      *pipeline.BatchWriter // replies (transmission phase)
-	pr      PageReader            // nil: every request goes to a worker
+	pr      PageReader            // nil: every read goes to a worker
+	pw      PageWriter            // nil: every write goes to a worker
 	pending sync.WaitGroup        // reads started with PageReader
 	nasync  atomic.Int32          // reads started with PageReader, in flight
 	// inflight counts requests read and not yet answered: a reply with

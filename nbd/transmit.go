@@ -65,6 +65,7 @@ func (c *conn) transmit() error {
 	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.raw) })
 	c.bw = bw
 	c.pr, _ = s.Backend.(PageReader)
+	c.pw, _ = s.Backend.(PageWriter)
 	work := make(chan *request, s.Workers*2)
 	var wg sync.WaitGroup
 	for i := 0; i < s.Workers; i++ {
@@ -149,6 +150,9 @@ func (c *conn) readRequests(work chan<- *request) error {
 				continue
 			}
 		}
+		if r.typ == nbdproto.CmdWrite && c.writePage(r) {
+			continue
+		}
 		work <- r
 		if c.fast != nil {
 			// The worker is queued on this thread's P: the next wait
@@ -188,6 +192,42 @@ func (c *conn) readPage(r *request) bool {
 	return true
 }
 
+// writePage runs a one-page WRITE on the reader's path when the cache can
+// take the page without waiting; its reply is held back like a hit's. It
+// reports false when a worker must take the request: FUA (it waits for a
+// write-back), or a page the cache cannot take at once.
+func (c *conn) writePage(r *request) bool {
+	if c.pw == nil || r.length != pageid.Size || r.off%pageid.Size != 0 || r.flags&nbdproto.CmdFlagFUA != 0 {
+		return false
+	}
+	err := c.pw.PutNow(pageid.MakeKey(c.exp.Volume, r.off/pageid.Size), r.buf)
+	if errors.Is(err, pagestore.ErrWouldBlock) {
+		return false
+	}
+	if err != nil {
+		c.failed(r, err)
+	}
+	c.answerFromReader(r, true)
+	if c.fast != nil && c.s.PollFor > 0 {
+		c.fast.Cold(false) // as after a hit: the client has its answer
+	}
+	return true
+}
+
+// answerFromReader queues r's reply from a goroutine that must not wait
+// for the network (the connection's reader, or the page store's remote
+// reader): if the reply buffer is full (the client is not reading), a
+// goroutine answers instead.
+func (c *conn) answerFromReader(r *request, later bool) {
+	if !c.tryAnswer(r, later) {
+		c.pending.Add(1)
+		go func() {
+			defer c.pending.Done()
+			c.answer(r, false)
+		}()
+	}
+}
+
 // pageRead completes a READ started by readPage when the page arrives.
 func (r *request) pageRead(err error) { r.c.pageDone(r, err, false) }
 
@@ -207,13 +247,7 @@ func (c *conn) pageDone(r *request, err error, later bool) {
 	if !later {
 		c.s.Stages.Stamp(stages.HostReplyWritten)
 	}
-	if !c.tryAnswer(r, later) {
-		c.pending.Add(1)
-		go func() {
-			defer c.pending.Done()
-			c.answer(r, false)
-		}()
-	}
+	c.answerFromReader(r, later)
 }
 
 // need writes the replies held back so far if the next n bytes of input
