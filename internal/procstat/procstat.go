@@ -10,7 +10,8 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-func stat(pid int) (procfs.ProcStat, error) {
+// proc opens pid's /proc entry (0: this process).
+func proc(pid int) (procfs.Proc, error) {
 	var p procfs.Proc
 	var err error
 	if pid == 0 {
@@ -19,7 +20,15 @@ func stat(pid int) (procfs.ProcStat, error) {
 		p, err = procfs.NewProc(pid)
 	}
 	if err != nil {
-		return procfs.ProcStat{}, fmt.Errorf("procstat: pid %d: %w", pid, err)
+		return procfs.Proc{}, fmt.Errorf("procstat: pid %d: %w", pid, err)
+	}
+	return p, nil
+}
+
+func stat(pid int) (procfs.ProcStat, error) {
+	p, err := proc(pid)
+	if err != nil {
+		return procfs.ProcStat{}, err
 	}
 	st, err := p.Stat()
 	if err != nil {
@@ -35,6 +44,23 @@ func RSS(pid int) (uint64, error) {
 		return 0, err
 	}
 	return uint64(st.ResidentMemory()), nil
+}
+
+// Private returns the resident memory of pid that is its own: anonymous
+// and shared-memory pages, without the file-backed pages of its binary
+// and libraries, which the page cache shares with other processes and may
+// reclaim (0: this process). A memory node's stored bytes are its own
+// pages; the text of a large binary (embedded etcd) is not.
+func Private(pid int) (uint64, error) {
+	p, err := proc(pid)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, fmt.Errorf("procstat: pid %d: %w", pid, err)
+	}
+	return st.RssAnon + st.RssShmem, nil
 }
 
 // CPU returns the user+system CPU time pid has used (0: this process).

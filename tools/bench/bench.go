@@ -51,7 +51,10 @@ type Result struct {
 	HostRSS        uint64  `json:"host_rss_bytes,omitempty"`
 	MemnodeRSS     uint64  `json:"memnode_rss_bytes,omitempty"`
 	MemnodeStored  uint64  `json:"memnode_stored_bytes,omitempty"`
-	Errors         uint64  `json:"errors"`
+	// MemnodePrivate is the part of MemnodeRSS that is the node's own
+	// (procstat.Private): without its binary's file-backed text.
+	MemnodePrivate uint64 `json:"memnode_private_bytes,omitempty"`
+	Errors         uint64 `json:"errors"`
 	// SendDelay*: open loop only, scheduled send time → sent, the
 	// generator's own lateness plus any wait for a free requester.
 	SendDelayP50us float64 `json:"send_delay_p50_us,omitempty"`
@@ -232,6 +235,9 @@ func (c *Child) WaitOutput(s string, timeout time.Duration) error {
 
 // RSS is the child's resident memory.
 func (c *Child) RSS() uint64 { n, _ := procstat.RSS(c.Pid); return n }
+
+// Private is the child's own resident memory (procstat.Private), 0 if unknown.
+func (c *Child) Private() uint64 { n, _ := procstat.Private(c.Pid); return n }
 
 // CPU is the child's CPU time so far.
 func (c *Child) CPU() time.Duration { d, _ := procstat.CPU(c.Pid); return d }
