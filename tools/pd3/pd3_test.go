@@ -229,7 +229,9 @@ func TestBenchSmoke(t *testing.T) {
 	assert.Contains(t, rep.Ratios, "memnode/rr-random-zc", "the ceiling of a server asked for every page, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain", "the memory-node link over mutual TLS, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain_ceiling")
-	assert.Less(t, rep.Ratios["memnode_private/stored"], rep.Ratios["memnode_rss/stored"], "the node's own memory, without its binary's text")
+	if assert.Contains(t, rep.Ratios, "memnode_private/stored") {
+		assert.Less(t, rep.Ratios["memnode_private/stored"], rep.Ratios["memnode_rss/stored"], "the node's own memory, without its binary's text")
+	}
 	systems := map[string]bool{}
 	for _, r := range rep.Results {
 		systems[r.System] = true
