@@ -143,7 +143,8 @@ func (s *Store) PutNow(k Key, src []byte) error {
 			fr.mu.Unlock()
 			return ErrWouldBlock
 		}
-		s.overwrite(f, src)
+		copy(s.page(f), src)
+		s.written(f)
 		s.pol.hit(f)
 		s.hits.Add(1)
 		return nil
@@ -156,19 +157,11 @@ func (s *Store) PutNow(k Key, src []byte) error {
 		return ErrWouldBlock // someone else is placing k
 	}
 	s.misses.Add(1)
+	copy(s.page(f), src)
 	s.frames[f].valid = true
-	s.overwrite(f, src)
+	s.written(f)
 	s.track(f, k)
 	return nil
-}
-
-// overwrite copies src into write-locked frame f, marks it dirty and
-// unlocks it.
-func (s *Store) overwrite(f int32, src []byte) {
-	copy(s.page(f), src)
-	s.frames[f].ver++
-	s.markDirty(f)
-	s.frames[f].mu.Unlock()
 }
 
 // tryClaimClean is claimFrame for a caller that must not block: a free

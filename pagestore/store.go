@@ -476,9 +476,7 @@ func (s *Store) modify(ctx context.Context, k Key, how fillMode, fn func(page []
 			fr.mu.Lock()
 			if fr.key == k && fr.valid {
 				fn(s.page(f))
-				fr.ver++
-				s.markDirty(f)
-				fr.mu.Unlock()
+				s.written(f)
 				s.pol.hit(f)
 				s.hits.Add(1)
 				return nil
@@ -508,12 +506,18 @@ func (s *Store) modify(ctx context.Context, k Key, how fillMode, fn func(page []
 		}
 		fn(s.page(f))
 		fr.valid = true
-		fr.ver++
-		s.markDirty(f)
-		fr.mu.Unlock()
+		s.written(f)
 		s.track(f, k)
 		return nil
 	}
+}
+
+// written ends a write into write-locked frame f: a new version, dirty,
+// unlocked.
+func (s *Store) written(f int32) {
+	s.frames[f].ver++
+	s.markDirty(f)
+	s.frames[f].mu.Unlock()
 }
 
 // publish enters the claimed, write-locked frame f into the index as k. If
