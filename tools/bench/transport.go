@@ -14,6 +14,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pd3-go/pd3/internal/hist"
@@ -92,6 +94,58 @@ func ring[C waiter](ctx context.Context, d time.Duration, depth int, issue func(
 	}
 }
 
+// fnRing keeps depth READs in flight for d as completion functions do
+// (memnode.Client.ReadFn): each completion, on the connection's reader
+// goroutine, issues the next READ into its buffer. It is the path of the
+// host's misses and the agent's prefetches, and a client with no hand-off
+// between a caller and the reader. It returns how many completed.
+func fnRing(c *memnode.Client, vol uint16, pages uint64, d time.Duration, bufs [][]byte) (uint64, time.Duration, error) {
+	var (
+		n, out  atomic.Int64
+		stop    atomic.Bool
+		errOnce sync.Once
+		first   error
+		drained = make(chan struct{})
+		// Completions run on the reader goroutine only, so one source
+		// serves them all; the first READs take theirs before any runs.
+		rng  = rand.New(rand.NewPCG(3, 4))
+		offs = make([]uint64, len(bufs))
+	)
+	fns := make([]func(error), len(bufs))
+	for i := range fns {
+		offs[i] = rng.Uint64N(pages) * memnode.PageSize
+		fns[i] = func(err error) {
+			if err != nil {
+				errOnce.Do(func() { first = err })
+				stop.Store(true)
+			} else {
+				n.Add(1)
+			}
+			if stop.Load() {
+				if out.Add(-1) == 0 {
+					close(drained)
+				}
+				return
+			}
+			c.ReadFn(vol, rng.Uint64N(pages)*memnode.PageSize, bufs[i], fns[i])
+		}
+	}
+	out.Store(int64(len(fns)))
+	start := time.Now()
+	for i := range fns {
+		c.ReadFn(vol, offs[i], bufs[i], fns[i])
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-drained: // every READ failed
+	}
+	stop.Store(true)
+	<-drained
+	return uint64(n.Load()), time.Since(start), first
+}
+
 // Transport compares 4 KB READs through the memnode protocol with a raw TCP
 // stream of the same bytes, the same READs over mutual TLS, and measures the
 // 8-byte FAA rate.
@@ -105,7 +159,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	rep := &Report{Bench: "transport", Machine: Machine(), Ratios: map[string]float64{}}
 	var plain []Result
 	runs := map[string][]Result{}
-	var byRound []string // memnode/rr-random-zc of each round
+	var byRound, byRoundFn []string // memnode(-fn)/rr-random-zc of each round
 	for round := range max(opt.Rounds, 1) {
 		rs, err := nodeReads(ctx, opt, "", round == 0)
 		if err != nil {
@@ -115,6 +169,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 			plain = rs
 		}
 		runs["memnode"] = append(runs["memnode"], rs[0])
+		runs["memnode-fn"] = append(runs["memnode-fn"], rs[1])
 		for _, sys := range []struct{ name, what string }{
 			{"raw", "raw stream"},
 			{"raw-random", "raw stream of random pages"},
@@ -132,8 +187,10 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		}
 		runs["rr-random-zc"] = append(runs["rr-random-zc"], rr)
 		byRound = append(byRound, fmt.Sprintf("%.2f", rs[0].GBytesPerSec/rr.GBytesPerSec))
+		byRoundFn = append(byRoundFn, fmt.Sprintf("%.2f", rs[1].GBytesPerSec/rr.GBytesPerSec))
 	}
-	mn, raw, rawRandom := medianRun(runs["memnode"]), medianRun(runs["raw"]), medianRun(runs["raw-random"])
+	mn, mnFn := medianRun(runs["memnode"]), medianRun(runs["memnode-fn"])
+	raw, rawRandom := medianRun(runs["raw"]), medianRun(runs["raw-random"])
 	rawZC, rr := medianRun(runs["raw-random-zc"]), medianRun(runs["rr-random-zc"])
 	dir, err := os.MkdirTemp("", "pd3-bench-tls-")
 	if err != nil {
@@ -149,7 +206,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	}
 
 	crypto := sealOpen(opt.Duration / 2)
-	rep.Results = append(append([]Result{mn, raw, rawRandom, rawZC, rr}, plain[1:]...), append(mtls, crypto)...)
+	rep.Results = append(append([]Result{mn, mnFn, raw, rawRandom, rawZC, rr}, plain[2:]...), append(mtls, crypto)...)
 	rep.Ratios["memnode/raw"] = mn.GBytesPerSec / raw.GBytesPerSec
 	rep.Ratios["memnode/raw-random"] = mn.GBytesPerSec / rawRandom.GBytesPerSec
 	rep.Ratios["memnode/raw-random-zc"] = mn.GBytesPerSec / rawZC.GBytesPerSec
@@ -160,13 +217,16 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	// page is asked for: the least request-and-answer exchange.
 	rep.Ratios["rr-random-zc/raw"] = rr.GBytesPerSec / raw.GBytesPerSec
 	rep.Ratios["memnode/rr-random-zc"] = mn.GBytesPerSec / rr.GBytesPerSec
+	// The same client with no caller to hand each answer to: what a
+	// session whose callers read the socket themselves could reach.
+	rep.Ratios["memnode-fn/rr-random-zc"] = mnFn.GBytesPerSec / rr.GBytesPerSec
 	rep.Ratios["memnode_rss/stored"] = float64(mn.MemnodeRSS) / float64(mn.MemnodeStored)
 	// What the node holds of its own per byte stored: RSS also counts the
 	// pages of its binary's text (tens of MiB with embedded etcd), which
 	// are shared and reclaimable.
 	rep.Ratios["memnode_private/stored"] = float64(mn.MemnodePrivate) / float64(mn.MemnodeStored)
 	rep.Ratios["tls/plain"] = mtls[0].OpsPerSec / mn.OpsPerSec
-	rep.Ratios["tls/plain_q1"] = mtls[1].OpsPerSec / plain[1].OpsPerSec
+	rep.Ratios["tls/plain_q1"] = mtls[1].OpsPerSec / plain[2].OpsPerSec
 	// The ceiling: the plain run's CPU per READ plus one seal and one open
 	// of its 4 KiB, spread over the machine's cores as the plain run was.
 	cores := float64(runtime.NumCPU())
@@ -174,12 +234,13 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	rep.Ratios["tls/plain_ceiling"] = ceiling / mn.OpsPerSec
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("one connection, %d requests in flight, %v per system; raw = 4 KiB blocks streamed over one TCP connection by a separate process from one cache-hot buffer; raw-random = the same stream, each block copied from a random page of a %s region first (the memory node's copy); raw-random-zc = blocks written straight from random pages of that region, 64 per writev (one copy, the kernel's: the ceiling of any server of random pages); rr-random-zc = those pages asked for one by one, %d requests of 32 bytes in flight, each answered by a 16-byte header and the page (one goroutine at each end, no protocol: the ceiling of any server that is asked for every page)", opt.Depth, opt.Duration, units.FormatSize(opt.Region), opt.Depth),
+		"memnode 4KiB READ = one caller keeping the READs in flight, waiting for each in turn (Wait); 4KiB READ fn = the same READs issued by completion functions on the client's reader goroutine (ReadFn, as the host's misses and the agent's prefetches go), no caller to wake",
 		"host CPU = this process, the client; memnode CPU = the server process (memory node or raw server); both per op over the run",
 		"memnode-mtls = the same node and client over mutual TLS (ECDSA P-256 certificates of a throwaway CA, the TLS version and cipher Go negotiates); Q1 = one request at a time, latency per request",
 		"aes-gcm = one goroutine sealing and opening 4 KiB with AES-128-GCM (what TLS 1.3 adds per READ); tls/plain_ceiling = the plain READ rate with that work added, spread over all cores",
 	)
 	if len(byRound) > 1 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("4KiB READ and stream rows: each system's median of %d runs by throughput, the systems taking turns (ratios of medians); memnode/rr-random-zc by round: %s", len(byRound), strings.Join(byRound, " ")))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("4KiB READ and stream rows: each system's median of %d runs by throughput, the systems taking turns (ratios of medians); memnode/rr-random-zc by round: %s; memnode-fn/rr-random-zc: %s", len(byRound), strings.Join(byRound, " "), strings.Join(byRoundFn, " ")))
 	}
 	return rep, nil
 }
@@ -238,8 +299,20 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
 		MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, MemnodePrivate: node.Private(), HostRSS: hostRSS}
 	cpu.record(&deep)
+	rs := []Result{deep}
+	if tlsDir == "" {
+		cpu = meterCPU(node)
+		n, el, err := fnRing(c, vol.ID, pages, opt.Duration, bufs)
+		if err != nil {
+			return nil, fmt.Errorf("%s reads with completion functions: %w", sys, err)
+		}
+		fn := Result{System: sys, Config: "4KiB READ fn", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+			GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}
+		cpu.record(&fn)
+		rs = append(rs, fn)
+	}
 	if !full {
-		return []Result{deep}, nil
+		return rs, nil
 	}
 
 	var lat hist.H
@@ -254,7 +327,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 	q1 := Result{System: sys, Config: "4KiB READ Q1", Ops: lat.Count(), OpsPerSec: float64(lat.Count()) / time.Since(start).Seconds(),
 		P50us: us(lat.Quantile(0.5)), P99us: us(lat.Quantile(0.99))}
 	if tlsDir != "" {
-		return []Result{deep, q1}, nil
+		return append(rs, q1), nil
 	}
 
 	n, el, err = ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
@@ -264,7 +337,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 		return nil, fmt.Errorf("memnode FAA: %w", err)
 	}
 	faa := Result{System: sys, Config: "8B FAA", Ops: n, OpsPerSec: float64(n) / el.Seconds()}
-	return []Result{deep, q1, faa}, nil
+	return append(rs, q1, faa), nil
 }
 
 // sealOpen measures AES-128-GCM sealing then opening 4 KiB on one

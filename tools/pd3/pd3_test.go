@@ -227,6 +227,7 @@ func TestBenchSmoke(t *testing.T) {
 	assert.Contains(t, rep.Ratios, "memnode/raw")
 	assert.Contains(t, rep.Ratios, "raw-random-zc/raw", "the ceiling of a server of random pages, side by side")
 	assert.Contains(t, rep.Ratios, "memnode/rr-random-zc", "the ceiling of a server asked for every page, side by side")
+	assert.Contains(t, rep.Ratios, "memnode-fn/rr-random-zc", "the client with no caller to wake, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain", "the memory-node link over mutual TLS, side by side")
 	assert.Contains(t, rep.Ratios, "tls/plain_ceiling")
 	if assert.Contains(t, rep.Ratios, "memnode_private/stored") {
@@ -238,8 +239,8 @@ func TestBenchSmoke(t *testing.T) {
 		assert.Positive(t, r.OpsPerSec, "%s %s", r.System, r.Config)
 	}
 	assert.Equal(t, map[string]bool{"memnode": true, "raw": true, "raw-random": true, "raw-random-zc": true, "rr-random-zc": true, "memnode-mtls": true, "aes-gcm": true}, systems)
-	assert.Len(t, rep.Results, 10, "one row per system and configuration, whatever the rounds")
-	for _, r := range rep.Results[:5] {
+	assert.Len(t, rep.Results, 11, "one row per system and configuration, whatever the rounds")
+	for _, r := range rep.Results[:6] {
 		assert.Len(t, r.RoundsOpsPerSec, 2, "%s %s: the median of both rounds, with each round's rate", r.System, r.Config)
 	}
 
