@@ -215,13 +215,8 @@ func TestAsyncLeavesAMostlyDirtyCacheToBlockingPaths(t *testing.T) {
 			rem := newAsyncRemote(0)
 			s := newTestStore(t, rem, 64, pol, 1024)
 			ctx := context.Background()
-			for p := uint64(0); p < 52; p++ { // 52 dirty of 64 frames
-				require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
-			}
+			dirtyThenClean(t, s, 52, 12) // of 64 frames
 			buf := make([]byte, PageSize)
-			for p := uint64(100); p < 112; p++ { // the other 12 frames clean
-				require.NoError(t, s.Get(ctx, pageid.MakeKey(1, p), buf))
-			}
 			_, err := s.GetAsync(pageid.MakeKey(1, 200), buf, func(error) { t.Error("load started") })
 			assert.ErrorIs(t, err, ErrWouldBlock)
 			assert.ErrorIs(t, s.PutNow(pageid.MakeKey(1, 201), fill(pageid.MakeKey(1, 201), 1)), ErrWouldBlock)
@@ -233,6 +228,43 @@ func TestAsyncLeavesAMostlyDirtyCacheToBlockingPaths(t *testing.T) {
 			require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 201), buf))
 			assert.Equal(t, fill(pageid.MakeKey(1, 201), 2), buf)
 		})
+	}
+}
+
+// Below the three-quarters rule, dirty pages can still fill the head of
+// the policy's queue (S3-FIFO evicts the oldest of its small queue first:
+// here 40 dirty pages before 24 clean ones). A non-blocking claim looks
+// at cleanTries of them at most, then leaves the write to a blocking
+// path, instead of going round them under evictMu.
+func TestNonBlockingClaimsStopAfterCleanTries(t *testing.T) {
+	rem := newAsyncRemote(0)
+	s := newTestStore(t, rem, 64, "s3fifo", 1024)
+	ctx := context.Background()
+	dirtyThenClean(t, s, 40, 24)
+	buf := make([]byte, PageSize)
+	claim, asked := s.claimClean, 0
+	s.claimClean = func(f int32) bool { asked++; return claim(f) }
+	err := s.PutNow(pageid.MakeKey(1, 200), fill(pageid.MakeKey(1, 200), 1))
+	assert.ErrorIs(t, err, ErrWouldBlock)
+	assert.Equal(t, cleanTries, asked, "claims a non-blocking write asked for")
+
+	// The blocking path still writes it, and the store stays consistent.
+	require.NoError(t, s.Put(ctx, pageid.MakeKey(1, 200), fill(pageid.MakeKey(1, 200), 1)))
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 200), buf))
+	assert.Equal(t, fill(pageid.MakeKey(1, 200), 1), buf)
+}
+
+// dirtyThenClean fills s with dirty pages 0..dirty-1 of volume 1, then
+// clean pages from 100 on, in that order.
+func dirtyThenClean(t *testing.T, s *Store, dirty, clean uint64) {
+	t.Helper()
+	ctx := context.Background()
+	for p := range dirty {
+		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
+	}
+	buf := make([]byte, PageSize)
+	for p := range clean {
+		require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 100+p), buf))
 	}
 }
 

@@ -22,7 +22,8 @@
 // path: a cached page no one holds, or a free or clean frame, takes the
 // write at once. With more than three quarters of the frames dirty both
 // take free frames only, since a search for a clean page among dirty ones
-// would scan the cache under the eviction lock.
+// would scan the cache under the eviction lock; below that, the search
+// gives up after cleanTries frames it could not claim.
 //
 // # Writes and durability
 //

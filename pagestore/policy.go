@@ -15,8 +15,9 @@ type policy interface {
 	insert(f int32, k Key)
 	// victim removes and returns a frame that claim accepted, or -1 when
 	// no frame could be claimed. claim fails for frames in use; the policy
-	// keeps such frames and moves on.
-	victim(claim func(f int32) bool) int32
+	// keeps such frames and moves on, giving up after tries failed claims
+	// when tries > 0 (a caller that must not wait would rather fail).
+	victim(claim func(f int32) bool, tries int) int32
 	// size reports how many frames the policy tracks (for check).
 	size() int
 }
@@ -60,7 +61,8 @@ func (c *clock) insert(f int32, _ Key) {
 	}
 }
 
-func (c *clock) victim(claim func(int32) bool) int32 {
+func (c *clock) victim(claim func(int32) bool, tries int) int32 {
+	failed := 0
 	// Two sweeps clear every reference bit; a third finds the claimable.
 	for i := 0; i < 3*len(c.in); i++ {
 		f := int32(c.hand)
@@ -79,6 +81,9 @@ func (c *clock) victim(claim func(int32) bool) int32 {
 			c.in[f] = false
 			c.n--
 			return f
+		}
+		if failed++; failed == tries {
+			return -1
 		}
 	}
 	return -1
@@ -148,7 +153,8 @@ func (s *s3fifo) remember(k Key) {
 	s.ghostSeq[k] = s.seq
 }
 
-func (s *s3fifo) victim(claim func(int32) bool) int32 {
+func (s *s3fifo) victim(claim func(int32) bool, tries int) int32 {
+	failed := 0
 	for i := 0; i < 4*len(s.freq); i++ {
 		if s.small.len() > s.smallCap || (s.main.len() == 0 && s.small.len() > 0) {
 			f := s.small.pop()
@@ -162,6 +168,9 @@ func (s *s3fifo) victim(claim func(int32) bool) int32 {
 				return f
 			}
 			s.small.push(f)
+			if failed++; failed == tries {
+				return -1
+			}
 			continue
 		}
 		if s.main.len() == 0 {
@@ -177,6 +186,9 @@ func (s *s3fifo) victim(claim func(int32) bool) int32 {
 			return f
 		}
 		s.main.push(f)
+		if failed++; failed == tries {
+			return -1
+		}
 	}
 	return -1
 }

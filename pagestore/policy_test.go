@@ -7,6 +7,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // lru is the baseline the policies are measured against (simulation only).
@@ -20,13 +21,17 @@ func newLRU() *lru { return &lru{l: list.New(), elems: make(map[int32]*list.Elem
 func (p *lru) hit(f int32)           { p.l.MoveToFront(p.elems[f]) }
 func (p *lru) insert(f int32, _ Key) { p.elems[f] = p.l.PushFront(f) }
 func (p *lru) size() int             { return p.l.Len() }
-func (p *lru) victim(claim func(int32) bool) int32 {
+func (p *lru) victim(claim func(int32) bool, tries int) int32 {
+	failed := 0
 	for e := p.l.Back(); e != nil; e = e.Prev() {
 		f := e.Value.(int32)
 		if claim(f) {
 			p.l.Remove(e)
 			delete(p.elems, f)
 			return f
+		}
+		if failed++; failed == tries {
+			return -1
 		}
 	}
 	return -1
@@ -59,7 +64,7 @@ func simulate(pol policy, frames int, dist workload.Dist, accesses int, seed uin
 			f = next
 			next++
 		} else {
-			f = pol.victim(always)
+			f = pol.victim(always, 0)
 			delete(where, keyOf[f])
 		}
 		where[k] = f
@@ -79,6 +84,42 @@ func TestPoliciesEvictSomething(t *testing.T) {
 	}
 	_, err := newPolicy("fifo", 4)
 	assert.Error(t, err)
+}
+
+// A caller that must not wait bounds the frames a policy offers it: with
+// every frame refused, victim gives up after tries claims (and keeps
+// every frame); without a bound it goes on.
+func TestVictimGivesUpAfterTriesRefusals(t *testing.T) {
+	const frames = 64
+	for _, name := range append([]string{"lru"}, PolicyNames...) {
+		for _, tc := range []struct {
+			tries   int
+			atLeast int // claims asked for
+			atMost  int
+		}{
+			{tries: 8, atLeast: 8, atMost: 8},
+			{tries: 32, atLeast: 32, atMost: 32},
+			{tries: 0, atLeast: frames, atMost: 4 * frames},
+		} {
+			var pol policy = newLRU()
+			if name != "lru" {
+				var err error
+				pol, err = newPolicy(name, frames)
+				require.NoError(t, err)
+			}
+			for f := range int32(frames) {
+				pol.insert(f, Key(f))
+			}
+			asked := 0
+			got := pol.victim(func(int32) bool { asked++; return false }, tc.tries)
+			assert.Equal(t, int32(-1), got, "%s tries=%d", name, tc.tries)
+			assert.GreaterOrEqual(t, asked, tc.atLeast, "%s tries=%d", name, tc.tries)
+			assert.LessOrEqual(t, asked, tc.atMost, "%s tries=%d", name, tc.tries)
+			assert.Equal(t, frames, pol.size(), "%s tries=%d: refused frames stay candidates", name, tc.tries)
+			f := pol.victim(func(int32) bool { return true }, tc.tries)
+			assert.GreaterOrEqual(t, f, int32(0), "%s tries=%d: a frame that can be claimed is found after a refusal", name, tc.tries)
+		}
+	}
 }
 
 // BenchmarkPolicyHitRatio measures hit ratios of LRU, CLOCK and S3-FIFO on

@@ -575,7 +575,7 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 	var waited time.Duration
 	var failedAt time.Time // first failed write-back of a victim
 	for attempt := 0; ; attempt++ {
-		f, free := s.takeVictim(s.claim)
+		f, free := s.takeVictim(s.claim, 0)
 		if free {
 			return f, nil
 		}
@@ -634,9 +634,10 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 }
 
 // takeVictim takes a free frame (free is true) or, failing that, the
-// policy's victim among the frames claim accepts (-1 if none, or if claim
-// is nil); either comes write-locked.
-func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
+// policy's victim among the frames claim accepts (-1 if none, if claim is
+// nil, or after tries failed claims when tries > 0); either comes
+// write-locked.
+func (s *Store) takeVictim(claim func(int32) bool, tries int) (f int32, free bool) {
 	s.evictMu.Lock()
 	if n := len(s.free); n > 0 {
 		f := s.free[n-1]
@@ -649,7 +650,7 @@ func (s *Store) takeVictim(claim func(int32) bool) (f int32, free bool) {
 		s.evictMu.Unlock()
 		return -1, false
 	}
-	f = s.pol.victim(claim)
+	f = s.pol.victim(claim, tries)
 	s.evictMu.Unlock()
 	return f, false
 }
