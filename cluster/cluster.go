@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -194,8 +195,8 @@ type RegisterOptions struct {
 	// TTL is how long after its last renewal a silent node is down
 	// (default 5s; etcd's granularity is a second).
 	TTL time.Duration
-	// Stored, if set, reports the node's memory in use, refreshed in its
-	// alive key every TTL/2.
+	// Stored, if set, reports the node's memory in use, looked at every
+	// TTL/2 and put in its alive key when it changed.
 	Stored func() uint64
 	// Persistent nodes keep their record when they stop: they come back
 	// with the same id and data. A volatile node's record is removed.
@@ -203,6 +204,8 @@ type RegisterOptions struct {
 	// Log hears of a lost session and of the node rejoining (nil: not
 	// logged).
 	Log *slog.Logger
+
+	repairTicks int // tests: aliveRepairTicks
 }
 
 // Register records node rec in the cluster and keeps it alive until
@@ -224,20 +227,23 @@ func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt Reg
 		sess.Close()
 		return nil, fmt.Errorf("cluster: recording node %s: %w", rec.ID, err)
 	}
-	if err := r.alive(ctx); err != nil {
+	said, err := r.alive(ctx)
+	if err != nil {
 		sess.Close()
 		return nil, err
 	}
-	go r.refresh(ttl / 2)
+	go r.refresh(ttl/2, said, cmp.Or(opt.repairTicks, aliveRepairTicks))
 	return r, nil
 }
 
-func (r *Registration) alive(ctx context.Context) error {
+// alive puts the node's alive key with its figures now, under its
+// session's lease, and returns what it said.
+func (r *Registration) alive(ctx context.Context) ([]byte, error) {
 	b, _ := json.Marshal(Liveness{Stored: r.stored()})
 	if _, err := r.cli.Put(ctx, r.pfx+"alive/"+r.rec.ID, string(b), clientv3.WithLease(r.session().Lease())); err != nil {
-		return fmt.Errorf("cluster: node %s alive: %w", r.rec.ID, err)
+		return nil, fmt.Errorf("cluster: node %s alive: %w", r.rec.ID, err)
 	}
-	return nil
+	return b, nil
 }
 
 func (r *Registration) session() *concurrency.Session {
@@ -246,15 +252,24 @@ func (r *Registration) session() *concurrency.Session {
 	return r.sess
 }
 
-// refresh renews the alive key's figures every interval, and when the
-// session is lost (etcd did not hear from the node for a TTL: etcd down,
-// or a partition) opens a new one and says the node is alive again, for
-// as long as it takes: a node that is serving must come back up in the
-// cluster's view once etcd can hear it.
-func (r *Registration) refresh(every time.Duration) {
+// aliveRepairTicks: an alive key whose figures have not changed is put
+// again only every this many refreshes (30 s at the default TTL). The
+// session's lease keeps the node alive on its own; a put is a write to
+// etcd's log and an fdatasync (24 in 20 s of an idle pd3 up), so an idle
+// node says nothing new, but still mends a key someone deleted.
+const aliveRepairTicks = 12
+
+// refresh renews the alive key's figures every interval when they changed
+// (said is what the key says now), and when the session is lost (etcd
+// did not hear from the node for a TTL: etcd down, or a partition) opens
+// a new one and says the node is alive again, for as long as it takes: a
+// node that is serving must come back up in the cluster's view once etcd
+// can hear it.
+func (r *Registration) refresh(every time.Duration, said []byte, repair int) {
 	defer close(r.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	quiet := 0 // refreshes since the last put
 	for {
 		select {
 		case <-r.stop:
@@ -263,10 +278,16 @@ func (r *Registration) refresh(every time.Duration) {
 			if !r.rejoin(every) {
 				return
 			}
+			said = nil // the rejoin's put may have failed: say it again
 		case <-t.C:
+			b, _ := json.Marshal(Liveness{Stored: r.stored()})
+			if quiet++; bytes.Equal(b, said) && quiet < repair {
+				continue
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), every)
-			r.alive(ctx) // a failure shows as the lease running out
+			said, _ = r.alive(ctx) // a failure shows as the lease running out
 			cancel()
+			quiet = 0
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,4 +206,41 @@ func TestNodeRejoinsAfterLosingItsSession(t *testing.T) {
 		nodes, err := Nodes(ctx, cli, "t")
 		return err == nil && len(nodes) == 1 && nodes[0].Up
 	}, 10*time.Second, 50*time.Millisecond, "the node is up again under a new session")
+}
+
+// The alive key is written when the node's figures change, not on every
+// refresh (each put is a write and an fdatasync in etcd), and is put again
+// every repairTicks refreshes anyway, which mends a deleted key.
+func TestAliveKeyPutWhenItChanges(t *testing.T) {
+	cli := dialEventually(t, embedded(t))
+	ctx := context.Background()
+	var stored atomic.Uint64
+	stored.Store(4096)
+	r, err := Register(ctx, cli, NodeRecord{ID: "n1", Addr: "10.0.0.1:7100"},
+		RegisterOptions{Cluster: "t", TTL: time.Second, Stored: stored.Load, repairTicks: 6}) // refreshes every 500 ms
+	require.NoError(t, err)
+	defer r.Close()
+	key := prefix("t") + "alive/n1"
+	rev := func() int64 {
+		resp, err := cli.Get(ctx, key)
+		require.NoError(t, err)
+		if len(resp.Kvs) == 0 {
+			return 0
+		}
+		return resp.Kvs[0].ModRevision
+	}
+	first := rev()
+	require.NotZero(t, first)
+	time.Sleep(1600 * time.Millisecond) // three refreshes, nothing new to say
+	assert.Equal(t, first, rev(), "an unchanged alive key was put again")
+
+	stored.Store(8192)
+	require.Eventually(t, func() bool {
+		nodes, err := Nodes(ctx, cli, "t")
+		return err == nil && len(nodes) == 1 && nodes[0].Stored == 8192
+	}, 2*time.Second, 20*time.Millisecond, "the new figure reaches the key")
+
+	_, err = cli.Delete(ctx, key)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rev() != 0 }, 10*time.Second, 50*time.Millisecond, "a deleted alive key is put again")
 }

@@ -13,7 +13,8 @@
 // Keys (values are JSON):
 //
 //	/pd3/NAME/nodes/ID   NodeRecord: address, capacity; written at start
-//	/pd3/NAME/alive/ID   Liveness: free memory; under the node's lease
+//	/pd3/NAME/alive/ID   Liveness: free memory; under the node's lease, put
+//	                     when it changes (and every 12th refresh)
 //	/pd3/NAME/volumes/V  VolumeRecord: node, id, size, state
 //	/pd3/NAME/hosts/L    HostInfo of the host whose session is lease L
 //	/pd3/NAME/holders/V/L  etcd mutex keys: the host of lease L holds V
