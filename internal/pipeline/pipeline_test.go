@@ -265,10 +265,16 @@ func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
 		answerLate()
 		<-done
 	}
+	// The caller is parked in Wait before its answer leaves: one that
+	// came after the reader had read it (a loaded machine can delay it
+	// that long) was never parked, so the reader would wake no one.
 	viaWait := func() {
 		c := send(t, s, make([]byte, 4))
+		waited := make(chan error, 1)
+		go func() { waited <- c.Wait(context.Background()) }()
+		require.Eventually(t, func() bool { return c.signal.Load() == sigParked }, 5*time.Second, 100*time.Microsecond)
 		answerLate()
-		require.NoError(t, c.Wait(context.Background()))
+		require.NoError(t, <-waited)
 	}
 
 	// A caller that calls Wait after its response was read was never
