@@ -227,8 +227,8 @@ func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt Reg
 		sess.Close()
 		return nil, fmt.Errorf("cluster: recording node %s: %w", rec.ID, err)
 	}
-	said, err := r.alive(ctx)
-	if err != nil {
+	said := r.liveness()
+	if err := r.alive(ctx, said); err != nil {
 		sess.Close()
 		return nil, err
 	}
@@ -236,14 +236,18 @@ func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt Reg
 	return r, nil
 }
 
-// alive puts the node's alive key with its figures now, under its
-// session's lease, and returns what it said.
-func (r *Registration) alive(ctx context.Context) ([]byte, error) {
+// liveness is what the node's alive key says now.
+func (r *Registration) liveness() []byte {
 	b, _ := json.Marshal(Liveness{Stored: r.stored()})
+	return b
+}
+
+// alive puts the node's alive key, saying b, under its session's lease.
+func (r *Registration) alive(ctx context.Context, b []byte) error {
 	if _, err := r.cli.Put(ctx, r.pfx+"alive/"+r.rec.ID, string(b), clientv3.WithLease(r.session().Lease())); err != nil {
-		return nil, fmt.Errorf("cluster: node %s alive: %w", r.rec.ID, err)
+		return fmt.Errorf("cluster: node %s alive: %w", r.rec.ID, err)
 	}
-	return b, nil
+	return nil
 }
 
 func (r *Registration) session() *concurrency.Session {
@@ -280,12 +284,15 @@ func (r *Registration) refresh(every time.Duration, said []byte, repair int) {
 			}
 			said = nil // the rejoin's put may have failed: say it again
 		case <-t.C:
-			b, _ := json.Marshal(Liveness{Stored: r.stored()})
+			b := r.liveness()
 			if quiet++; bytes.Equal(b, said) && quiet < repair {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), every)
-			said, _ = r.alive(ctx) // a failure shows as the lease running out
+			said = b
+			if r.alive(ctx, b) != nil {
+				said = nil // a failure shows as the lease running out; say it again
+			}
 			cancel()
 			quiet = 0
 		}
@@ -309,7 +316,7 @@ func (r *Registration) rejoin(every time.Duration) bool {
 				r.log.Info(fmt.Sprintf("memory node %s: back in the cluster", r.rec.ID))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), every)
-			r.alive(ctx) // if this fails, the next tick says it
+			r.alive(ctx, r.liveness()) // if this fails, the next tick says it
 			cancel()
 			return true
 		}
