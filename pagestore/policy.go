@@ -93,22 +93,14 @@ func (c *clock) size() int { return c.n }
 
 // s3fifo is S3-FIFO (Yang et al., SOSP'23): a small FIFO that filters
 // one-hit wonders, a main FIFO with reinsertion, and a ghost FIFO of keys
-// recently evicted from the small queue.
+// recently evicted from the small queue (as many as there are frames).
 type s3fifo struct {
 	freq      []atomic.Uint32
 	small     ring[int32]
 	main      ring[int32]
-	ghost     ring[ghostEntry]
-	ghostSeq  map[Key]uint64 // key → sequence of its live ghost entry
-	seq       uint64
+	ghost     ghost
 	smallCap  int
-	ghostCap  int
 	keyOfHint []Key // key of each frame, recorded at insert for the ghost
-}
-
-type ghostEntry struct {
-	k   Key
-	seq uint64
 }
 
 func newS3FIFO(frames int) *s3fifo {
@@ -116,10 +108,8 @@ func newS3FIFO(frames int) *s3fifo {
 		freq:      make([]atomic.Uint32, frames),
 		small:     newRing[int32](frames),
 		main:      newRing[int32](frames),
-		ghost:     newRing[ghostEntry](frames),
-		ghostSeq:  make(map[Key]uint64, frames),
+		ghost:     newGhost(frames),
 		smallCap:  max(frames/10, 1),
-		ghostCap:  frames,
 		keyOfHint: make([]Key, frames),
 	}
 }
@@ -133,24 +123,11 @@ func (s *s3fifo) hit(f int32) {
 func (s *s3fifo) insert(f int32, k Key) {
 	s.freq[f].Store(0)
 	s.keyOfHint[f] = k
-	if _, ok := s.ghostSeq[k]; ok {
-		delete(s.ghostSeq, k)
+	if s.ghost.take(k) {
 		s.main.push(f)
 		return
 	}
 	s.small.push(f)
-}
-
-func (s *s3fifo) remember(k Key) {
-	if s.ghost.len() == s.ghostCap {
-		old := s.ghost.pop()
-		if s.ghostSeq[old.k] == old.seq {
-			delete(s.ghostSeq, old.k)
-		}
-	}
-	s.seq++
-	s.ghost.push(ghostEntry{k, s.seq})
-	s.ghostSeq[k] = s.seq
 }
 
 func (s *s3fifo) victim(claim func(int32) bool, tries int) int32 {
@@ -164,7 +141,7 @@ func (s *s3fifo) victim(claim func(int32) bool, tries int) int32 {
 				continue
 			}
 			if claim(f) {
-				s.remember(s.keyOfHint[f])
+				s.ghost.remember(s.keyOfHint[f])
 				return f
 			}
 			s.small.push(f)

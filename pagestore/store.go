@@ -147,8 +147,8 @@ const nShards = 64
 
 type shard struct {
 	mu sync.Mutex
-	m  map[Key]int32
-	_  [40]byte // keep shards on separate cache lines
+	m  index
+	_  [16]byte // 64 bytes: keep shards on separate cache lines
 }
 
 type frame struct {
@@ -205,7 +205,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 		return true
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[Key]int32, n/nShards*2)
+		s.shards[i].m = newIndex(n / nShards)
 	}
 	s.initAsync()
 	return s, nil
@@ -365,7 +365,7 @@ func (s *Store) page(f int32) []byte {
 func (s *Store) lookup(k Key) (int32, bool) {
 	sh := s.shardOf(k)
 	sh.mu.Lock()
-	f, ok := sh.m[k]
+	f, ok := sh.m.get(k)
 	sh.mu.Unlock()
 	return f, ok
 }
@@ -525,12 +525,11 @@ func (s *Store) written(f int32) {
 func (s *Store) publish(k Key, f int32) bool {
 	sh := s.shardOf(k)
 	sh.mu.Lock()
-	if _, ok := sh.m[k]; ok {
+	if !sh.m.add(k, f) {
 		sh.mu.Unlock()
 		s.releaseFrame(f)
 		return false
 	}
-	sh.m[k] = f
 	sh.mu.Unlock()
 	s.frames[f].key = k
 	return true
@@ -545,9 +544,7 @@ func (s *Store) unpublish(k Key, f int32) {
 func (s *Store) unindex(k Key, f int32) {
 	sh := s.shardOf(k)
 	sh.mu.Lock()
-	if g, ok := sh.m[k]; ok && g == f {
-		delete(sh.m, k)
-	}
+	sh.m.remove(k, f)
 	sh.mu.Unlock()
 }
 
@@ -892,7 +889,7 @@ func (s *Store) Stats() Stats {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		st.ResidentPages += len(sh.m)
+		st.ResidentPages += sh.m.len()
 		sh.mu.Unlock()
 	}
 	return st
@@ -909,7 +906,11 @@ func (s *Store) Check() error {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, f := range sh.m {
+		for k, f := range sh.m.all() {
+			if g, ok := sh.m.get(k); !ok || g != f {
+				sh.mu.Unlock()
+				return fmt.Errorf("pagestore: index holds %v (frame %d) where a lookup cannot find it", k, f)
+			}
 			fr := &s.frames[f]
 			if fr.key != k || !fr.valid {
 				sh.mu.Unlock()

@@ -460,3 +460,41 @@ func BenchmarkFlushVolumeOneDirtyPage(b *testing.B) {
 		}
 	}
 }
+
+// regionRemote serves pages from a region of memory it filled: each miss
+// copies a page the caches have not seen lately, as a remote read's
+// answer does.
+type regionRemote struct{ mem []byte }
+
+func (r regionRemote) ReadPage(_ context.Context, k Key, dst []byte) error {
+	o := k.Page() * PageSize % uint64(len(r.mem))
+	copy(dst, r.mem[o:o+PageSize])
+	return nil
+}
+
+func (r regionRemote) WritePages(context.Context, []Key, [][]byte) error { return nil }
+
+// BenchmarkGetRandom reads random pages of a volume eight times the cache
+// through Get from two goroutines: mostly misses, each an index lookup,
+// an eviction (the policy's ghost), an unindex and a publish.
+func BenchmarkGetRandom(b *testing.B) {
+	const frames, pages = 16384, 8 * 16384
+	mem := make([]byte, pages*PageSize)
+	for i := 0; i < len(mem); i += 512 {
+		binary.LittleEndian.PutUint64(mem[i:], uint64(i))
+	}
+	s := newTestStore(b, regionRemote{mem}, frames, "", pages)
+	ctx := context.Background()
+	var seed atomic.Uint64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		r := rand.New(rand.NewPCG(seed.Add(1), 3))
+		dst := make([]byte, PageSize)
+		for pb.Next() {
+			if err := s.Get(ctx, pageid.MakeKey(1, r.Uint64N(pages)), dst); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
