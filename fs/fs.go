@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -60,7 +61,10 @@ type Config struct {
 	// host's other front ends: the memory-node client's reader waits in
 	// poll(2) only while the host serves one request (sockio.Busy).
 	Busy *sockio.Busy
-	Log  *slog.Logger
+	// Procs, if set, is told of every READ and WRITE
+	// (procgov.Governor.Other): they need every P back.
+	Procs *procgov.Governor
+	Log   *slog.Logger
 }
 
 // Backend is where a filesystem's volumes live. Only a *memnode.Client

@@ -734,6 +734,7 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
 	n.f.cfg.Busy.Add(1)
 	defer n.f.cfg.Busy.Add(-1)
+	n.f.cfg.Procs.Other()
 	n.f.reads.Add(1)
 	n.f.readBytes.Add(uint64(len(dest)))
 	c.io.RLock()
@@ -792,6 +793,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	}
 	n.f.cfg.Busy.Add(1)
 	defer n.f.cfg.Busy.Add(-1)
+	n.f.cfg.Procs.Other()
 	n.f.writes.Add(1)
 	n.f.writtenBytes.Add(uint64(len(data)))
 	if vol == 0 {

@@ -14,9 +14,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
@@ -660,4 +663,68 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 			assert.Equal(t, before, sc.fast.Wakeups.Load(), "%s: the reader held its P in poll(2) after handing a request to a worker", tc.name)
 		}
 	}
+}
+
+// TestLoneHitsDropToOneP: a run of reads answered from the cache one at a
+// time on the only connection takes the process to one P; a write or a
+// second connection brings every P back, and a miss breaks the run.
+func TestLoneHitsDropToOneP(t *testing.T) {
+	var mu sync.Mutex
+	var calls []int
+	gov := procgov.NewWith(1, 2, func(n int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, n)
+		return 0
+	})
+	switches := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(calls)
+	}
+	r := newRig(t, 1<<20, 32*4096, func(s *Server) { s.Procs = gov; s.Busy = new(sockio.Busy) })
+	c := dial(t, r.addr, "disk0", false)
+	cookie := uint64(0)
+	do := func(typ nbdproto.Cmd, page uint64, payload []byte) {
+		t.Helper()
+		cookie++
+		n, reply := uint32(len(payload)), 0
+		if typ == nbdproto.CmdRead {
+			n, reply = 4096, 4096
+		}
+		c.send(typ, 0, cookie, page*4096, n, payload)
+		errno, got, _ := c.simple(t, reply)
+		require.Zero(t, errno)
+		require.Equal(t, cookie, got)
+	}
+	do(nbdproto.CmdRead, 3, nil) // a miss loads it
+	for range procgov.HitsBeforeLow - 1 {
+		do(nbdproto.CmdRead, 3, nil)
+	}
+	assert.Empty(t, switches(), "not before a run of lone hits")
+	do(nbdproto.CmdRead, 3, nil)
+	assert.Equal(t, []int{1}, switches(), "one P after the run")
+	do(nbdproto.CmdWrite, 3, bytes.Repeat([]byte{1}, 4096))
+	assert.Equal(t, []int{1, 2}, switches(), "a write brings every P back")
+
+	for range procgov.HitsBeforeLow - 1 {
+		do(nbdproto.CmdRead, 3, nil)
+	}
+	do(nbdproto.CmdRead, 200, nil) // a miss breaks the run
+	do(nbdproto.CmdRead, 3, nil)
+	assert.Equal(t, []int{1, 2}, switches(), "a miss resets the run")
+	// Back up right after going low: the next run must be twice as long.
+	for range 2 * procgov.HitsBeforeLow {
+		do(nbdproto.CmdRead, 3, nil)
+	}
+	assert.Equal(t, []int{1, 2, 1}, switches())
+
+	// A second connection brings every P back, and while it is open no
+	// hit is lone.
+	dial(t, r.addr, "disk0", false)
+	require.Eventually(t, func() bool { return len(switches()) == 4 }, 5*time.Second, time.Millisecond)
+	for range 8 * procgov.HitsBeforeLow {
+		do(nbdproto.CmdRead, 3, nil)
+	}
+	assert.Equal(t, []int{1, 2, 1, 2}, switches())
 }

@@ -62,6 +62,9 @@ func (s *Server) newRequest(c *conn) *request {
 // BatchWriter in completion order.
 func (c *conn) transmit() error {
 	s := c.s
+	s.transmittingConns.Add(1)
+	defer s.transmittingConns.Add(-1)
+	s.Procs.Other() // a second connection needs every P
 	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.raw) })
 	c.bw = bw
 	c.pr, _ = s.Backend.(PageReader)
@@ -141,6 +144,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 			r.errno = c.validate(r)
 		}
 		if r.errno != 0 {
+			s.Procs.Other()
 			c.answer(r, true)
 			continue
 		}
@@ -150,6 +154,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 				continue
 			}
 		}
+		s.Procs.Other()
 		if r.typ == nbdproto.CmdWrite && c.writePage(r) {
 			continue
 		}
@@ -180,6 +185,11 @@ func (c *conn) readPage(r *request) bool {
 		c.nasync.Add(-1)
 		c.pending.Done()
 		return false
+	}
+	if finished && err == nil && c.s.Busy.Lone() && c.s.transmittingConns.Load() == 1 {
+		c.s.Procs.Hit()
+	} else {
+		c.s.Procs.Other()
 	}
 	if finished {
 		c.pageDone(r, err, true)

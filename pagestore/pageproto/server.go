@@ -16,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -62,6 +63,9 @@ type Server struct {
 	// their reply being queued, for the process's other readers that wait
 	// in poll(2) only while it serves one request (sockio.Reader.DirectIf).
 	Busy *sockio.Busy
+	// Procs, if set, is told of every request (procgov.Governor.Other):
+	// a page request needs every P back. Absent, nothing changes.
+	Procs *procgov.Governor
 
 	queue   chan *request
 	startMu sync.Once
@@ -178,6 +182,7 @@ func (s *Server) read(c *conn) error {
 		r.Discard(HeaderSize)
 		req := <-c.free
 		s.Busy.Add(1)
+		s.Procs.Other()
 		req.hdr = h
 		if s.Latency != nil {
 			req.start = time.Now()

@@ -26,6 +26,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
 	"github.com/pd3-go/pd3/internal/netsrv"
+	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
@@ -260,6 +261,12 @@ type HostConfig struct {
 	// request after a hit before it sleeps (nbd.Server.PollFor); 0 sleeps
 	// at once.
 	NBDPollFor time.Duration
+	// LoneProcs, if above zero, is the GOMAXPROCS the process runs with
+	// while its front ends answer reads from the cache one at a time
+	// (procgov); zero keeps the process's GOMAXPROCS. One host per
+	// process: the pd3 command sets it, tests that run several hosts in
+	// one process leave it zero.
+	LoneProcs int
 	// NBDReadOnly names volumes exported read-only over NBD.
 	NBDReadOnly []string
 	// NBDTLS is "" or "off" (plaintext), "on" (STARTTLS offered) or
@@ -346,6 +353,9 @@ type Host struct {
 	// busy counts the requests the front ends serve: the memory-node
 	// clients' readers wait in poll(2) only while it is lone (sockio).
 	busy *sockio.Busy
+	// procs runs the process with cfg.LoneProcs Ps through runs of lone
+	// hits (nil: no governor).
+	procs *procgov.Governor
 
 	closeOnce    sync.Once
 	done         chan error
@@ -762,7 +772,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	if stale {
 		cfg.Log.Warn(fmt.Sprintf("detached a dead pd3 mount at %s, left by a pd3 that ended without unmounting", cfg.Mount))
 	}
-	fcfg := fs.Config{Name: cfg.FSName, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log, Busy: h.busy}
+	fcfg := fs.Config{Name: cfg.FSName, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log, Busy: h.busy, Procs: h.procs}
 	if h.Client != nil {
 		fcfg.Backend = h.Client
 	}
@@ -867,6 +877,9 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 
 func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 	h.lat = newLatencies()
+	if h.procs = procgov.New(cfg.LoneProcs); h.procs != nil {
+		h.onClose(func() error { h.procs.Other(); return nil }) // every P back
+	}
 	var mir, nbdMir mirror.Mirror
 	switch {
 	case h.Agent != nil:
@@ -917,7 +930,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
-			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor, Busy: h.busy}
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor, Busy: h.busy, Procs: h.procs}
 
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
@@ -943,7 +956,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir, Latency: h.lat.observePage, Busy: h.busy}
+	h.Page = &pageproto.Server{Backend: h.Store, Workers: cfg.Workers, Log: cfg.Log, Mirror: mir, Latency: h.lat.observePage, Busy: h.busy, Procs: h.procs}
 	go func() { h.done <- h.Page.Serve(ctx, ln) }()
 	return nil
 }
