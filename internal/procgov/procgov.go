@@ -18,6 +18,9 @@ type Governor struct {
 	after atomic.Int32 // lone hits in a row that take the process low
 	low   atomic.Bool  // running with lone Ps
 	mu    sync.Mutex   // orders the set calls
+
+	// Switches counts the changes of GOMAXPROCS made, down and up.
+	Switches atomic.Uint64
 }
 
 // HitsBeforeLow is how many lone hits in a row first take the process
@@ -58,12 +61,14 @@ func (g *Governor) Hit() {
 	g.mu.Lock()
 	if !g.low.Load() {
 		g.set(g.lone)
+		g.Switches.Add(1)
 		g.low.Store(true)
 		// An Other that reset the run before seeing low set must not
 		// leave its request with lone Ps: one of the two sees the
 		// other's store (both are sequentially consistent atomics).
 		if g.run.Load() < g.after.Load() {
 			g.set(g.max)
+			g.Switches.Add(1)
 			g.low.Store(false)
 		}
 	}
@@ -87,6 +92,7 @@ func (g *Governor) Other() {
 	g.mu.Lock()
 	if g.low.Load() {
 		g.set(g.max)
+		g.Switches.Add(1)
 		g.low.Store(false)
 		// Low for fewer than four runs' worth of hits: the next run
 		// must be twice as long. Low for longer: back to the start.

@@ -39,6 +39,7 @@ func TestGovernorSwitches(t *testing.T) {
 	g.Other()
 	assert.Equal(t, []int{1, 2}, s.calls, "every P back at another request")
 	assert.False(t, g.Low())
+	assert.Equal(t, uint64(2), g.Switches.Load())
 	g.Other()
 	assert.Equal(t, []int{1, 2}, s.calls)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/nbd"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
@@ -114,6 +115,17 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("nbd_requests_total", "NBD transmission-phase requests received.", func(s *nbd.Server) uint64 { return s.Requests.Load() }),
 			counter("nbd_errors_total", "NBD requests answered with an error by the backend.", func(s *nbd.Server) uint64 { return s.Errors.Load() }),
 			counter("nbd_protocol_violations_total", "NBD connections closed for a protocol violation.", func(s *nbd.Server) uint64 { return s.ProtocolViolations.Load() }),
+		))
+	}
+	if g := h.procs; g != nil {
+		m.R.MustRegister(newCollector(atomics(g),
+			gauge("procs_low", "1 while the host runs with --lone-procs Ps (through a run of cached reads answered one at a time), 0 with every P.", func(g *procgov.Governor) float64 {
+				if g.Low() {
+					return 1
+				}
+				return 0
+			}),
+			counter("procs_switches_total", "Changes of GOMAXPROCS by the lone-hits governor, down and up.", func(g *procgov.Governor) uint64 { return g.Switches.Load() }),
 		))
 	}
 	if r := h.Replicated; r != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -46,7 +47,7 @@ pd3_y 5
 // The host's registry has every component's metrics, each read from its
 // component (a few spot checks against the components' own counters).
 func TestHostRegistry(t *testing.T) {
-	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: "embedded", NBDListen: "127.0.0.1:0"})
+	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: "embedded", NBDListen: "127.0.0.1:0", LoneProcs: 1})
 	buf := make([]byte, 4096)
 	require.NoError(t, h.Store.Get(context.Background(), 1<<48|3, buf))
 	r := h.Registry()
@@ -65,6 +66,10 @@ func TestHostRegistry(t *testing.T) {
 	assert.Contains(t, got, "pd3_nbd_requests_total")
 	assert.Contains(t, got, "pd3_prefetch_issued_total")
 	assert.Contains(t, got, "pd3_hostview_keys")
+	if runtime.GOMAXPROCS(0) > 1 {
+		assert.Contains(t, got, "pd3_procs_switches_total")
+		assert.Contains(t, got, "pd3_procs_low")
+	}
 }
 
 // Every metric the Grafana dashboard queries exists in a running host's
