@@ -33,6 +33,11 @@ const HitsBeforeLow = 64
 // moment) needs ever longer runs, doubling each time, up to this.
 const maxHitsBeforeLow = 1 << 16
 
+// runCap is where a run stops counting while the process is low: far
+// past what the back-off compares it with, far below where an int32
+// wraps (a day of hits at 27 K/s).
+const runCap = 1 << 30
+
 // New returns a governor that runs the process with lone Ps after
 // HitsBeforeLow lone hits in a row and with its GOMAXPROCS now at
 // anything else; nil (no governor) when lone <= 0 or the process already
@@ -55,7 +60,10 @@ func NewWith(lone, max int, set func(int) int) *Governor {
 // Hit records a read answered from memory while it was the only request
 // in flight.
 func (g *Governor) Hit() {
-	if g == nil || g.run.Add(1) < g.after.Load() || g.low.Load() {
+	if g == nil || g.low.Load() && g.run.Load() >= runCap {
+		return // low long enough for the back-off; the count must not wrap
+	}
+	if g.run.Add(1) < g.after.Load() || g.low.Load() {
 		return
 	}
 	g.mu.Lock()

@@ -130,3 +130,19 @@ func TestGovernorBacksOffWhenItFlaps(t *testing.T) {
 	}
 	assert.Equal(t, int32(maxHitsBeforeLow), g.after.Load(), "the back-off is capped")
 }
+
+func TestGovernorRunDoesNotWrap(t *testing.T) {
+	var s setter
+	g := NewWith(1, 2, s.set)
+	for range HitsBeforeLow {
+		g.Hit()
+	}
+	require.True(t, g.Low())
+	g.run.Store(runCap - 1)
+	g.Hit()
+	g.Hit()
+	assert.Equal(t, int32(runCap), g.run.Load(), "a low process stops counting at the cap")
+	g.Other()
+	assert.False(t, g.Low())
+	assert.Equal(t, int32(HitsBeforeLow), g.after.Load(), "a long stay low starts the back-off over")
+}
