@@ -29,7 +29,8 @@ func topCmd() *cobra.Command {
 and errors per second, p50/p99 latency per NBD command and page operation,
 the host cache's hit ratio and Loading Zone hits, prefetches issued, useful
 and wasted, Host View false positives and negatives, memory-node round
-trips, dirty pages. ADDR is what --metrics was given (HOST:PORT) or the
+trips, dirty pages, and whether the host runs with its --lone-procs Ps
+(the governor of cached reads served one at a time). ADDR is what --metrics was given (HOST:PORT) or the
 /metrics URL. q or Ctrl-C quits; --once prints one frame (over one
 interval) and exits, for scripts.`,
 		Args: cobra.ExactArgs(1),
@@ -168,6 +169,13 @@ func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, inter
 	if has("cache_remote_reads_total") || has("prefetch_issued_total") {
 		line("memory node/s", "host reads %-9s write-backs %-9s prefetch reads %s",
 			num(rate("cache_remote_reads_total")), num(rate("cache_writebacks_total")), num(rate("prefetch_issued_total")))
+	}
+	if has("procs_low") {
+		state := "every P"
+		if v1["procs_low"] == 1 {
+			state = "--lone-procs Ps (a run of lone cached reads)"
+		}
+		line("processors", "%s  switches/s %s", state, num(rate("procs_switches_total")))
 	}
 	if has("link_attached") {
 		state := "attached"
