@@ -161,7 +161,19 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	runs := map[string][]Result{}
 	var byRound, byRoundFn []string // memnode(-fn)/rr-random-zc of each round
 	for round := range max(opt.Rounds, 1) {
-		rs, err := nodeReads(ctx, opt, "", round == 0)
+		// The ceiling runs between the node's two READ runs, which swap
+		// places each round: each meets it at the same distance on
+		// average, so a machine whose speed drifts within a round (this
+		// VM's does, by up to 2x within a minute) biases neither ratio.
+		var rr Result
+		ceiling := func() error {
+			var err error
+			if rr, err = rrStream(ctx, opt); err != nil {
+				return fmt.Errorf("random pages asked for and answered: %w", err)
+			}
+			return nil
+		}
+		rs, err := nodeReads(ctx, opt, "", round == 0, nodeRun{between: ceiling, fnFirst: round%2 == 1})
 		if err != nil {
 			return nil, err
 		}
@@ -170,6 +182,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		}
 		runs["memnode"] = append(runs["memnode"], rs[0])
 		runs["memnode-fn"] = append(runs["memnode-fn"], rs[1])
+		runs["rr-random-zc"] = append(runs["rr-random-zc"], rr)
 		for _, sys := range []struct{ name, what string }{
 			{"raw", "raw stream"},
 			{"raw-random", "raw stream of random pages"},
@@ -181,11 +194,6 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 			}
 			runs[sys.name] = append(runs[sys.name], r)
 		}
-		rr, err := rrStream(ctx, opt)
-		if err != nil {
-			return nil, fmt.Errorf("random pages asked for and answered: %w", err)
-		}
-		runs["rr-random-zc"] = append(runs["rr-random-zc"], rr)
 		byRound = append(byRound, fmt.Sprintf("%.2f", rs[0].GBytesPerSec/rr.GBytesPerSec))
 		byRoundFn = append(byRoundFn, fmt.Sprintf("%.2f", rs[1].GBytesPerSec/rr.GBytesPerSec))
 	}
@@ -200,7 +208,7 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 	if err := tlsfiles.WriteCA(dir, dir); err != nil {
 		return nil, err
 	}
-	mtls, err := nodeReads(ctx, opt, dir, true)
+	mtls, err := nodeReads(ctx, opt, dir, true, nodeRun{})
 	if err != nil {
 		return nil, fmt.Errorf("over mutual TLS: %w", err)
 	}
@@ -240,16 +248,27 @@ func Transport(ctx context.Context, opt TransportOptions) (*Report, error) {
 		"aes-gcm = one goroutine sealing and opening 4 KiB with AES-128-GCM (what TLS 1.3 adds per READ); tls/plain_ceiling = the plain READ rate with that work added, spread over all cores",
 	)
 	if len(byRound) > 1 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("4KiB READ and stream rows: each system's median of %d runs by throughput, the systems taking turns (ratios of medians); memnode/rr-random-zc by round: %s; memnode-fn/rr-random-zc: %s", len(byRound), strings.Join(byRound, " "), strings.Join(byRoundFn, " ")))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("4KiB READ and stream rows: each system's median of %d runs by throughput, the systems taking turns, rr-random-zc between the memory node's two READ runs, which swap places each round (ratios of medians); memnode/rr-random-zc by round: %s; memnode-fn/rr-random-zc: %s", len(byRound), strings.Join(byRound, " "), strings.Join(byRoundFn, " ")))
 	}
 	return rep, nil
 }
 
+// nodeRun places another system's run among nodeReads' own (in clear).
+type nodeRun struct {
+	// between, if set, runs between the READs that wait and those with
+	// completion functions.
+	between func() error
+	// fnFirst runs the READs with completion functions first.
+	fnFirst bool
+}
+
 // nodeReads starts a memory node (over mutual TLS with the certificates in
 // tlsDir, laid out by tlsfiles.WriteCA, when it is not "") and measures
-// 4 KiB READs at opt.Depth and, if full, one at a time, then, in clear
+// 4 KiB READs at opt.Depth: READs that wait and, in clear, READs with
+// completion functions, run as place says and reported in that order
+// whatever it says; then, if full, READs one at a time and, in clear
 // only, 8-byte FAAs.
-func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bool) ([]Result, error) {
+func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bool, place nodeRun) ([]Result, error) {
 	sys := "memnode"
 	args := []string{"memnode", "--listen", "127.0.0.1:0"}
 	var copt memnode.ClientOptions
@@ -285,30 +304,52 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 	for i := range bufs {
 		bufs[i] = make([]byte, memnode.PageSize)
 	}
-	slot := 0
-	cpu := meterCPU(node)
-	n, el, err := ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
-		slot = (slot + 1) % len(bufs)
-		return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[slot])
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s reads: %w", sys, err)
+	var deep, fn Result
+	waits := func() error {
+		slot := 0
+		cpu := meterCPU(node)
+		n, el, err := ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
+			slot = (slot + 1) % len(bufs)
+			return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[slot])
+		})
+		if err != nil {
+			return fmt.Errorf("%s reads: %w", sys, err)
+		}
+		hostRSS, _ := procstat.RSS(0)
+		deep = Result{System: sys, Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+			GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
+			MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, MemnodePrivate: node.Private(), HostRSS: hostRSS}
+		cpu.record(&deep)
+		return nil
 	}
-	hostRSS, _ := procstat.RSS(0)
-	deep := Result{System: sys, Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
-		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
-		MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, MemnodePrivate: node.Private(), HostRSS: hostRSS}
-	cpu.record(&deep)
-	rs := []Result{deep}
-	if tlsDir == "" {
-		cpu = meterCPU(node)
+	fns := func() error {
+		cpu := meterCPU(node)
 		n, el, err := fnRing(c, vol.ID, pages, opt.Duration, bufs)
 		if err != nil {
-			return nil, fmt.Errorf("%s reads with completion functions: %w", sys, err)
+			return fmt.Errorf("%s reads with completion functions: %w", sys, err)
 		}
-		fn := Result{System: sys, Config: "4KiB READ fn", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
+		fn = Result{System: sys, Config: "4KiB READ fn", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
 			GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}
 		cpu.record(&fn)
+		return nil
+	}
+	order := []func() error{waits}
+	if tlsDir == "" {
+		order = append(order, place.between, fns)
+		if place.fnFirst {
+			order[0], order[2] = fns, waits
+		}
+	}
+	for _, run := range order {
+		if run == nil {
+			continue
+		}
+		if err := run(); err != nil {
+			return nil, err
+		}
+	}
+	rs := []Result{deep}
+	if tlsDir == "" {
 		rs = append(rs, fn)
 	}
 	if !full {
@@ -330,7 +371,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 		return append(rs, q1), nil
 	}
 
-	n, el, err = ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
+	n, el, err := ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
 		return c.FetchAndAddAsync(ctx, vol.ID, rng.Uint64N(opt.Region/8)*8, 1)
 	})
 	if err != nil {
