@@ -57,12 +57,13 @@ type Config struct {
 	// OnWrite, if set, sees the pages of every WRITE once they are in the
 	// host cache (the agent's Host View adds them).
 	OnWrite func(first pageid.Key, pages int)
-	// Busy, if set, counts the READs and WRITEs being served, beside the
-	// host's other front ends: the memory-node client's reader waits in
-	// poll(2) only while the host serves one request (sockio.Busy).
+	// Busy, if set, counts the READs and WRITEs being served (servedFS),
+	// beside the host's other front ends: the memory-node client's
+	// reader waits in poll(2) only while the host serves one request
+	// (sockio.Busy).
 	Busy *sockio.Busy
-	// Procs, if set, is told of every READ and WRITE
-	// (procgov.Governor.Other): they need every P back.
+	// Procs, if set, is told of every request (procgov.Governor.Other):
+	// they need every P back.
 	Procs *procgov.Governor
 	Log   *slog.Logger
 }

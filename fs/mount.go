@@ -107,7 +107,8 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 		MountOptions:    MountOptions("pd3:" + f.cfg.Name),
 	}
 	raw := &rawFS{RawFileSystem: gofs.NewNodeFS(&node{f: f, ino: rootIno}, opts)}
-	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
+	served := &servedFS{RawFileSystem: raw, busy: f.cfg.Busy, procs: f.cfg.Procs}
+	srv, err := fuse.NewServer(served, dir, &opts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mounting at %s: %w", dir, err)
 	}

@@ -732,9 +732,6 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 		return fuse.ReadResultData(nil), 0
 	}
 	dest = dest[:min(uint64(len(dest)), size-uint64(off))]
-	n.f.cfg.Busy.Add(1)
-	defer n.f.cfg.Busy.Add(-1)
-	n.f.cfg.Procs.Other()
 	n.f.reads.Add(1)
 	n.f.readBytes.Add(uint64(len(dest)))
 	c.io.RLock()
@@ -791,9 +788,6 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 	if end > MaxFileSize {
 		return 0, syscall.EFBIG
 	}
-	n.f.cfg.Busy.Add(1)
-	defer n.f.cfg.Busy.Add(-1)
-	n.f.cfg.Procs.Other()
 	n.f.writes.Add(1)
 	n.f.writtenBytes.Add(uint64(len(data)))
 	if vol == 0 {
