@@ -30,9 +30,9 @@ and errors per second, p50/p99 latency per NBD command and page operation,
 the host cache's hit ratio and Loading Zone hits, prefetches issued, useful
 and wasted, Host View false positives and negatives, memory-node round
 trips, dirty pages, and whether the host runs with its --lone-procs Ps
-(the governor of cached reads served one at a time). ADDR is what --metrics was given (HOST:PORT) or the
-/metrics URL. q or Ctrl-C quits; --once prints one frame (over one
-interval) and exits, for scripts.`,
+(the governor of cached reads served one at a time). ADDR is what
+--metrics was given (HOST:PORT) or the /metrics URL. q or Ctrl-C quits;
+--once prints one frame (over one interval) and exits, for scripts.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if interval <= 0 {
