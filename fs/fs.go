@@ -62,8 +62,9 @@ type Config struct {
 	// reader waits in poll(2) only while the host serves one request
 	// (sockio.Busy).
 	Busy *sockio.Busy
-	// Procs, if set, is told of every request (procgov.Governor.Other):
-	// they need every P back.
+	// Procs, if set, is told of every request but FORGET, locks and
+	// ioctls (procgov.Governor.Other, in servedFS): they need every P
+	// back.
 	Procs *procgov.Governor
 	Log   *slog.Logger
 }
