@@ -1,7 +1,9 @@
 // Package nbdclient is a minimal synchronous NBD client: fixed-newstyle
 // handshake with GO, then one request at a time with simple replies. The
 // tests use it where a real client cannot be steered precisely, and the
-// NBD benchmark for what fio's nbd engine cannot send (FUA).
+// NBD benchmark for what fio's nbd engine cannot send (FUA). A test that
+// pipelines requests negotiates what it needs (Options) and speaks the
+// transmission phase itself over Conn.
 package nbdclient
 
 import (
@@ -27,21 +29,62 @@ type Client struct {
 	cookie uint64
 }
 
+// Options are what a client negotiates beyond the export.
+type Options struct {
+	// Structured asks for structured replies (NBD_OPT_STRUCTURED_REPLY);
+	// the client's own Read does not understand them, so a client that
+	// asks speaks the transmission phase itself (Conn).
+	Structured bool
+}
+
 // Dial connects to export on addr.
 func Dial(addr, export string) (*Client, error) {
+	return DialOptions(addr, export, Options{})
+}
+
+// DialOptions connects to export on addr, negotiating opt first.
+func DialOptions(addr, export string, opt Options) (*Client, error) {
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{nc: nc, r: bufio.NewReader(nc)}
-	if err := c.handshake(export); err != nil {
+	if err := c.handshake(export, opt); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("NBD handshake: %w", err)
 	}
 	return c, nil
 }
 
-func (c *Client) handshake(export string) error {
+// Conn is the connection and its buffered reader, for a caller that
+// sends and reads the transmission phase itself (pipelined requests,
+// structured replies). Such a caller must not use Read, Write or Flush.
+func (c *Client) Conn() (net.Conn, *bufio.Reader) { return c.nc, c.r }
+
+// optionReply reads one option reply.
+func (c *Client) optionReply() (nbdproto.Rep, []byte, error) {
+	var rh [nbdproto.OptReplyHeaderLen]byte
+	if _, err := io.ReadFull(c.r, rh[:]); err != nil {
+		return 0, nil, err
+	}
+	if m := binary.BigEndian.Uint64(rh[:]); m != nbdproto.MagicOptReply {
+		return 0, nil, fmt.Errorf("option reply magic %#x, want %#x", m, nbdproto.MagicOptReply)
+	}
+	typ := nbdproto.Rep(binary.BigEndian.Uint32(rh[12:]))
+	n := binary.BigEndian.Uint32(rh[16:])
+	if n > maxOptReply {
+		// The length comes from the peer: trust it only as far as
+		// an option reply can reasonably go.
+		return 0, nil, fmt.Errorf("option reply of %d bytes: more than %d", n, maxOptReply)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(c.r, data); err != nil {
+		return 0, nil, err
+	}
+	return typ, data, nil
+}
+
+func (c *Client) handshake(export string, opt Options) error {
 	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.nc.SetDeadline(time.Time{})
 	var greet [nbdproto.GreetingLen]byte
@@ -52,28 +95,26 @@ func (c *Client) handshake(export string) error {
 		return fmt.Errorf("not an NBD server with fixed newstyle negotiation: greeting %q", greet[:16])
 	}
 	c.nc.Write(binary.BigEndian.AppendUint32(nil, uint32(nbdproto.ClientFixedNewstyle)))
+	if opt.Structured {
+		if _, err := c.nc.Write(nbdproto.AppendOption(nil, nbdproto.OptStructuredReply, nil)); err != nil {
+			return err
+		}
+		typ, data, err := c.optionReply()
+		if err != nil {
+			return err
+		}
+		if typ != nbdproto.RepAck {
+			return fmt.Errorf("server refused structured replies (%v): %s", typ, data)
+		}
+	}
 	d := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
 	d = binary.BigEndian.AppendUint16(append(d, export...), 0)
 	if _, err := c.nc.Write(nbdproto.AppendOption(nil, nbdproto.OptGo, d)); err != nil {
 		return err
 	}
 	for {
-		var rh [nbdproto.OptReplyHeaderLen]byte
-		if _, err := io.ReadFull(c.r, rh[:]); err != nil {
-			return err
-		}
-		if m := binary.BigEndian.Uint64(rh[:]); m != nbdproto.MagicOptReply {
-			return fmt.Errorf("option reply magic %#x, want %#x", m, nbdproto.MagicOptReply)
-		}
-		typ := nbdproto.Rep(binary.BigEndian.Uint32(rh[12:]))
-		n := binary.BigEndian.Uint32(rh[16:])
-		if n > maxOptReply {
-			// The length comes from the peer: trust it only as far as
-			// an option reply can reasonably go.
-			return fmt.Errorf("option reply of %d bytes: more than %d", n, maxOptReply)
-		}
-		data := make([]byte, n)
-		if _, err := io.ReadFull(c.r, data); err != nil {
+		typ, data, err := c.optionReply()
+		if err != nil {
 			return err
 		}
 		switch {

@@ -99,19 +99,28 @@ func TestLinearizableReplicatedWithANodeKilled(t *testing.T) {
 	}
 }
 
-func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
+// startCluster starts an embedded etcd and n memory nodes registered in
+// it, all closed when the test ends.
+func startCluster(t *testing.T, n int) (cluster.Access, []*Memnode) {
+	t.Helper()
 	ctx := context.Background()
 	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
 	require.NoError(t, err)
-	defer etcd.Close()
+	t.Cleanup(func() { etcd.Close() })
 	access := cluster.Access{Endpoints: []string{etcd.Endpoint}}
 	var nodes []*Memnode
-	for range 3 {
-		n, err := StartMemnode(ctx, MemnodeConfig{Etcd: access})
+	for range n {
+		node, err := StartMemnode(ctx, MemnodeConfig{Etcd: access})
 		require.NoError(t, err)
-		defer n.Close()
-		nodes = append(nodes, n)
+		t.Cleanup(func() { node.Close() })
+		nodes = append(nodes, node)
 	}
+	return access, nodes
+}
+
+func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
+	ctx := context.Background()
+	access, nodes := startCluster(t, 3)
 	// Four extents of 16 MiB, eight of the workload's keys in each.
 	h, err := StartHost(ctx, HostConfig{
 		Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 64 << 20}}, DPU: dpuMode,

@@ -1,0 +1,88 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/pd3-go/pd3/internal/nbdmodel"
+)
+
+// TestRandomNBDRequestsOnEveryReadPath runs internal/nbdmodel's random
+// requests (every command, unaligned, pipelined, replies in any order)
+// against a whole host on each of its read paths: the embedded agent
+// parsing a tapped copy of the stream or the packets themselves and
+// prefetching into the Loading Zone, and Leap's host-side prefetcher; with
+// a 16-page cache, a background write-back every millisecond, and simple
+// and structured replies. A prefetch that raced a write, a trim or a
+// write-back and was served afterwards would show as a stale read.
+func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
+	for _, tc := range []struct{ dpu, mirror, prefetch string }{
+		{"embedded", "tap", ""}, {"embedded", "packet", ""}, {"none", "", "leap"},
+	} {
+		for _, structured := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/%s%s/structured=%v", tc.dpu, tc.mirror, tc.prefetch, structured), func(t *testing.T) {
+				ctx := context.Background()
+				node, err := StartMemnode(ctx, MemnodeConfig{})
+				require.NoError(t, err)
+				defer node.Close()
+				const size = 8 << 20
+				h, err := StartHost(ctx, HostConfig{
+					Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", size}},
+					CacheBytes: 16 * 4096, LZBytes: 64 * 4096, NBDListen: "127.0.0.1:0",
+					DPU: tc.dpu, Mirror: tc.mirror, Prefetch: tc.prefetch, Writeback: time.Millisecond,
+				})
+				if errors.Is(err, unix.EPERM) {
+					t.Skip("the packet mirror needs CAP_NET_RAW:", err)
+				}
+				require.NoError(t, err)
+				defer func() {
+					require.NoError(t, h.Close(ctx))
+					assert.NoError(t, h.Store.Check())
+				}()
+				nbdmodel.Check(t, h.NBDAddr, "disk0", size, structured, 300, nil)
+				st := h.Store.Stats()
+				t.Logf("evictions %d, write-backs %d, Loading Zone hits %d", st.Evictions, st.WriteBacks, st.PrefetchHits)
+				if tc.dpu == "embedded" {
+					assert.Positive(t, st.PrefetchHits, "prefetched pages must be served")
+				}
+			})
+		}
+	}
+}
+
+// TestRandomNBDRequestsOnAReplicatedVolume: the same requests on a volume
+// replicated twice over three memory nodes (extents of 16 MiB, the
+// control plane embedded), with one node killed halfway: reads fail over,
+// writes, trims and write-backs drop the dead node's replicas, and no
+// reply differs from the model, with the host reading for itself and with
+// the embedded agent prefetching.
+func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
+	for _, dpuMode := range []string{"none", "embedded"} {
+		t.Run("dpu="+dpuMode, func(t *testing.T) {
+			ctx := context.Background()
+			access, nodes := startCluster(t, 3)
+			const size = 32 << 20 // two extents
+			h, err := StartHost(ctx, HostConfig{
+				Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", size}}, DPU: dpuMode,
+				CacheBytes: 16 * 4096, NBDListen: "127.0.0.1:0", OpTimeout: 2 * time.Second, Writeback: time.Millisecond,
+			})
+			require.NoError(t, err)
+			defer func() {
+				require.NoError(t, h.Close(ctx))
+				assert.NoError(t, h.Store.Check())
+			}()
+			nbdmodel.Check(t, h.NBDAddr, "disk0", size, dpuMode == "embedded", 300, func() {
+				require.NoError(t, nodes[0].Close())
+			})
+			t.Logf("failovers %d, dropped %d, repaired %d", h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())
+			assert.Positive(t, h.Replicated.Dropped.Load(), "the dead node's replicas were dropped")
+		})
+	}
+}
