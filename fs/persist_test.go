@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/fsmodel"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -23,39 +24,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// tree reads every file and symlink under dir into a map (path → bytes,
-// or "-> target").
-func tree(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	var walk func(rel string)
-	walk = func(rel string) {
-		ents, err := os.ReadDir(dir + rel)
-		require.NoError(t, err)
-		for _, de := range ents {
-			p := rel + "/" + de.Name()
-			if p == "/volumes" {
-				continue
-			}
-			switch {
-			case de.Type()&os.ModeSymlink != 0:
-				target, err := os.Readlink(dir + p)
-				require.NoError(t, err)
-				out[p] = "-> " + target
-			case de.IsDir():
-				out[p+"/"] = ""
-				walk(p)
-			default:
-				b, err := os.ReadFile(dir + p)
-				require.NoError(t, err)
-				out[p] = string(b)
-			}
-		}
-	}
-	walk("")
-	return out
-}
 
 // TestRemount: after a clean unmount a new host sees the same tree and
 // bytes, with the cache far smaller than the data so most of it comes
@@ -76,12 +44,12 @@ func TestRemount(t *testing.T) {
 	require.NoError(t, os.Link(e.path("src/pkg/deep/f2"), e.path("src/hard")))
 	require.NoError(t, os.Rename(e.path("src/pkg/deep/f3"), e.path("src/moved")))
 	require.NoError(t, os.Remove(e.path("src/pkg/deep/f4")))
-	want := tree(t, e.dir)
+	want := fsmodel.Tree(t, e.dir)
 	dir := e.dir
 	e.unmount()
 
 	e = mount(t, addr, dir, 1<<20)
-	assert.Equal(t, want, tree(t, e.dir))
+	assert.Equal(t, want, fsmodel.Tree(t, e.dir))
 	assert.Equal(t, uint64(2), nlink(t, e.path("src/hard")))
 }
 

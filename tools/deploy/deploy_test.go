@@ -58,15 +58,22 @@ func TestUnixSockets(t *testing.T) {
 	assert.Equal(t, p, got)
 }
 
+// newNode starts a memory node, stopped when the test ends.
+func newNode(t *testing.T) *Memnode {
+	t.Helper()
+	node, err := StartMemnode(context.Background(), MemnodeConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { node.Close() })
+	return node
+}
+
 // hostOnNewNode starts a memory node and a host on it (cfg.Memnode is set
 // here), both stopped when the test ends; it returns the host and the
 // node's address.
 func hostOnNewNode(t *testing.T, cfg HostConfig) (*Host, string) {
 	t.Helper()
 	ctx := context.Background()
-	node, err := StartMemnode(ctx, MemnodeConfig{})
-	require.NoError(t, err)
-	t.Cleanup(func() { node.Close() })
+	node := newNode(t)
 	cfg.Memnode = node.Addr
 	h, err := StartHost(ctx, cfg)
 	require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/nbdmodel"
 )
 
@@ -29,12 +30,9 @@ func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
 		for _, structured := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/%s%s/structured=%v", tc.dpu, tc.mirror, tc.prefetch, structured), func(t *testing.T) {
 				ctx := context.Background()
-				node, err := StartMemnode(ctx, MemnodeConfig{})
-				require.NoError(t, err)
-				defer node.Close()
 				const size = 8 << 20
 				h, err := StartHost(ctx, HostConfig{
-					Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", size}},
+					Memnode: newNode(t).Addr, Volumes: []VolumeSpec{{"disk0", size}},
 					CacheBytes: 16 * 4096, LZBytes: 64 * 4096, NBDListen: "127.0.0.1:0",
 					DPU: tc.dpu, Mirror: tc.mirror, Prefetch: tc.prefetch, Writeback: time.Millisecond,
 				})
@@ -57,12 +55,32 @@ func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
 	}
 }
 
+// killReplica closes a memory node that holds a replica of the first
+// extent of volume name (the extent the model's hot head is in).
+func killReplica(t *testing.T, access cluster.Access, nodes []*Memnode, name string) {
+	t.Helper()
+	ctx := context.Background()
+	cli, err := cluster.Dial(ctx, access)
+	require.NoError(t, err)
+	defer cli.Close()
+	rec, err := cluster.GetVolume(ctx, cli, "", name)
+	require.NoError(t, err)
+	require.NotNil(t, rec.Stripes, "%s is not replicated", name)
+	for _, n := range nodes {
+		if n.ID == rec.Stripes.Extents[0][0] {
+			require.NoError(t, n.Close())
+			return
+		}
+	}
+	t.Fatalf("no node of %v holds %s's first extent", rec.Stripes.Extents[0], name)
+}
+
 // TestRandomNBDRequestsOnAReplicatedVolume: the same requests on a volume
 // replicated twice over three memory nodes (extents of 16 MiB, the
-// control plane embedded), with one node killed halfway: reads fail over,
-// writes, trims and write-backs drop the dead node's replicas, and no
-// reply differs from the model, with the host reading for itself and with
-// the embedded agent prefetching.
+// control plane embedded), with a node that holds the hot extent killed
+// halfway: reads fail over, writes, trims and write-backs drop the dead
+// node's replicas, and no reply differs from the model, with the host
+// reading for itself and with the embedded agent prefetching.
 func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
 	for _, dpuMode := range []string{"none", "embedded"} {
 		t.Run("dpu="+dpuMode, func(t *testing.T) {
@@ -79,7 +97,7 @@ func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
 				assert.NoError(t, h.Store.Check())
 			}()
 			nbdmodel.Check(t, h.NBDAddr, "disk0", size, dpuMode == "embedded", 300, func() {
-				require.NoError(t, nodes[0].Close())
+				killReplica(t, access, nodes, "disk0")
 			})
 			t.Logf("failovers %d, dropped %d, repaired %d", h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())
 			assert.Positive(t, h.Replicated.Dropped.Load(), "the dead node's replicas were dropped")
