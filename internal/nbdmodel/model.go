@@ -100,7 +100,7 @@ func (m *Model) span() (uint64, uint32) {
 	return off, uint32(min(uint64(n), size-off))
 }
 
-// request makes a random request on a range no other request of its
+// random makes a random request on a range no other request of its
 // batch touches (so the batch's replies, in any order, have one meaning).
 func (m *Model) random(taken [][2]uint64) *request {
 	size := uint64(len(m.bytes))
@@ -132,7 +132,7 @@ func (m *Model) random(taken [][2]uint64) *request {
 			q.off, q.length = 0, 0
 		}
 		if q.cmd != nbdproto.CmdFlush && m.rng.IntN(50) == 0 {
-			// Past the end: from inside the export or wholly outside.
+			// Past the end: from within the last page, or from the end.
 			q.off = size - uint64(m.rng.IntN(4096))
 			q.length = 4097 + m.rng.Uint32N(8192)
 			q.past = true
