@@ -153,7 +153,7 @@ func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
-	require.NoError(t, nodes[0].Close()) // mid-run
+	killReplica(t, access, nodes, "disk0") // mid-run
 	wg.Wait()
 	ok, vis := hist.Check(time.Minute)
 	require.True(t, ok, "history of %d operations is not linearizable (see %s)", hist.Len(), vis)
