@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
-	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,15 +31,9 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 		t.Skip(err)
 	}
 	ctx := context.Background()
-	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
-	require.NoError(t, err)
-	defer etcd.Close()
-	access := cluster.Access{Endpoints: []string{etcd.Endpoint}}
+	access, started := startCluster(t, 4)
 	nodes := map[string]*Memnode{}
-	for range 4 {
-		n, err := StartMemnode(ctx, MemnodeConfig{Etcd: access})
-		require.NoError(t, err)
-		defer n.Close()
+	for _, n := range started {
 		nodes[n.ID] = n
 	}
 	host := func(dir string) *Host {
