@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
 )
 
@@ -38,11 +39,12 @@ type ClientOptions struct {
 	// Stages, if set, is stamped as a READ with a completion function is
 	// issued (the miss-path breakdown); nil in production.
 	Stages *stages.Recorder
-	// Lone, if set, tells the reader whether its process serves one
-	// request at most (sockio.Busy.Lone of the host's front ends): then it
-	// waits for responses in poll(2), otherwise in the network poller
-	// (pipeline.Options.Lone). nil always waits in poll(2).
-	Lone func() bool
+	// Busy, if set, is the host's front ends' count of requests in
+	// service: while it is lone (one request at most) and has a poll
+	// place free, the reader waits for responses in poll(2), otherwise in
+	// the network poller (pipeline.Options.Busy). nil always waits in
+	// poll(2).
+	Busy *sockio.Busy
 }
 
 // Client talks to one memory node. It is safe for concurrent use: requests
@@ -241,7 +243,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 	}
-	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight, Lone: c.opt.Lone})
+	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight, Busy: c.opt.Busy})
 	hello := make([]byte, 4+len(c.opt.Token))
 	binary.LittleEndian.PutUint32(hello, Version)
 	copy(hello[4:], c.opt.Token)

@@ -728,3 +728,27 @@ func TestLoneHitsDropToOneP(t *testing.T) {
 	}
 	assert.Equal(t, []int{1, 2, 1, 2}, switches())
 }
+
+// A second client connection makes the host never lone: with two, each
+// reader would wait in poll(2) holding a P while the other's miss needs
+// one (sockio.Busy.AddConn). The count follows connections as they come
+// and go.
+func TestTwoConnectionsAreNeverLone(t *testing.T) {
+	var busy sockio.Busy
+	r := newRig(t, 1<<20, 32*4096, func(s *Server) { s.Busy = &busy })
+	read := func(c *client) {
+		t.Helper()
+		c.send(nbdproto.CmdRead, 0, 1, 0, 4096, nil)
+		errno, _, _ := c.simple(t, 4096)
+		require.Zero(t, errno)
+	}
+	a := dial(t, r.addr, "disk0", false)
+	read(a)
+	assert.True(t, busy.Lone(), "one connection, nothing in flight")
+	b := dial(t, r.addr, "disk0", false)
+	read(b)
+	assert.False(t, busy.Lone(), "two connections")
+	b.nc.Close()
+	assert.Eventually(t, busy.Lone, 5*time.Second, time.Millisecond, "the second connection's end is counted")
+	read(a)
+}

@@ -17,7 +17,10 @@ import (
 func (c *conn) answer(r *request, later bool) {
 	buf, err := c.bw.Begin()
 	if err == nil {
-		c.end(c.appendReply(r, buf), later)
+		buf = c.appendReply(r, buf)
+		c.end(buf, later, c.uncount(r))
+	} else {
+		c.uncount(r)
 	}
 	c.recycle(r)
 }
@@ -30,27 +33,42 @@ func (c *conn) tryAnswer(r *request, later bool) bool {
 		return false
 	}
 	if ok {
-		c.end(c.appendReply(r, buf), later)
+		buf = c.appendReply(r, buf)
+		c.end(buf, later, c.uncount(r))
+	} else {
+		c.uncount(r)
 	}
 	c.recycle(r)
 	return true
 }
 
-func (c *conn) end(buf []byte, later bool) {
+// end queues a reply; inFlight is the connection's requests in flight
+// with this one.
+func (c *conn) end(buf []byte, later bool, inFlight int) {
 	if later {
 		c.bw.EndLater(buf)
 	} else {
-		c.bw.EndInFlight(buf, int(c.inflight.Load()))
+		c.bw.EndInFlight(buf, inFlight)
 	}
 }
 
-func (c *conn) recycle(r *request) {
+// uncount ends r's accounting before its reply can reach the client: a
+// client that sends its next request as soon as it has the answer must
+// find the process lone again (sockio.Busy), or a hit at queue depth 1
+// would count as one among others (procgov). It returns the requests
+// that were in flight with r.
+func (c *conn) uncount(r *request) int {
 	if l := c.s.Latency; l != nil && !r.start.IsZero() {
 		l(r.typ, time.Since(r.start))
 		r.start = time.Time{}
 	}
-	c.inflight.Add(-1)
 	c.s.Busy.Add(-1)
+	return int(c.inflight.Add(-1)) + 1
+}
+
+// recycle returns r and its buffer once its reply is queued (uncount
+// first).
+func (c *conn) recycle(r *request) {
 	if cap(r.buf) > len(r.page) {
 		c.s.bufs.put(r.buf)
 	}

@@ -262,7 +262,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		// answered with no scheduler hop. Under load it waits in the
 		// network poller and leaves its P to the requests (sockio), as
 		// it does right after handing a request to a worker (Handed).
-		fast.DirectIf(s.Busy.Lone)
+		fast.DirectIf(s.Busy)
 		fast.Spin(s.PollFor, &s.spinners)
 	}
 	if s.transmitting != nil {

@@ -64,6 +64,8 @@ func (c *conn) transmit() error {
 	s := c.s
 	s.transmittingConns.Add(1)
 	defer s.transmittingConns.Add(-1)
+	s.Busy.AddConn(1)
+	defer s.Busy.AddConn(-1)
 	s.Procs.Other() // a second connection needs every P
 	bw := pipeline.NewBatchWriter(c.nc, 4<<20, func(error) { sockio.Close(c.raw) })
 	c.bw = bw
@@ -135,6 +137,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 				r.buf = c.data(r, int(r.length))
 				c.need(len(r.buf))
 				if _, err := io.ReadFull(c.r, r.buf); err != nil {
+					c.uncount(r)
 					c.recycle(r)
 					return err
 				}

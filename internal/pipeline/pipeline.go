@@ -115,12 +115,13 @@ type Options struct {
 	ReadBuf int
 	// MaxPending bounds the bytes waiting to be written (default 8 MiB).
 	MaxPending int
-	// Lone, if set, is asked before the reader waits for responses: true
-	// waits in poll(2) (a lone request's answer wakes the reader directly),
-	// false in the network poller (sockio.Reader.DirectIf). nil always
-	// waits in poll(2). Either way, a reader that has woken a caller
-	// waiting in Wait since its last wait parks in the network poller.
-	Lone func() bool
+	// Busy, if set, is asked before the reader waits for responses: while
+	// it is lone, with a poll place free, the reader waits in poll(2) (a
+	// lone request's answer wakes it directly), else in the network
+	// poller (sockio.Reader.DirectIf). nil always waits in poll(2).
+	// Either way, a reader that has woken a caller waiting in Wait since
+	// its last wait parks in the network poller.
+	Busy *sockio.Busy
 }
 
 // ErrTimeout is wrapped by the error of calls failed by the watchdog.
@@ -286,7 +287,7 @@ func (s *Session) readLoop() {
 	// doubled a mount's commits/s, docs/BENCHMARKS.md).
 	var rd io.Reader = s.nc
 	if s.fast != nil {
-		s.fast.DirectIf(s.opt.Lone)
+		s.fast.DirectIf(s.opt.Busy)
 		rd = s.fast
 	}
 	cr := &capReader{r: rd}

@@ -64,9 +64,11 @@ type Reader struct {
 	spinners *Spinners
 	// cold: the owner expects its next input late (Cold); no spin.
 	cold bool
-	// lone, if set, is asked before each wait whether the thread may wait
-	// in poll(2) (DirectIf); false parks in the network poller instead.
-	lone func() bool
+	// busy, if set, is asked before each wait whether the thread may wait
+	// in poll(2) (DirectIf): only while the process serves one request at
+	// most, and only with one of its poll places; else it parks in the
+	// network poller.
+	busy *Busy
 	// handed: the owner readied a goroutine since the last wait (Handed).
 	handed bool
 	// Spins counts the attempts made while spinning: an idle connection
@@ -126,15 +128,17 @@ func (b *Spinners) give() { b.used.Add(-1) }
 // apply. Call it from the reading goroutine.
 func (r *Reader) Direct() { r.direct = true }
 
-// DirectIf is Direct for the waits at which lone reports true (Busy.Lone:
-// the process serves one request at most); at the others Read parks in
-// the network poller and leaves the thread's P to the process at once.
-// A thread blocked in poll(2) keeps its P until the runtime's monitor
-// takes it back, so under load the goroutines it could run wait 20 µs or
-// more, and the hand-off and the return each cost a thread wake-up.
-// A nil lone is Direct. Call it from the reading goroutine; lone runs
-// there and must be cheap.
-func (r *Reader) DirectIf(lone func() bool) { r.direct, r.lone = true, lone }
+// DirectIf is Direct for the waits at which b allows it: b.Lone (the
+// process serves one request at most) and a free poll place of b. At the
+// others Read parks in the network poller and leaves the thread's P to
+// the process at once. A thread blocked in poll(2) keeps its P until the
+// runtime's monitor takes it back, so under load the goroutines it could
+// run wait 20 µs or more, and the hand-off and the return each cost a
+// thread wake-up; and with as many threads blocked as the process has Ps,
+// whatever the awaited answer readies (a memory node's reply on another
+// connection) waits up to the monitor's 10 ms for a P. A nil b is
+// Direct. Call it from the reading goroutine.
+func (r *Reader) DirectIf(b *Busy) { r.direct, r.busy = true, b }
 
 // Handed tells a direct Reader that its owner has readied another
 // goroutine since its last wait (handed it a request, or a response it
@@ -146,9 +150,33 @@ func (r *Reader) DirectIf(lone func() bool) { r.direct, r.lone = true, lone }
 func (r *Reader) Handed() { r.handed = true }
 
 // Busy counts the requests a process is serving, for DirectIf: its
-// front ends add each request from reading it to queueing its reply.
-// A nil *Busy counts nothing and is always lone.
-type Busy struct{ n atomic.Int32 }
+// front ends add each request from reading it to queueing its reply. It
+// also bounds the Readers of the process blocked in poll(2) at once to
+// one fewer than its Ps (at least one): a P always stays free for the
+// goroutine an answer readies. Without that bound, idle NBD connections
+// of one client (multi-conn: nbdfuse opens four) each held a P in
+// poll(2) while the one request in flight waited for the memory node's
+// reply to find a P: 4 KiB reads through nbdfuse at four threads took
+// 2.5 ms instead of 0.1 (docs/decisions.md, 4).
+// A nil *Busy counts nothing, is always lone and bounds nothing.
+type Busy struct {
+	n     atomic.Int32
+	conns atomic.Int32 // client connections being served (AddConn)
+	polls atomic.Int32 // Readers blocked in poll(2)
+	max   atomic.Int32 // places; 0 until first used
+}
+
+// AddConn adds d to the client connections the process serves (1 as one
+// starts sending requests, -1 as it ends). With more than one the process
+// is never lone: each connection's reader would wait in poll(2) between
+// its own requests while another's request needs the P it holds (two
+// NBD connections at one 4 KiB read each: 2 600 reads/s and stalls of
+// 20 ms, against 13 500 and 2 ms in the network poller; docs/decisions.md, 4).
+func (b *Busy) AddConn(d int32) {
+	if b != nil {
+		b.conns.Add(d)
+	}
+}
 
 // Add adds d (1 as a request is read, -1 as its reply is queued).
 func (b *Busy) Add(d int32) {
@@ -165,10 +193,44 @@ func (b *Busy) Count() int {
 	return int(b.n.Load())
 }
 
-// Lone reports whether at most one request is being served: the input a
-// reader waits for is then the next thing the process does, and waiting
-// in poll(2) saves the scheduler's wake-ups.
-func (b *Busy) Lone() bool { return b == nil || b.n.Load() <= 1 }
+// Lone reports whether at most one request is being served, for one
+// client connection at most: the input a reader waits for is then the
+// next thing the process does, and waiting in poll(2) saves the
+// scheduler's wake-ups.
+func (b *Busy) Lone() bool { return b == nil || b.n.Load() <= 1 && b.conns.Load() <= 1 }
+
+// Polls is the number of Readers blocked in poll(2) now.
+func (b *Busy) Polls() int {
+	if b == nil {
+		return 0
+	}
+	return int(b.polls.Load())
+}
+
+// takePoll reserves a place to block in poll(2).
+func (b *Busy) takePoll() bool {
+	if b == nil {
+		return true
+	}
+	m := b.max.Load()
+	if m == 0 {
+		// GOMAXPROCS when first asked; a governor that lowers it later
+		// (procgov) leaves one place, which is what one P allows.
+		m = int32(max(1, runtime.GOMAXPROCS(0)-1))
+		b.max.Store(m)
+	}
+	if b.polls.Add(1) <= m {
+		return true
+	}
+	b.polls.Add(-1)
+	return false
+}
+
+func (b *Busy) givePoll() {
+	if b != nil {
+		b.polls.Add(-1)
+	}
+}
 
 // NewReader returns a Reader for nc, or nil if nc is not a socket this
 // package can wait on (then read nc itself).
@@ -199,11 +261,8 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if r.drained && (r.handed || (r.lone != nil && !r.lone())) {
-		r.handed = false
-		n, err := r.nc.Read(p)
-		r.drained = n < len(p)
-		return n, err
+	if r.drained && (r.handed || !r.busy.Lone()) {
+		return r.pollerRead(p)
 	}
 	if r.drained && r.spin > 0 && !r.cold {
 		if n, err := r.spinRead(p); n > 0 || err != nil {
@@ -211,21 +270,34 @@ func (r *Reader) Read(p []byte) (int, error) {
 			return n, err
 		}
 	}
-	if r.drained {
+	if !r.drained {
+		if n, err := r.TryRead(p); n > 0 || err != nil {
+			r.drained = n < len(p)
+			return n, err
+		}
+	}
+	if !r.busy.takePoll() {
+		return r.pollerRead(p)
+	}
+	defer r.busy.givePoll()
+	for {
 		if err := r.Wait(); err != nil {
 			return 0, err
 		}
-	}
-	for {
 		n, err := r.TryRead(p)
 		if n > 0 || err != nil {
 			r.drained = n < len(p)
 			return n, err
 		}
-		if err := r.Wait(); err != nil {
-			return 0, err
-		}
 	}
+}
+
+// pollerRead reads through the network poller.
+func (r *Reader) pollerRead(p []byte) (int, error) {
+	r.handed = false
+	n, err := r.nc.Read(p)
+	r.drained = n < len(p)
+	return n, err
 }
 
 // spinRead tries to read p until input arrives or the spin window ends

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,7 +241,7 @@ func TestReadsWaitsAndWritesAllocateNothing(t *testing.T) {
 	assert.Zero(t, allocs)
 }
 
-// DirectIf waits in poll(2) only while lone says so; otherwise the
+// DirectIf waits in poll(2) only while Busy is lone; otherwise the
 // reader parks in the network poller and poll(2) never wakes it. The
 // test switches lone back and forth on one connection and reads the same
 // way both times: each read must wait, since the bytes come later.
@@ -248,8 +249,8 @@ func TestDirectIfWaitsInPollOnlyWhileLone(t *testing.T) {
 	a, b := pair(t, "tcp", "127.0.0.1:0")
 	r := NewReader(b)
 	require.NotNil(t, r)
-	var lone atomic.Bool
-	r.DirectIf(lone.Load)
+	var busy Busy
+	r.DirectIf(&busy)
 	readLate := func() {
 		t.Helper()
 		go func() {
@@ -270,7 +271,10 @@ func TestDirectIfWaitsInPollOnlyWhileLone(t *testing.T) {
 		lone bool
 		want string
 	}{{false, "network poller"}, {true, "poll(2)"}, {false, "network poller"}} {
-		lone.Store(tc.lone)
+		busy.Add(-int32(busy.Count()))
+		if !tc.lone {
+			busy.Add(2)
+		}
 		before := r.Wakeups.Load()
 		readLate()
 		if tc.lone {
@@ -287,7 +291,7 @@ func TestHandedParksOneWaitInTheNetworkPoller(t *testing.T) {
 	a, b := pair(t, "tcp", "127.0.0.1:0")
 	r := NewReader(b)
 	require.NotNil(t, r)
-	r.DirectIf(func() bool { return true })
+	r.DirectIf(nil)
 	var p [8]byte
 	a.Write([]byte{0})
 	_, err := r.Read(p[:]) // drained: the next read waits
@@ -314,6 +318,52 @@ func TestHandedParksOneWaitInTheNetworkPoller(t *testing.T) {
 	}
 }
 
+// Fewer Readers than the process has Ps (one at least) wait in poll(2)
+// at once; the others park in the network poller, so a P stays free for
+// whatever an answer readies. Without the bound, idle connections held
+// every P in poll(2) and a memory node's reply waited for the runtime's
+// monitor.
+func TestPollPlacesLeaveAPFree(t *testing.T) {
+	var busy Busy
+	places := max(1, runtime.GOMAXPROCS(0)-1)
+	var writers []net.Conn
+	var readers []*Reader
+	for range places + 1 {
+		a, b := pair(t, "tcp", "127.0.0.1:0")
+		r := NewReader(b)
+		require.NotNil(t, r)
+		r.DirectIf(&busy)
+		writers, readers = append(writers, a), append(readers, r)
+	}
+	// The first readers take every place, blocked in poll(2).
+	done := make(chan error, places)
+	for i := range places {
+		go func() {
+			var p [8]byte
+			_, err := readers[i].Read(p[:])
+			done <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return busy.Polls() == places }, 5*time.Second, time.Millisecond)
+	// The last one reads through the network poller.
+	last := readers[places]
+	go func() {
+		time.Sleep(5 * time.Millisecond) // the reader is waiting by now
+		writers[places].Write([]byte{1})
+	}()
+	var p [8]byte
+	n, err := last.Read(p[:])
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.Zero(t, last.Wakeups.Load(), "a reader past the places waited in poll(2)")
+	assert.Equal(t, places, busy.Polls())
+	for i := range places {
+		writers[i].Write([]byte{1})
+		require.NoError(t, <-done)
+	}
+	assert.Zero(t, busy.Polls(), "every place given back")
+}
+
 func TestBusyIsLoneWithOneRequestAtMost(t *testing.T) {
 	var nilBusy *Busy
 	nilBusy.Add(5) // counts nothing
@@ -327,4 +377,15 @@ func TestBusyIsLoneWithOneRequestAtMost(t *testing.T) {
 		b.Add(tc.add)
 		assert.Equal(t, tc.lone, b.Lone(), "after adding %d", tc.add)
 	}
+	// Two client connections: never lone, whatever is in flight.
+	b.AddConn(1)
+	assert.True(t, b.Lone(), "one connection, one request")
+	b.AddConn(1)
+	assert.False(t, b.Lone(), "two connections")
+	b.Add(-b.n.Load())
+	assert.False(t, b.Lone(), "two idle connections")
+	b.AddConn(-1)
+	assert.True(t, b.Lone())
+	nilBusy.AddConn(3)
+	assert.True(t, nilBusy.Lone())
 }

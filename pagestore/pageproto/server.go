@@ -156,7 +156,9 @@ func (s *Server) serveConn(nc net.Conn) {
 	for i := 0; i < s.MaxInFlight; i++ {
 		c.free <- &request{c: c}
 	}
+	s.Busy.AddConn(1)
 	netsrv.LogEnd(s.log(), "pageproto", nc, s.read(c))
+	s.Busy.AddConn(-1)
 	// Wait for every request to come back, then flush the replies owed.
 	for i := 0; i < s.MaxInFlight; i++ {
 		<-c.free

@@ -203,7 +203,7 @@ func proxyConn(ctx context.Context, nc net.Conn, forward string, conns *sockio.B
 			errc <- err
 			return
 		}
-		r.r.DirectIf(conns.Lone)
+		r.r.DirectIf(conns)
 		buf := make([]byte, 256<<10)
 		for {
 			n, err := r.r.Read(buf)

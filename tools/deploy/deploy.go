@@ -400,7 +400,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		return nil, err
 	}
 	busy := new(sockio.Busy)
-	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages, Lone: busy.Lone}
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages, Busy: busy}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}

@@ -46,7 +46,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	}
 	h.onClose(cli.Close)
 	h.etcd = cli
-	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second, Lone: h.busy.Lone}
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second, Busy: h.busy}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
