@@ -35,8 +35,17 @@ type Agent struct {
 	// host, so they are not prefetched either.
 	kernel atomic.Pointer[hostview.Set]
 
-	seq     Sequential
-	scratch sync.Pool // *[]Access for ReadAhead
+	// seq predicts the FUSE path's streams (ReadAhead); streams predicts
+	// the mirrored requests' (NBD, page protocol). All mirrored
+	// connections are one source: a client with several connections to
+	// one export (NBD multi-conn: nbdfuse, qemu) spreads each of its
+	// streams over all of them, request by request (docs/decisions.md, 2).
+	seq, streams Sequential
+	scratch      sync.Pool // *[]Access for ReadAhead
+
+	// VolumePages, if set, tells the number of pages of a volume, so
+	// that no page past its end is predicted.
+	VolumePages func(vol uint16) uint64
 
 	// Counters.
 	Parsed, Prefetches, Skipped, LostStreams, QueueDrops atomic.Uint64
@@ -76,6 +85,8 @@ type stream struct {
 	a    *Agent
 	p    Parser
 	buf  []Access
+	pred []Access      // parsed and predicted accesses, reused
+	keys []memnode.Key // predicted pages, reused
 	dead bool
 }
 
@@ -85,7 +96,7 @@ var _ mirror.Mirror = (*Agent)(nil)
 func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser) }
 
 func (a *Agent) newStream(f func() Parser) mirror.Stream {
-	return &stream{a: a, p: f(), buf: make([]Access, 0, 256)}
+	return &stream{a: a, p: f(), buf: make([]Access, 0, 256), pred: make([]Access, 0, 512), keys: make([]memnode.Key, 0, 256)}
 }
 
 // Mirror returns a mirror whose streams are parsed by parsers from f, for a
@@ -108,13 +119,62 @@ func (s *stream) Observe(b []byte) {
 		s.dead = true
 		s.a.LostStreams.Add(1)
 	}
-	if len(out) > 0 {
-		s.a.enqueue(out)
+	if parsed := len(out); parsed > 0 {
+		if acc := s.predict(out); len(acc) > 0 {
+			s.a.push(acc, true, parsed)
+		}
 	}
 	s.buf = out[:0]
 }
 
+// predict returns acc with, after each run of consecutive page reads in
+// it (one request, or requests that continue each other), the pages the
+// stream predictor expects next. A run whose pages were all predicted
+// before is left out: they are in the Loading Zone or on their way, and
+// the host may already have taken them (a large read takes them without
+// caching them), so asking again would fetch them twice
+// (docs/decisions.md, 3).
+func (s *stream) predict(acc []Access) []Access {
+	out := s.pred[:0]
+	for i := 0; i < len(acc); {
+		if acc[i].Kind != Read {
+			out = append(out, acc[i])
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(acc) && acc[j].Kind == Read && acc[j].Key == acc[j-1].Key+1 && acc[j].Key.Volume() == acc[i].Key.Volume() {
+			j++
+		}
+		var end uint64
+		if s.a.VolumePages != nil {
+			if end = s.a.VolumePages(acc[i].Key.Volume()); end == 0 {
+				out = append(out, acc[i:j]...) // not a served volume
+				i = j
+				continue
+			}
+		}
+		var covered bool
+		s.keys, covered = s.a.streams.AccessCovered(SourceMirrored, acc[i].Key, j-i, end, s.keys[:0])
+		if !covered {
+			out = append(out, acc[i:j]...)
+		}
+		for _, k := range s.keys {
+			out = append(out, Access{k, Read})
+		}
+		i = j
+	}
+	s.pred = out
+	return out
+}
+
 func (s *stream) Close() {}
+
+// Predictors returns the counters of the mirrored requests' stream
+// predictor and of the FUSE path's.
+func (a *Agent) Predictors() (mirrored, fuse *SequentialStats) {
+	return a.streams.Stats(), a.seq.Stats()
+}
 
 // Evicted tells the agent the host cache dropped page k (PD3 leaves this
 // unreflected; pd3 removes the key from Host View so it is prefetched again).
@@ -130,11 +190,13 @@ func (a *Agent) Evicted(k memnode.Key) {
 // eviction cost a goroutine wake-up per host miss.
 const lazyBatch = 256
 
-func (a *Agent) enqueue(acc []Access) { a.push(acc, true) }
+func (a *Agent) enqueue(acc []Access) { a.push(acc, true, len(acc)) }
 
-func (a *Agent) enqueueLazy(acc []Access) { a.push(acc, false) }
+func (a *Agent) enqueueLazy(acc []Access) { a.push(acc, false, len(acc)) }
 
-func (a *Agent) push(acc []Access, urgent bool) {
+// push queues acc for the prefetcher, the first parsed of them parsed
+// from a mirrored stream (the rest predicted).
+func (a *Agent) push(acc []Access, urgent bool, parsed int) {
 	a.mu.Lock()
 	if len(a.pending)+len(acc) > maxPending {
 		a.mu.Unlock()
@@ -144,7 +206,7 @@ func (a *Agent) push(acc []Access, urgent bool) {
 	a.pending = append(a.pending, acc...)
 	urgent = urgent || len(a.pending) >= lazyBatch
 	a.mu.Unlock()
-	a.Parsed.Add(uint64(len(acc)))
+	a.Parsed.Add(uint64(parsed))
 	if !urgent {
 		return
 	}
@@ -228,8 +290,9 @@ func (a *Agent) SetKernelView(kv *hostview.Set) { a.kernel.Store(kv) }
 
 // Read-ahead sources: streams from different sources are told apart.
 const (
-	SourceFUSE   = iota // READs reaching the FUSE server
-	SourceKernel        // reads the kernel page cache saw (tracker)
+	SourceFUSE     = iota // READs reaching the FUSE server
+	SourceKernel          // reads the kernel page cache saw (tracker)
+	SourceMirrored        // mirrored requests (NBD, page protocol), every connection
 )
 
 // ReadAhead tells the agent that source src read n pages from first, in

@@ -301,6 +301,17 @@ func (s *Store) Volumes() []memnode.VolumeInfo {
 	return out
 }
 
+// Pages returns the number of pages of volume id, 0 if it is not served.
+func (s *Store) Pages(id uint16) uint64 {
+	s.vmu.RLock()
+	v, ok := s.volumes[id]
+	s.vmu.RUnlock()
+	if !ok {
+		return 0
+	}
+	return v.Size / PageSize
+}
+
 // Volume returns the volume called name.
 func (s *Store) Volume(name string) (memnode.VolumeInfo, bool) {
 	s.vmu.RLock()

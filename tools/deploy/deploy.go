@@ -465,6 +465,7 @@ func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store
 	// it attaches.
 	if h.Agent != nil {
 		h.Agent.Resident = st.Resident
+		h.Agent.VolumePages = st.Pages
 	}
 	if h.Link != nil {
 		h.Link.SetResident(st.EachResident)

@@ -204,6 +204,20 @@ func (m Metrics) RegisterAgent(a *dpu.Agent, e *dpu.Engine, z *loadingzone.Zone,
 			counter("agent_eviction_notices_total", "Host cache evictions reported to the agent.", func(s *dpu.Agent) uint64 { return s.Evictions.Load() }),
 			counter("hostview_false_negatives_total", "Prefetches of pages the host cache held (embedded agent only).", func(s *dpu.Agent) uint64 { return s.FalseNegatives.Load() }),
 		))
+		mirrored, fuse := a.Predictors()
+		for _, p := range []struct {
+			name string
+			s    *dpu.SequentialStats
+		}{{"requests", mirrored}, {"fuse", fuse}} {
+			what := map[string]string{"requests": "mirrored requests' (NBD, page protocol)", "fuse": "FUSE reads'"}[p.name]
+			m.R.MustRegister(newCollector(atomics(p.s),
+				counter("predict_"+p.name+"_pages_total", "Pages the "+what+" stream predictor proposed to prefetch.", func(s *dpu.SequentialStats) uint64 { return s.Predicted.Load() }),
+				counter("predict_"+p.name+"_useful_total", "Predicted pages a later read of their stream asked for (judged while off too).", func(s *dpu.SequentialStats) uint64 { return s.Useful.Load() }),
+				counter("predict_"+p.name+"_wasted_total", "Predicted pages their stream never asked for.", func(s *dpu.SequentialStats) uint64 { return s.Wasted.Load() }),
+				counter("predict_"+p.name+"_switches_total", "Changes of the "+what+" predictor's level by its accuracy governor (on, narrowed, off).", func(s *dpu.SequentialStats) uint64 { return s.Switches.Load() }),
+				gauge("predict_"+p.name+"_off", "1 while the accuracy governor holds the "+what+" predictor off (it keeps judging, and returns when accurate).", func(s *dpu.SequentialStats) float64 { return float64(s.Off.Load()) }),
+			))
+		}
 	}
 	if e != nil {
 		m.R.MustRegister(newCollector(atomics(e),

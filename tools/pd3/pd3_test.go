@@ -1300,6 +1300,9 @@ func TestTopOnce(t *testing.T) {
 	assert.Regexp(t, `latency +page GET +p50 [0-9.]+[µm]?s +p99 `, out)
 	assert.Regexp(t, `host cache +hit ratio [0-9.]+%`, out)
 	assert.Contains(t, out, "prefetch/s")
+	// The load reads pages in order: the mirrored requests' predictor
+	// follows it.
+	assert.Regexp(t, `predict/s +pages [0-9.]+k? +accuracy [0-9]+% +on\n`, out)
 	if runtime.NumCPU() > 1 { // with one CPU there is no governor
 		// Page requests need every P.
 		assert.Regexp(t, `processors +every P +switches/s 0\n`, out)

@@ -28,7 +28,7 @@ func topCmd() *cobra.Command {
 		Long: `Show a running pd3 process's metrics, refreshed every --interval: requests
 and errors per second, p50/p99 latency per NBD command and page operation,
 the host cache's hit ratio and Loading Zone hits, prefetches issued, useful
-and wasted, Host View false positives and negatives, memory-node round
+and wasted, the stream predictors' pages, accuracy and state, Host View false positives and negatives, memory-node round
 trips, dirty pages, and whether the host runs with its --lone-procs Ps
 (the governor of cached reads served one at a time). ADDR is what
 --metrics was given (HOST:PORT) or the /metrics URL. q or Ctrl-C quits;
@@ -161,6 +161,21 @@ func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, inter
 		line("prefetch/s", "issued %-9s useful %-9s wasted %-9s throttled %s",
 			num(rate("prefetch_issued_total")), num(rate("prefetch_consumed_total")),
 			num(rate("prefetch_dropped_unconsumed_total", "prefetch_stale_total")), num(rate("prefetch_throttled_total")))
+	}
+	for _, p := range []struct{ name, label string }{{"requests", "predict/s"}, {"fuse", "predict FUSE/s"}} {
+		pre := "predict_" + p.name + "_"
+		if !has(pre+"pages_total") || v1[pre+"pages_total"]+v1[pre+"useful_total"]+v1[pre+"wasted_total"] == 0 {
+			continue // no stream seen yet
+		}
+		state := "on"
+		if v1[pre+"off"] == 1 {
+			state = "off (inaccurate; judging, returns when accurate)"
+		}
+		acc := "-"
+		if u, w := rate(pre+"useful_total"), rate(pre+"wasted_total"); u+w > 0 {
+			acc = fmt.Sprintf("%.0f%%", 100*u/(u+w))
+		}
+		line(p.label, "pages %-9s accuracy %-6s %s", num(rate(pre+"pages_total")), acc, state)
 	}
 	if has("hostview_false_positives_total") || has("hostview_false_negatives_total") {
 		line("Host View/s", "false positives %-8s false negatives %-8s skipped as cached %s",
