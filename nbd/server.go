@@ -47,6 +47,18 @@ type PageReader interface {
 
 var _ PageReader = (*pagestore.Store)(nil)
 
+// StreamReader is implemented by backends that can serve a large read
+// without caching its pages (*pagestore.Store.ReadStream: cached pages
+// are copied from the cache, prefetched ones taken from the Loading Zone,
+// the rest read from the remote into the reply).
+//
+// Absent: every READ goes through Backend.ReadRange, which caches.
+type StreamReader interface {
+	ReadStream(ctx context.Context, vol uint16, off uint64, p []byte) error
+}
+
+var _ StreamReader = (*pagestore.Store)(nil)
+
 // PageWriter is implemented by backends that can take a one-page write
 // without blocking (*pagestore.Store): the connection reader then writes
 // such a page into the cache itself, with no worker hand-off;
@@ -118,6 +130,12 @@ type Server struct {
 	// cache while it was the only request in flight (Hit), or anything
 	// else (Other). Absent, the process keeps its GOMAXPROCS.
 	Procs *procgov.Governor
+	// StreamFrom: READs of at least this many bytes are served with the
+	// backend's StreamReader, whose pages are not cached; 0 caches every
+	// read. The client's own page cache holds what it just read, so a
+	// second copy in the host's cache only evicts what the client lacks
+	// (docs/decisions.md, 1).
+	StreamFrom uint32
 
 	group netsrv.Group
 	// spinners: the one place to poll (PollFor).

@@ -332,7 +332,11 @@ func (c *conn) execute(r *request) {
 	var err error
 	switch r.typ {
 	case nbdproto.CmdRead:
-		err = c.s.Backend.ReadRange(ctx, vol, r.off, r.buf)
+		if sr, ok := c.s.Backend.(StreamReader); ok && c.s.StreamFrom > 0 && r.length >= c.s.StreamFrom {
+			err = sr.ReadStream(ctx, vol, r.off, r.buf)
+		} else {
+			err = c.s.Backend.ReadRange(ctx, vol, r.off, r.buf)
+		}
 	case nbdproto.CmdWrite:
 		err = c.s.Backend.WriteRange(ctx, vol, r.off, r.buf)
 	case nbdproto.CmdFlush:

@@ -112,6 +112,7 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 			err = s.Get(ctx, k, dst)
 		case lz != nil && lz.CheckAndReturn(k, dst) == PageSize:
 			flush(i)
+			s.misses.Add(1) // a miss of the cache, as in Get
 			s.lzHits.Add(1)
 			took(k)
 		default:

@@ -261,6 +261,9 @@ type HostConfig struct {
 	// request after a hit before it sleeps (nbd.Server.PollFor); 0 sleeps
 	// at once.
 	NBDPollFor time.Duration
+	// NBDStreamFrom: NBD reads of at least this many bytes are not
+	// cached (nbd.Server.StreamFrom); 0 caches every read.
+	NBDStreamFrom uint32
 	// LoneProcs, if above zero, is the GOMAXPROCS the process runs with
 	// while its front ends answer reads from the cache one at a time
 	// (procgov); zero keeps the process's GOMAXPROCS. One host per
@@ -931,7 +934,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
-			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor, Busy: h.busy, Procs: h.procs}
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor, StreamFrom: cfg.NBDStreamFrom, Busy: h.busy, Procs: h.procs}
 
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{

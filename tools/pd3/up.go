@@ -53,6 +53,7 @@ type hostFlags struct {
 	nbd       string
 	nbdRO     []string
 	nbdPoll   time.Duration
+	nbdStream uint64
 	loneProcs int
 	tls       string
 	tlsCerts  string
@@ -74,6 +75,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
 	fl.IntVar(&f.loneProcs, "lone-procs", 1, "OS threads running Go code while the host answers reads from its cache one at a time: after a run of such reads it drops to this many, and back to all at the next request of any other kind (0: never change; on two shared cores one thread made a cached NBD read at queue depth 1 2.6x faster, docs/BENCHMARKS.md)")
 	fl.DurationVar(&f.nbdPoll, "nbd-poll-for", 0, "after answering a read from the cache, an NBD connection polls this long for the next request before it sleeps (e.g. 50µs: faster reads at queue depth 1 when pages are cached, for a core's worth of polling; 0: sleep at once)")
+	pagesVar(fl, &f.nbdStream, "nbd-stream-from", "64KiB", "NBD reads of at least this size are served without caching their pages (the client's page cache holds them now, and a scan would evict what it lacks); 0 caches every read")
 	fl.StringVar(&f.tls, "tls", "off", "NBD over TLS: off, on (STARTTLS offered) or require (nothing in clear; clients use nbds:// URIs)")
 	fl.StringVar(&f.tlsCerts, "tls-certificates", "", "directory with server-cert.pem, server-key.pem and (to verify clients) ca-cert.pem, as nbdkit's")
 	fl.BoolVar(&f.tlsVerify, "tls-verify-peer", false, "NBD clients must present a certificate signed by ca-cert.pem")
@@ -109,7 +111,7 @@ func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
 	cfg := deploy.HostConfig{
 		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Etcd: etcd, Cluster: f.etcd.cluster, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
-		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, NBDPollFor: f.nbdPoll, LoneProcs: f.loneProcs, Writeback: f.writeback,
+		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, NBDPollFor: f.nbdPoll, NBDStreamFrom: uint32(min(f.nbdStream, 1<<31)), LoneProcs: f.loneProcs, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
 		Stages: stageRecorder(), Replicas: f.replicas, RepairRate: int64(f.repair),
