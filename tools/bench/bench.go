@@ -59,6 +59,14 @@ type Result struct {
 	// generator's own lateness plus any wait for a free requester.
 	SendDelayP50us float64 `json:"send_delay_p50_us,omitempty"`
 	SendDelayP99us float64 `json:"send_delay_p99_us,omitempty"`
+	// Millis is the time of one timed operation (a full scan), where the
+	// row measures one; OpsPerSec is then its rate.
+	Millis float64 `json:"ms,omitempty"`
+	// BudgetPeak is the most memory the application's cgroup held.
+	BudgetPeak uint64 `json:"budget_peak_bytes,omitempty"`
+	// Integrity is "ok" when the application's checks passed after the
+	// run (amcheck, e2fsck), else what failed.
+	Integrity string `json:"integrity,omitempty"`
 	// Counters are the host's metrics over the measured interval
 	// (counters as deltas, gauges at the end), without the pd3_ prefix.
 	Counters map[string]float64 `json:"counters,omitempty"`
@@ -103,11 +111,10 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\tconfig\tops/s\truns ops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\tmemnode CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
-	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
-			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp, x.MemnodeCPUusOp,
-			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), sendDelay(x), x.Errors)
+	if r.Bench == "apps" {
+		r.printApps(tw)
+	} else {
+		r.printRows(tw)
 	}
 	tw.Flush()
 	keys := make([]string, 0, len(r.Ratios))
@@ -122,6 +129,36 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 		fmt.Fprintln(w, "note:", n)
 	}
 	return nil
+}
+
+func (r *Report) printRows(tw *tabwriter.Writer) {
+	fmt.Fprintln(tw, "system\tconfig\tops/s\truns ops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\tmemnode CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
+	for _, x := range r.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
+			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp, x.MemnodeCPUusOp,
+			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), sendDelay(x), x.Errors)
+	}
+}
+
+// printApps is the applications' table: throughput (or a timed
+// operation), the export's costs, the prefetcher's accuracy and coverage,
+// and whether the data survived.
+func (r *Report) printApps(tw *tabwriter.Writer) {
+	fmt.Fprintln(tw, "system\tworkload@budget\tops/s\truns ops/s\tms\tserver CPU µs/op\tremote CPU µs/op\tserver RSS MiB\tbudget peak MiB\taccuracy%\tcoverage%\tintegrity\t")
+	for _, x := range r.Results {
+		ms := "-"
+		if x.Millis > 0 {
+			ms = fmt.Sprintf("%.0f", x.Millis)
+		}
+		acc, cov := "-", "-"
+		if x.Counters != nil {
+			acc = fmt.Sprintf("%.0f", 100*x.PrefetchAccuracy())
+			cov = fmt.Sprintf("%.0f", 100*x.LZHitRatio())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%.2f\t%.2f\t%.0f\t%.0f\t%s\t%s\t%s\t\n",
+			x.System, x.Config, x.OpsPerSec, roundsRange(x), ms, x.HostCPUusOp, x.MemnodeCPUusOp,
+			mib(x.HostRSS), mib(x.BudgetPeak), acc, cov, x.Integrity)
+	}
 }
 
 // roundsRange is a row's spread over its rounds, "-" for a single run.

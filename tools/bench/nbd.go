@@ -387,12 +387,17 @@ func runFio(ctx context.Context, job string, env []string) (Result, error) {
 
 // runFioArgs runs fio with args (a job file, or options).
 func runFioArgs(ctx context.Context, args []string, env []string) (Result, error) {
-	job := args[0]
 	cmd := exec.CommandContext(ctx, "fio", append([]string{"--output-format=json"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
+	return runFioCmd(cmd, args[0])
+}
+
+// runFioCmd runs a fio command that prints JSON (--output-format=json)
+// and returns its aggregate IOPS and latencies; job names it in errors.
+func runFioCmd(cmd *exec.Cmd, job string) (Result, error) {
 	out, err := cmd.Output()
 	if err != nil {
-		return Result{}, fmt.Errorf("fio %s: %w", filepath.Base(job), err)
+		return Result{}, fmt.Errorf("fio %s: %w", filepath.Base(job), exitText(err))
 	}
 	var res struct {
 		Jobs []struct {

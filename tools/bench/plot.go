@@ -42,6 +42,32 @@ func (r *Report) Plot(path string) error {
 			return err
 		}
 		plots = append(plots, p)
+	} else if r.Bench == "apps" {
+		// Workloads differ by orders of magnitude (rows/s, tps, IOPS):
+		// each bar is its system's throughput over the ceiling's
+		// (nbdkit-memory under the same budget), as PD3's Figure 18
+		// normalises to all-local.
+		ceiling := map[string]float64{}
+		for _, x := range r.Results {
+			if x.System == "nbdkit-memory" {
+				ceiling[x.Config] = x.OpsPerSec
+			}
+		}
+		p, err := barPlot(r, "throughput / nbdkit-memory (same budget)", func(x Result) float64 {
+			if c := ceiling[x.Config]; c > 0 {
+				return x.OpsPerSec / c
+			}
+			return 0
+		}, func(x, _ Result) string {
+			if c := ceiling[x.Config]; c > 0 {
+				return strconv.FormatFloat(x.OpsPerSec/c, 'f', 2, 64)
+			}
+			return ""
+		})
+		if err != nil {
+			return err
+		}
+		plots = append(plots, p)
 	} else {
 		p, err := barPlot(r, "throughput (ops/s)", func(x Result) float64 { return x.OpsPerSec }, ratioLabel)
 		if err != nil {

@@ -324,7 +324,7 @@ func benchCmd() *cobra.Command {
 	repairc.Flags().IntVar(&ropt.Nodes, "nodes", 3, "memory node processes")
 	repairc.Flags().IntVar(&ropt.Replicas, "replicas", 2, "replicas of each extent")
 	repairc.Flags().DurationVar(&ropt.Timeout, "timeout", 2*time.Minute, "give up on each wait after this long")
-	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, relay, repairc)
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, relay, repairc, appsCmd(exe, sigctx, emit, &asJSON))
 	return cmd
 }
 

@@ -1480,3 +1480,44 @@ func TestBenchRepairSmoke(t *testing.T) {
 	assert.Greater(t, rep.Ratios["seconds-to-healthy"], rep.Ratios["seconds-to-down"])
 	assert.InDelta(t, 1.0, rep.Ratios["memnode-rss/stored"], 1.0, "RSS per byte stored is about one")
 }
+
+// pd3 bench apps runs fio under a memory budget on ext4 over nbdfuse over
+// nbdkit and pd3, checks the filesystem afterwards, and reports the
+// agent's accuracy (a small run: the harness, not the numbers).
+func TestBenchAppsSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (memory cgroups, loop devices, mounts)")
+	}
+	if err := fs.Available(); err != nil {
+		t.Skip(err)
+	}
+	for _, bin := range []string{"nbdkit", "nbdfuse", "fio", "mkfs.ext4"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed (make deps-system)", bin)
+		}
+	}
+	testutil.LockPageCache(t) // the benchmark drops the page cache
+	out, err := run(t, "", "bench", "apps", "--systems", "nbdkit-memory,pd3", "--workloads", "fio-seq4",
+		"--local-memory", "48MiB", "--size", "256MiB", "--fio-size", "64MiB", "--cache", "8MiB",
+		"--duration", "1s", "--rounds", "1", "--json")
+	require.NoError(t, err, out)
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Len(t, rep.Results, 2)
+	for _, r := range rep.Results {
+		assert.Equal(t, "fio-seq4@48MiB", r.Config)
+		assert.Positive(t, r.OpsPerSec, r.System)
+		assert.Equal(t, "ok", r.Integrity, r.System)
+		assert.Positive(t, r.BudgetPeak, "the budget's peak is read")
+	}
+	assert.Contains(t, rep.Ratios, "pd3/nbdkit-memory@fio-seq4@48MiB")
+	pd3 := rep.Results[1]
+	assert.Positive(t, pd3.Counters["predict_requests_pages_total"], "the agent predicted the streams")
+
+	out, err = run(t, "", "bench", "apps", "--local-memory", "1MiB")
+	require.Error(t, err)
+	assert.Contains(t, out, "below 32MiB")
+}

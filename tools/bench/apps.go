@@ -1,0 +1,684 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/memcg"
+	"github.com/pd3-go/pd3/internal/units"
+)
+
+// AppsOptions configure the applications benchmark.
+type AppsOptions struct {
+	Exe       string
+	Systems   []string
+	Workloads []string
+	// Budgets are the memory limits the applications run under (their
+	// processes and the page cache they fill); 0 is no limit.
+	Budgets []uint64
+	// Scale is pgbench's scale factor (15 MiB of data each).
+	Scale    int
+	Clients  int
+	Duration time.Duration
+	// Cache is pd3's host cache.
+	Cache uint64
+	// Size is the export (the block device under the filesystem).
+	Size uint64
+	// FioSize is the file the fio workloads read (default 512 MiB).
+	FioSize uint64
+	Rounds  int
+	// PD3Args are added to every pd3 host's command line (e.g. --policy).
+	PD3Args  []string
+	Progress Progress
+}
+
+// AppsSystems are the exports the applications run on, each under the
+// same memory budget except local:
+//   - local: nbdkit memory and no budget at all (everything stays in the
+//     kernel's page cache after its first read);
+//   - nbdkit-memory: nbdkit holding the data in its own RAM, outside the
+//     budget: the ceiling of any design whose data is elsewhere;
+//   - relay: nbdkit's nbd plugin in front of a second nbdkit memory, no
+//     cache: the plain remote peer (nbdkit's cache filter corrupts
+//     PostgreSQL's data here, docs/BENCHMARKS.md);
+//   - pd3-noagent (--dpu none), pd3-leap (--dpu none --prefetch leap) and
+//     pd3 (the embedded agent): a memory node process and a host process,
+//     the host's cache outside the budget like the peers' memory;
+//   - pd3-cached: pd3 with a host cache as large as the export, so every
+//     read after the load is a hit: the ceiling of pd3's own serving, to
+//     tell its cost from the memory node's.
+var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "pd3", "pd3-cached"}
+
+// AppsWorkloads are what runs on each system, on ext4 on a loop device
+// (direct I/O) over nbdfuse over the export: PostgreSQL (pg-scan times a
+// sequential scan of pgbench_accounts, in rows/s; pg-select is pgbench
+// select-only and pg-tpcb pgbench's TPC-B, in tps) and fio reading a
+// file (512 MiB) through the page cache (fio-zipf: 4 threads of 4 KiB reads,
+// Zipf 1.1; fio-seq4: 4 sequential streams of 128 KiB reads, each over its
+// quarter of the file; IOPS).
+var AppsWorkloads = []string{"pg-scan", "pg-select", "pg-tpcb", "fio-zipf", "fio-seq4"}
+
+// Apps runs real applications under a memory budget on each system, the
+// systems taking turns round by round, and reports the median of each
+// with ratios to the ceiling and the relay.
+func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("bench apps needs root (memory cgroups, loop devices, mounts)")
+	}
+	for _, w := range opt.Workloads {
+		if !slices.Contains(AppsWorkloads, w) {
+			return nil, fmt.Errorf("unknown workload %q (have %s)", w, strings.Join(AppsWorkloads, ","))
+		}
+	}
+	for _, s := range opt.Systems {
+		if !slices.Contains(AppsSystems, s) {
+			return nil, fmt.Errorf("unknown system %q (have %s)", s, strings.Join(AppsSystems, ","))
+		}
+	}
+	pg := ""
+	if slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "pg-") }) {
+		var err error
+		if pg, err = findPostgres(); err != nil {
+			return nil, err
+		}
+	}
+	for _, bin := range []string{"nbdkit", "nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3", "fio"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return nil, fmt.Errorf("%s is not installed (make deps-system)", bin)
+		}
+	}
+	opt.Rounds = max(opt.Rounds, 1)
+	opt.Scale = cmp.Or(opt.Scale, 20)
+	opt.Clients = cmp.Or(opt.Clients, 4)
+	opt.FioSize = cmp.Or(opt.FioSize, 512<<20)
+	if opt.FioSize%(4*128<<10) != 0 {
+		return nil, fmt.Errorf("fio file of %d bytes: want a multiple of 512KiB (four streams of 128KiB reads)", opt.FioSize)
+	}
+	rep := &Report{Bench: "apps", Machine: Machine(), Ratios: map[string]float64{}}
+	type cell struct{ sys, cfg string }
+	runs := map[cell][]Result{}
+	pr := progressOr(opt.Progress)
+	pr.Begin(opt.Rounds * len(opt.Budgets) * len(opt.Systems) * (2 + len(opt.Workloads)))
+	defer pr.End()
+	for round := 1; round <= opt.Rounds; round++ {
+		for _, budget := range opt.Budgets {
+			for _, sys := range opt.Systems {
+				b := budget
+				if sys == "local" {
+					b = 0
+				}
+				at := fmt.Sprintf(" at %s (round %d/%d)", budgetName(b), round, opt.Rounds)
+				rs, err := runBlock(ctx, opt, pg, sys, b, budget, func(s string) { pr.Step(sys + ": " + s + at) })
+				if err != nil {
+					return nil, fmt.Errorf("%s%s: %w", sys, at, err)
+				}
+				for _, r := range rs {
+					runs[cell{sys, r.Config}] = append(runs[cell{sys, r.Config}], r)
+				}
+			}
+		}
+	}
+	val := map[cell]float64{}
+	for _, budget := range opt.Budgets {
+		for _, w := range opt.Workloads {
+			cfg := w + "@" + budgetName(budget)
+			for _, sys := range opt.Systems {
+				rs := runs[cell{sys, cfg}]
+				if len(rs) == 0 {
+					continue
+				}
+				m := medianRun(rs)
+				// Integrity is that of every round, not the median's.
+				for _, r := range rs {
+					if r.Integrity != "ok" {
+						m.Integrity = r.Integrity
+					}
+				}
+				rep.Results = append(rep.Results, m)
+				val[cell{sys, cfg}] = m.OpsPerSec
+			}
+			for _, sys := range opt.Systems {
+				for _, base := range []string{"nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "local"} {
+					if sys == base || !strings.HasPrefix(sys, "pd3") && base != "nbdkit-memory" {
+						continue
+					}
+					if a, b := val[cell{sys, cfg}], val[cell{base, cfg}]; a > 0 && b > 0 {
+						rep.Ratios[sys+"/"+base+"@"+cfg] = a / b
+					}
+				}
+			}
+		}
+	}
+	pgName := "PostgreSQL"
+	if pg != "" {
+		pgName += " " + filepath.Base(filepath.Dir(pg))
+	}
+	rep.Notes = append(rep.Notes,
+		fmt.Sprintf("ext4 on a loop device (direct I/O) over nbdfuse over each NBD export of %s; the data loaded without a budget, then the filesystem remounted and the kernel's caches dropped; the budget (memory cgroup v%d) holds the application (the %s server with shared_buffers 16MB; fio) and the page cache it fills; pd3: memory node in its own process, %s host cache outside the budget, like the peers' memory",
+			units.FormatSize(opt.Size), cgroupVersion(), pgName, units.FormatSize(opt.Cache)),
+		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %v per run on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, opt.Duration, units.FormatSize(opt.FioSize)),
+		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses")
+	if opt.Rounds > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("each row is its system's median run of %d, the systems taking turns in fresh processes; \"runs ops/s\" is the spread; ratios are of the medians", opt.Rounds))
+	}
+	return rep, nil
+}
+
+func budgetName(b uint64) string {
+	if b == 0 {
+		return "nolimit"
+	}
+	return units.FormatSize(b)
+}
+
+func cgroupVersion() int {
+	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err == nil {
+		return 1
+	}
+	return 2
+}
+
+// findPostgres returns the newest PostgreSQL bin directory.
+func findPostgres() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	if len(dirs) == 0 {
+		return "", errors.New("PostgreSQL is not installed (apt-get install postgresql postgresql-contrib)")
+	}
+	slices.SortFunc(dirs, func(a, b string) int {
+		x, _ := strconv.Atoi(filepath.Base(filepath.Dir(a)))
+		y, _ := strconv.Atoi(filepath.Base(filepath.Dir(b)))
+		return cmp.Compare(x, y)
+	})
+	bin := dirs[len(dirs)-1]
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		return "", errors.New("pgbench is not installed (apt-get install postgresql-contrib)")
+	}
+	return bin, nil
+}
+
+// appStack is an export with a filesystem on it, mounted: the system's
+// processes, nbdfuse, the loop device and the mount, undone by close.
+type appStack struct {
+	proc, node *Child
+	metrics    string // the pd3 host's /metrics address, or ""
+	dir, mnt   string
+	loop       string
+	undo       []func()
+}
+
+func (s *appStack) close() {
+	for _, f := range slices.Backward(s.undo) {
+		f()
+	}
+	s.undo = nil
+}
+
+// startAppStack starts sys's export and puts ext4 on it through nbdfuse
+// and a loop device with direct I/O (the kernel's page cache sits above
+// the filesystem only, and only that counts in the budget).
+func startAppStack(ctx context.Context, opt AppsOptions, sys string) (_ *appStack, err error) {
+	s := &appStack{}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	s.dir, err = os.MkdirTemp("", "pd3-apps-")
+	if err != nil {
+		return nil, err
+	}
+	os.Chmod(s.dir, 0o755)
+	s.undo = append(s.undo, func() { os.RemoveAll(s.dir) })
+	size := strconv.FormatUint(opt.Size, 10)
+	var uri string
+	switch sys {
+	case "local", "nbdkit-memory":
+		c, addr, err := startNbdkit(ctx, nil, "memory", size)
+		if err != nil {
+			return nil, err
+		}
+		s.proc, uri = c, "nbd://"+addr
+		s.undo = append(s.undo, c.Stop)
+	case "relay":
+		remote, raddr, err := startNbdkit(ctx, nil, "memory", size)
+		if err != nil {
+			return nil, err
+		}
+		s.undo = append(s.undo, remote.Stop)
+		front, addr, err := startNbdkit(ctx, nil, "nbd", "uri=nbd://"+raddr+"/")
+		if err != nil {
+			return nil, err
+		}
+		s.undo = append(s.undo, front.Stop)
+		s.proc, s.node, uri = front, remote, "nbd://"+addr
+	case "pd3", "pd3-noagent", "pd3-leap", "pd3-cached":
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		s.undo = append(s.undo, node.Stop)
+		cache := opt.Cache
+		if sys == "pd3-cached" {
+			cache = opt.Size + 64<<20
+		}
+		args := []string{"serve", "--memnode", node.Addrs["memory node"], "--volume", "disk0:" + size,
+			"--cache", strconv.FormatUint(cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--metrics", "127.0.0.1:0"}
+		switch sys {
+		case "pd3", "pd3-cached":
+			args = append(args, "--dpu", "embedded")
+		case "pd3-noagent":
+			args = append(args, "--dpu", "none")
+		case "pd3-leap":
+			args = append(args, "--dpu", "none", "--prefetch", "leap")
+		}
+		host, err := StartChild(ctx, opt.Exe, []string{"NBD server", "metrics"}, append(args, opt.PD3Args...)...)
+		if err != nil {
+			return nil, err
+		}
+		s.undo = append(s.undo, host.Stop)
+		s.proc, s.node, s.metrics = host, node, host.Addrs["metrics"]
+		uri = "nbd://" + host.Addrs["NBD server"] + "/disk0"
+	default:
+		return nil, fmt.Errorf("unknown system %q", sys)
+	}
+	fuseDir := filepath.Join(s.dir, "fuse")
+	s.mnt = filepath.Join(s.dir, "mnt")
+	for _, d := range []string{fuseDir, s.mnt} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	pidFile := filepath.Join(s.dir, "nbdfuse.pid")
+	fuse := exec.Command("nbdfuse", "-P", pidFile, filepath.Join(fuseDir, "disk"), uri)
+	fuse.Stderr = os.Stderr
+	if err := fuse.Start(); err != nil {
+		return nil, fmt.Errorf("starting nbdfuse: %w", err)
+	}
+	fuseDone := make(chan error, 1)
+	go func() { fuseDone <- fuse.Wait() }()
+	s.undo = append(s.undo, func() {
+		exec.Command("fusermount3", "-u", fuseDir).Run()
+		select {
+		case <-fuseDone:
+		case <-time.After(10 * time.Second):
+			fuse.Process.Kill()
+			<-fuseDone
+		}
+	})
+	if err := waitFile(pidFile, fuseDone, 30*time.Second); err != nil {
+		return nil, fmt.Errorf("nbdfuse on %s: %w", uri, err)
+	}
+	out, err := exec.Command("losetup", "--direct-io=on", "--find", "--show", filepath.Join(fuseDir, "disk")).Output()
+	if err != nil {
+		return nil, fmt.Errorf("losetup: %w", exitText(err))
+	}
+	s.loop = strings.TrimSpace(string(out))
+	s.undo = append(s.undo, func() { exec.Command("losetup", "-d", s.loop).Run() })
+	if err := run("mkfs.ext4", "-q", "-F", s.loop); err != nil {
+		return nil, err
+	}
+	if err := s.mount(); err != nil {
+		return nil, err
+	}
+	s.undo = append(s.undo, func() {
+		if s.unmount() != nil {
+			syscall.Unmount(s.mnt, syscall.MNT_DETACH) // let the loop device and nbdfuse go
+		}
+	})
+	return s, nil
+}
+
+func (s *appStack) mount() error {
+	if err := syscall.Mount(s.loop, s.mnt, "ext4", 0, ""); err != nil {
+		return fmt.Errorf("mounting %s: %w", s.loop, err)
+	}
+	return nil
+}
+
+// unmount unmounts the filesystem. A server that has just exited may keep
+// it busy for a moment (its last files closing), so EBUSY is retried for
+// a few seconds.
+func (s *appStack) unmount() error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := syscall.Unmount(s.mnt, 0)
+		switch {
+		case err == nil || errors.Is(err, syscall.EINVAL): // EINVAL: not mounted
+			return nil
+		case errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline):
+			time.Sleep(50 * time.Millisecond)
+		default:
+			return fmt.Errorf("unmounting %s: %w", s.mnt, err)
+		}
+	}
+}
+
+// remount drops every cached page of the filesystem (and the kernel's
+// other caches): the next reads reach the export.
+func (s *appStack) remount() error {
+	if err := s.unmount(); err != nil {
+		return err
+	}
+	dropCaches()
+	return s.mount()
+}
+
+// waitFile waits until path exists or the process behind exited ends.
+func waitFile(path string, exited <-chan error, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("exited before it was ready: %v", err)
+		case <-deadline.C:
+			return fmt.Errorf("not ready within %v", timeout)
+		case <-tick.C:
+		}
+	}
+}
+
+func run(name string, args ...string) error {
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, tail(out))
+	}
+	return nil
+}
+
+func exitText(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		return fmt.Errorf("%w: %s", err, tail(ee.Stderr))
+	}
+	return err
+}
+
+// postgres is a PostgreSQL server on a data directory, reached over a
+// unix socket.
+type postgres struct {
+	bin, data, sock string
+	port            string
+}
+
+func (p *postgres) ctl(g *memcg.Group, args ...string) error {
+	full := append([]string{"-u", "postgres", "--", filepath.Join(p.bin, "pg_ctl"), "-D", p.data}, args...)
+	var cmd *exec.Cmd
+	if g != nil {
+		cmd = g.Command("runuser", full...)
+	} else {
+		cmd = exec.Command("runuser", full...)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(p.sock, "server.log"))
+		return fmt.Errorf("pg_ctl %s: %w: %s%s", args[len(args)-1], err, tail(out), tail(log))
+	}
+	return nil
+}
+
+// start starts the server inside g (nil: no budget).
+func (p *postgres) start(g *memcg.Group) error {
+	return p.ctl(g, "-w", "-l", filepath.Join(p.sock, "server.log"), "-o",
+		"-p "+p.port+" -k "+p.sock+" -c listen_addresses='' -c shared_buffers=16MB", "start")
+}
+
+func (p *postgres) stop() error { return p.ctl(nil, "-m", "fast", "-w", "stop") }
+
+func (p *postgres) kill() { p.ctl(nil, "-m", "immediate", "-w", "stop") }
+
+// as runs a client program as postgres against the server.
+func (p *postgres) as(ctx context.Context, name string, args ...string) ([]byte, error) {
+	full := append([]string{"-u", "postgres", "--", name, "-h", p.sock, "-p", p.port, "-U", "postgres"}, args...)
+	out, err := exec.CommandContext(ctx, "runuser", full...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s: %w: %s", filepath.Base(name), err, tail(out))
+	}
+	return out, nil
+}
+
+var (
+	tpsRe    = regexp.MustCompile(`(?m)^tps = ([0-9.]+)`)
+	timingRe = regexp.MustCompile(`(?m)^Time: ([0-9.]+) ms`)
+)
+
+// fioFile is the file the fio workloads read, laid out with the data.
+const fioFile = "fio.dat"
+
+// runBlock sets sys up as a block device with ext4 on it, loads what the
+// workloads read (pgbench's tables, fio's file) without a budget,
+// remounts, and runs the workloads under budget (0: none), PostgreSQL
+// inside the budget's cgroup; then checks the data. The results' configs
+// name label, the budget the row belongs to (local runs without one in
+// every budget's rows).
+func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, label uint64, step func(string)) (_ []Result, err error) {
+	needPG := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "pg-") })
+	needFio := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "fio-") })
+	step("starting")
+	st, err := startAppStack(ctx, opt, sys)
+	if err != nil {
+		return nil, err
+	}
+	defer st.close()
+	var p *postgres
+	running := false
+	var g *memcg.Group
+	defer func() {
+		if running {
+			p.kill()
+		}
+		if g == nil {
+			return
+		}
+		if cerr := g.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	step("loading")
+	if needPG {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		p = &postgres{bin: bin, data: filepath.Join(st.mnt, "pgdata"), sock: filepath.Join(st.dir, "sock"), port: strconv.Itoa(port)}
+		for _, d := range []string{p.data, p.sock} {
+			if err := os.Mkdir(d, 0o700); err != nil {
+				return nil, err
+			}
+			if err := run("chown", "postgres:", d); err != nil {
+				return nil, err
+			}
+		}
+		if err := run("runuser", "-u", "postgres", "--", filepath.Join(bin, "initdb"), "-D", p.data); err != nil {
+			return nil, err
+		}
+		if err := p.start(nil); err != nil {
+			return nil, err
+		}
+		running = true
+		if _, err := p.as(ctx, "pgbench", "-i", "-q", "-s", strconv.Itoa(opt.Scale), "postgres"); err != nil {
+			return nil, err
+		}
+		if err := p.stop(); err != nil {
+			return nil, err
+		}
+		running = false
+	}
+	if needFio {
+		if _, err := runFioArgs(ctx, []string{"--name=layout", "--filename=" + filepath.Join(st.mnt, fioFile), "--size=" + strconv.FormatUint(opt.FioSize, 10),
+			"--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"}, nil); err != nil {
+			return nil, err
+		}
+	}
+	if err := st.remount(); err != nil {
+		return nil, err
+	}
+	if budget > 0 {
+		if g, err = memcg.New(fmt.Sprintf("pd3-apps-%d", os.Getpid()), budget); err != nil {
+			return nil, err
+		}
+	}
+	if needPG {
+		if err := p.start(g); err != nil {
+			return nil, err
+		}
+		running = true
+	}
+	var out []Result
+	for _, w := range opt.Workloads {
+		step(w)
+		var fn func() (Result, error)
+		if strings.HasPrefix(w, "pg-") {
+			fn = func() (Result, error) { return pgWorkload(ctx, p, w, opt) }
+		} else {
+			fn = func() (Result, error) { return fioWorkload(ctx, g, filepath.Join(st.mnt, fioFile), w, opt) }
+		}
+		r, err := appMeasured(ctx, st, fn)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", w, err)
+		}
+		r.System, r.Config = sys, w+"@"+budgetName(label)
+		if g != nil {
+			r.BudgetPeak = g.Peak()
+		}
+		out = append(out, r)
+	}
+	step("checking")
+	integrity := "ok"
+	if needPG {
+		if _, err := p.as(ctx, filepath.Join(bin, "pg_amcheck"), "--install-missing", "--heapallindexed", "postgres"); err != nil {
+			integrity = "amcheck failed: " + err.Error()
+		}
+		if err := p.stop(); err != nil {
+			return nil, err
+		}
+		running = false
+	}
+	if err := st.unmount(); err != nil {
+		return nil, err
+	}
+	if err := run("e2fsck", "-fn", st.loop); err != nil && integrity == "ok" {
+		integrity = "e2fsck: " + err.Error()
+	}
+	for i := range out {
+		out[i].Integrity = integrity
+	}
+	return out, nil
+}
+
+// fioWorkload runs fio on the laid-out file inside g (nil: no budget),
+// through the kernel's page cache as an application reads.
+func fioWorkload(ctx context.Context, g *memcg.Group, file, w string, opt AppsOptions) (Result, error) {
+	args := []string{"--output-format=json", "--name=" + w, "--filename=" + file, "--ioengine=psync", "--thread", "--group_reporting",
+		"--time_based", "--runtime=" + strconv.Itoa(max(1, int(opt.Duration.Seconds()))), "--numjobs=4"}
+	switch w {
+	case "fio-zipf":
+		args = append(args, "--size="+strconv.FormatUint(opt.FioSize, 10), "--rw=randread", "--bs=4k", "--random_distribution=zipf:1.1", "--norandommap")
+	case "fio-seq4":
+		q := strconv.FormatUint(opt.FioSize/4, 10)
+		args = append(args, "--size="+q, "--offset_increment="+q, "--rw=read", "--bs=128k")
+	default:
+		return Result{}, fmt.Errorf("unknown workload %q", w)
+	}
+	var cmd *exec.Cmd
+	if g != nil {
+		cmd = g.Command("fio", args...)
+	} else {
+		cmd = exec.Command("fio", args...)
+	}
+	return runFioCmd(cmd, w)
+}
+
+// pgWorkload runs one workload against a running server.
+func pgWorkload(ctx context.Context, p *postgres, w string, opt AppsOptions) (Result, error) {
+	secs := strconv.Itoa(max(1, int(opt.Duration.Seconds())))
+	bench := func(extra ...string) (Result, error) {
+		args := append([]string{"-c", strconv.Itoa(opt.Clients), "-j", strconv.Itoa(min(opt.Clients, 2)), "-T", secs}, extra...)
+		out, err := p.as(ctx, "pgbench", append(args, "postgres")...)
+		if err != nil {
+			return Result{}, err
+		}
+		m := tpsRe.FindSubmatch(out)
+		if m == nil {
+			return Result{}, fmt.Errorf("pgbench printed no tps: %s", tail(out))
+		}
+		tps, _ := strconv.ParseFloat(string(m[1]), 64)
+		return Result{OpsPerSec: tps, Ops: uint64(tps * opt.Duration.Seconds())}, nil
+	}
+	switch w {
+	case "pg-select":
+		return bench("-S")
+	case "pg-tpcb":
+		return bench()
+	case "pg-scan":
+		var ms []float64
+		for range 3 {
+			out, err := p.as(ctx, "psql", "-X", "-q", "-c", `\timing on`, "-c", "SELECT sum(abalance) FROM pgbench_accounts", "postgres")
+			if err != nil {
+				return Result{}, err
+			}
+			m := timingRe.FindSubmatch(out)
+			if m == nil {
+				return Result{}, fmt.Errorf("psql printed no timing: %s", tail(out))
+			}
+			v, _ := strconv.ParseFloat(string(m[1]), 64)
+			ms = append(ms, v)
+		}
+		slices.Sort(ms)
+		rows := float64(opt.Scale) * 100000
+		return Result{Millis: ms[1], OpsPerSec: rows / (ms[1] / 1e3), Ops: uint64(3 * rows)}, nil
+	}
+	return Result{}, fmt.Errorf("unknown workload %q", w)
+}
+
+// appMeasured runs a workload and adds the export's CPU and memory and,
+// for pd3, the host's counters over the run.
+func appMeasured(ctx context.Context, st *appStack, fn func() (Result, error)) (Result, error) {
+	var m0 map[string]float64
+	if st.metrics != "" {
+		var err error
+		if m0, err = scrapeValues(ctx, st.metrics); err != nil {
+			return Result{}, err
+		}
+	}
+	r, err := measured(st.proc, st.node, "", "", fn)
+	if err != nil {
+		return r, err
+	}
+	if st.metrics != "" {
+		m1, err := scrapeValues(ctx, st.metrics)
+		if err != nil {
+			return Result{}, err
+		}
+		r.Counters = delta(m0, m1)
+	}
+	return r, nil
+}
+
+// PrefetchAccuracy is the share of placed prefetches the host took (0
+// where nothing was placed): the agent's, or Leap's (which proposes pages
+// to the same transfer engine and Loading Zone).
+func (r Result) PrefetchAccuracy() float64 {
+	placed := r.Counters["prefetch_placed_total"]
+	if placed == 0 {
+		placed = r.Counters["leap_predicted_pages_total"]
+	}
+	if placed == 0 {
+		return 0
+	}
+	return min(1, r.Counters["prefetch_consumed_total"]/placed)
+}
