@@ -64,7 +64,7 @@ type NBDOptions struct {
 var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-local-poll", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
 
 // NBDJobs are the default fio jobs.
-var NBDJobs = []string{"randread-q1t1", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
+var NBDJobs = []string{"randread-q1t1", "randread-q1t4", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
 
 // NBD runs fio's nbd engine against each server with the same jobs, after
 // filling the export once, and reports IOPS with ratios.
