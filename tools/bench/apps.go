@@ -37,7 +37,10 @@ type AppsOptions struct {
 	Size uint64
 	// FioSize is the file the fio workloads read (default 512 MiB).
 	FioSize uint64
-	Rounds  int
+	// SqliteRows is the sqlite table's rows of 1 KiB (default 300 000:
+	// about 330 MB).
+	SqliteRows int
+	Rounds     int
 	// PD3Args are added to every pd3 host's command line (e.g. --policy).
 	PD3Args  []string
 	Progress Progress
@@ -57,8 +60,16 @@ type AppsOptions struct {
 //     the host's cache outside the budget like the peers' memory;
 //   - pd3-cached: pd3 with a host cache as large as the export, so every
 //     read after the load is a hit: the ceiling of pd3's own serving, to
-//     tell its cost from the memory node's.
-var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "pd3", "pd3-cached"}
+//     tell its cost from the memory node's;
+//   - pd3-mount, pd3-mount-noagent and bindfs: filesystems (fsSystems),
+//     for the sqlite and fio workloads.
+var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "pd3", "pd3-cached", "pd3-mount", "pd3-mount-noagent", "bindfs"}
+
+// fsSystems are the filesystems AppsSystems compares for the file
+// workloads (sqlite, fio): the pd3 mount with and without its agent, and
+// bindfs over tmpfs (a plain passthrough FUSE filesystem whose data is in
+// the server's RAM: the FUSE ceiling). They run no PostgreSQL.
+var fsSystems = map[string]string{"pd3-mount": "pd3", "pd3-mount-noagent": "pd3-noprefetch", "bindfs": "bindfs"}
 
 // AppsWorkloads are what runs on each system, on ext4 on a loop device
 // (direct I/O) over nbdfuse over the export: PostgreSQL (pg-scan times a
@@ -66,8 +77,9 @@ var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd
 // select-only and pg-tpcb pgbench's TPC-B, in tps) and fio reading a
 // file (512 MiB) through the page cache (fio-zipf: 4 threads of 4 KiB reads,
 // Zipf 1.1; fio-seq4: 4 sequential streams of 128 KiB reads, each over its
-// quarter of the file; IOPS).
-var AppsWorkloads = []string{"pg-scan", "pg-select", "pg-tpcb", "fio-zipf", "fio-seq4"}
+// quarter of the file; IOPS) and sqlite (a table of 1 KiB rows: random
+// point lookups by key, lookups/s; a full scan, rows/s, ms in its column).
+var AppsWorkloads = []string{"pg-scan", "pg-select", "pg-tpcb", "fio-zipf", "fio-seq4", "sqlite-point", "sqlite-scan"}
 
 // Apps runs real applications under a memory budget on each system, the
 // systems taking turns round by round, and reports the median of each
@@ -102,6 +114,7 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 	opt.Scale = cmp.Or(opt.Scale, 20)
 	opt.Clients = cmp.Or(opt.Clients, 4)
 	opt.FioSize = cmp.Or(opt.FioSize, 512<<20)
+	opt.SqliteRows = cmp.Or(opt.SqliteRows, 300000)
 	if opt.FioSize%(4*128<<10) != 0 {
 		return nil, fmt.Errorf("fio file of %d bytes: want a multiple of 512KiB (four streams of 128KiB reads)", opt.FioSize)
 	}
@@ -119,7 +132,14 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 					b = 0
 				}
 				at := fmt.Sprintf(" at %s (round %d/%d)", budgetName(b), round, opt.Rounds)
-				rs, err := runBlock(ctx, opt, pg, sys, b, budget, func(s string) { pr.Step(sys + ": " + s + at) })
+				step := func(s string) { pr.Step(sys + ": " + s + at) }
+				var rs []Result
+				var err error
+				if _, ok := fsSystems[sys]; ok {
+					rs, err = runFS(ctx, opt, sys, b, budget, step)
+				} else {
+					rs, err = runBlock(ctx, opt, pg, sys, b, budget, step)
+				}
 				if err != nil {
 					return nil, fmt.Errorf("%s%s: %w", sys, at, err)
 				}
@@ -149,8 +169,9 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 				val[cell{sys, cfg}] = m.OpsPerSec
 			}
 			for _, sys := range opt.Systems {
-				for _, base := range []string{"nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "local"} {
-					if sys == base || !strings.HasPrefix(sys, "pd3") && base != "nbdkit-memory" {
+				for _, base := range []string{"nbdkit-memory", "bindfs", "relay", "pd3-noagent", "pd3-mount-noagent", "pd3-leap", "local"} {
+					peer := !strings.HasPrefix(sys, "pd3")
+					if sys == base || peer && (sys == "nbdkit-memory" || base != "nbdkit-memory" && base != "bindfs") {
 						continue
 					}
 					if a, b := val[cell{sys, cfg}], val[cell{base, cfg}]; a > 0 && b > 0 {
@@ -168,7 +189,8 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 		fmt.Sprintf("ext4 on a loop device (direct I/O) over nbdfuse over each NBD export of %s; the data loaded without a budget, then the filesystem remounted and the kernel's caches dropped; the budget (memory cgroup v%d) holds the application (the %s server with shared_buffers 16MB; fio) and the page cache it fills; pd3: memory node in its own process, %s host cache outside the budget, like the peers' memory",
 			units.FormatSize(opt.Size), cgroupVersion(), pgName, units.FormatSize(opt.Cache)),
 		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %v per run on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, opt.Duration, units.FormatSize(opt.FioSize)),
-		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses")
+		fmt.Sprintf("sqlite: a table of %d rows of 1 KiB loaded with no budget; sqlite-point: random lookups by key from one Python process (sqlite3 module) for %v; sqlite-scan: SELECT sum(length(v)) over the table, three times, the median; PRAGMA integrity_check after the run; on the block systems the database is on their ext4, on pd3-mount and bindfs on the mount", opt.SqliteRows, opt.Duration),
+		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses (pd3-mount runs without /metrics: none)")
 	if opt.Rounds > 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("each row is its system's median run of %d, the systems taking turns in fresh processes; \"runs ops/s\" is the spread; ratios are of the medians", opt.Rounds))
 	}
@@ -468,6 +490,7 @@ const fioFile = "fio.dat"
 func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, label uint64, step func(string)) (_ []Result, err error) {
 	needPG := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "pg-") })
 	needFio := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "fio-") })
+	needSqlite := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "sqlite-") })
 	step("starting")
 	st, err := startAppStack(ctx, opt, sys)
 	if err != nil {
@@ -524,6 +547,11 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 			return nil, err
 		}
 	}
+	if needSqlite {
+		if _, err := sqliteRun(nil, filepath.Join(st.mnt, sqliteFile), "load", strconv.Itoa(opt.SqliteRows)); err != nil {
+			return nil, err
+		}
+	}
 	if err := st.remount(); err != nil {
 		return nil, err
 	}
@@ -542,9 +570,12 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 	for _, w := range opt.Workloads {
 		step(w)
 		var fn func() (Result, error)
-		if strings.HasPrefix(w, "pg-") {
+		switch {
+		case strings.HasPrefix(w, "pg-"):
 			fn = func() (Result, error) { return pgWorkload(ctx, p, w, opt) }
-		} else {
+		case strings.HasPrefix(w, "sqlite-"):
+			fn = func() (Result, error) { return sqliteWorkload(g, filepath.Join(st.mnt, sqliteFile), w, opt) }
+		default:
 			fn = func() (Result, error) { return fioWorkload(ctx, g, filepath.Join(st.mnt, fioFile), w, opt) }
 		}
 		r, err := appMeasured(ctx, st, fn)
@@ -567,6 +598,11 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 			return nil, err
 		}
 		running = false
+	}
+	if needSqlite && integrity == "ok" {
+		if out, err := sqliteRun(nil, filepath.Join(st.mnt, sqliteFile), "check"); err != nil || out != "ok" {
+			integrity = fmt.Sprintf("sqlite integrity_check: %s %v", out, err)
+		}
 	}
 	if err := st.unmount(); err != nil {
 		return nil, err
@@ -681,4 +717,173 @@ func (r Result) PrefetchAccuracy() float64 {
 		return 0
 	}
 	return min(1, r.Counters["prefetch_consumed_total"]/placed)
+}
+
+// sqliteFile is the database the sqlite workloads read.
+const sqliteFile = "app.db"
+
+// sqliteScript loads, reads and checks the sqlite database (Python's
+// sqlite3 module: one process, no per-query process start).
+const sqliteScript = `
+import random, sqlite3, sys, time
+db, mode = sys.argv[1], sys.argv[2]
+c = sqlite3.connect(db)
+if mode == "load":
+    n = int(sys.argv[3])
+    c.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+    rnd, batch = random.Random(1), []
+    for i in range(1, n + 1):
+        batch.append((i, rnd.randbytes(1000)))
+        if len(batch) == 10000:
+            c.executemany("INSERT INTO t VALUES(?, ?)", batch)
+            batch = []
+    c.executemany("INSERT INTO t VALUES(?, ?)", batch)
+    c.commit()
+elif mode == "point":
+    n, secs = int(sys.argv[3]), float(sys.argv[4])
+    rnd, cur, k = random.Random(), c.cursor(), 0
+    t0 = time.monotonic()
+    while True:
+        for _ in range(100):
+            cur.execute("SELECT v FROM t WHERE id = ?", (rnd.randint(1, n),)).fetchone()
+        k += 100
+        now = time.monotonic()
+        if now - t0 >= secs:
+            break
+    print(k / (now - t0))
+elif mode == "scan":
+    t0 = time.monotonic()
+    c.execute("SELECT sum(length(v)) FROM t").fetchone()
+    print((time.monotonic() - t0) * 1000)
+elif mode == "check":
+    print(c.execute("PRAGMA integrity_check").fetchone()[0])
+`
+
+// sqliteRun runs the script on db in g (nil: no budget) and returns what
+// it printed.
+func sqliteRun(g *memcg.Group, db string, args ...string) (string, error) {
+	full := append([]string{"-c", sqliteScript, db}, args...)
+	var cmd *exec.Cmd
+	if g != nil {
+		cmd = g.Command("python3", full...)
+	} else {
+		cmd = exec.Command("python3", full...)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("sqlite %s: %w: %s", args[0], err, tail(out))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// sqliteWorkload runs sqlite-point or sqlite-scan in g.
+func sqliteWorkload(g *memcg.Group, db, w string, opt AppsOptions) (Result, error) {
+	switch w {
+	case "sqlite-point":
+		out, err := sqliteRun(g, db, "point", strconv.Itoa(opt.SqliteRows), strconv.FormatFloat(opt.Duration.Seconds(), 'f', 1, 64))
+		if err != nil {
+			return Result{}, err
+		}
+		v, err := strconv.ParseFloat(out, 64)
+		if err != nil {
+			return Result{}, fmt.Errorf("sqlite point: unreadable output %q", out)
+		}
+		return Result{OpsPerSec: v, Ops: uint64(v * opt.Duration.Seconds())}, nil
+	case "sqlite-scan":
+		var ms []float64
+		for range 3 {
+			out, err := sqliteRun(g, db, "scan")
+			if err != nil {
+				return Result{}, err
+			}
+			v, err := strconv.ParseFloat(out, 64)
+			if err != nil {
+				return Result{}, fmt.Errorf("sqlite scan: unreadable output %q", out)
+			}
+			ms = append(ms, v)
+		}
+		slices.Sort(ms)
+		rows := float64(opt.SqliteRows)
+		return Result{Millis: ms[1], OpsPerSec: rows / (ms[1] / 1e3), Ops: uint64(3 * rows)}, nil
+	}
+	return Result{}, fmt.Errorf("unknown workload %q", w)
+}
+
+// runFS runs the file workloads (sqlite, fio) on a filesystem system: the
+// data is written with no budget, the kernel's caches dropped, and the
+// workloads run under budget (0: none); then the database is checked.
+func runFS(ctx context.Context, opt AppsOptions, sys string, budget, label uint64, step func(string)) (_ []Result, err error) {
+	step("starting")
+	file, proc, node, stop, err := startFUSESystem(ctx, FUSEOptions{Exe: opt.Exe, Size: opt.Size, Cache: opt.Cache}, fsSystems[sys])
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	dir := filepath.Dir(file)
+	st := &appStack{proc: proc, node: node}
+	var works []string
+	for _, w := range opt.Workloads {
+		if !strings.HasPrefix(w, "pg-") {
+			works = append(works, w)
+		}
+	}
+	step("loading")
+	for _, w := range works {
+		if strings.HasPrefix(w, "sqlite-") {
+			if _, err := sqliteRun(nil, filepath.Join(dir, sqliteFile), "load", strconv.Itoa(opt.SqliteRows)); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	for _, w := range works {
+		if strings.HasPrefix(w, "fio-") {
+			if _, err := runFioArgs(ctx, []string{"--name=layout", "--filename=" + filepath.Join(dir, fioFile), "--size=" + strconv.FormatUint(opt.FioSize, 10),
+				"--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"}, nil); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	dropCaches()
+	var g *memcg.Group
+	if budget > 0 {
+		if g, err = memcg.New(fmt.Sprintf("pd3-apps-%d", os.Getpid()), budget); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cerr := g.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+	}
+	var out []Result
+	for _, w := range works {
+		step(w)
+		r, err := appMeasured(ctx, st, func() (Result, error) {
+			if strings.HasPrefix(w, "sqlite-") {
+				return sqliteWorkload(g, filepath.Join(dir, sqliteFile), w, opt)
+			}
+			return fioWorkload(ctx, g, filepath.Join(dir, fioFile), w, opt)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", w, err)
+		}
+		r.System, r.Config = sys, w+"@"+budgetName(label)
+		if g != nil {
+			r.BudgetPeak = g.Peak()
+		}
+		out = append(out, r)
+	}
+	step("checking")
+	integrity := "ok"
+	if slices.ContainsFunc(works, func(w string) bool { return strings.HasPrefix(w, "sqlite-") }) {
+		if res, err := sqliteRun(nil, filepath.Join(dir, sqliteFile), "check"); err != nil || res != "ok" {
+			integrity = fmt.Sprintf("sqlite integrity_check: %s %v", res, err)
+		}
+	}
+	for i := range out {
+		out[i].Integrity = integrity
+	}
+	return out, nil
 }

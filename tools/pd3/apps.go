@@ -18,7 +18,7 @@ func appsCmd(exe func() (string, error), sigctx func(*cobra.Command) (context.Co
 	var systems, workloads, budgets, pd3Args string
 	c := &cobra.Command{
 		Use:   "apps",
-		Short: "PostgreSQL on ext4 over each NBD export with its memory held to a budget by a memory cgroup: pd3 against the ceiling and the plain relay (root)",
+		Short: "PostgreSQL, sqlite and fio with their memory held to a budget by a memory cgroup, over each NBD export and on the pd3 mount: pd3 against the ceiling and the plain relay (root)",
 		Long: `Runs real applications on a host whose memory is smaller than their data: each
 application's processes and the page cache they fill are held to --local-memory
 by a memory cgroup (v1 or v2), and every miss reaches the export under test.
@@ -72,6 +72,7 @@ Systems take turns in fresh processes, round by round; each row is the median of
 	pagesVar(f, &opt.Cache, "cache", "64MiB", "pd3 host cache")
 	pagesVar(f, &opt.Size, "size", "2GiB", "export size")
 	pagesVar(f, &opt.FioSize, "fio-size", "512MiB", "the file the fio workloads read (a multiple of 512KiB)")
+	f.IntVar(&opt.SqliteRows, "sqlite-rows", 300000, "rows of 1 KiB in the sqlite workloads' table")
 	f.IntVar(&opt.Rounds, "rounds", 3, "run every system this many times, taking turns in fresh processes; rows are medians")
 	f.StringVar(&pd3Args, "pd3-args", "", "extra flags for every pd3 host (e.g. \"--policy clock\")")
 	return c
