@@ -566,27 +566,9 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 		}
 		running = true
 	}
-	var out []Result
-	for _, w := range opt.Workloads {
-		step(w)
-		var fn func() (Result, error)
-		switch {
-		case strings.HasPrefix(w, "pg-"):
-			fn = func() (Result, error) { return pgWorkload(ctx, p, w, opt) }
-		case strings.HasPrefix(w, "sqlite-"):
-			fn = func() (Result, error) { return sqliteWorkload(g, filepath.Join(st.mnt, sqliteFile), w, opt) }
-		default:
-			fn = func() (Result, error) { return fioWorkload(ctx, g, filepath.Join(st.mnt, fioFile), w, opt) }
-		}
-		r, err := appMeasured(ctx, st, fn)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", w, err)
-		}
-		r.System, r.Config = sys, w+"@"+budgetName(label)
-		if g != nil {
-			r.BudgetPeak = g.Peak()
-		}
-		out = append(out, r)
+	out, err := runWorkloads(ctx, opt, st, g, p, st.mnt, sys, label, opt.Workloads, step)
+	if err != nil {
+		return nil, err
 	}
 	step("checking")
 	integrity := "ok"
@@ -600,9 +582,7 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 		running = false
 	}
 	if needSqlite && integrity == "ok" {
-		if out, err := sqliteRun(nil, filepath.Join(st.mnt, sqliteFile), "check"); err != nil || out != "ok" {
-			integrity = fmt.Sprintf("sqlite integrity_check: %s %v", out, err)
-		}
+		integrity = sqliteCheck(filepath.Join(st.mnt, sqliteFile))
 	}
 	if err := st.unmount(); err != nil {
 		return nil, err
@@ -857,11 +837,33 @@ func runFS(ctx context.Context, opt AppsOptions, sys string, budget, label uint6
 			}
 		}()
 	}
+	out, err := runWorkloads(ctx, opt, st, g, nil, dir, sys, label, works, step)
+	if err != nil {
+		return nil, err
+	}
+	step("checking")
+	integrity := "ok"
+	if slices.ContainsFunc(works, func(w string) bool { return strings.HasPrefix(w, "sqlite-") }) {
+		integrity = sqliteCheck(filepath.Join(dir, sqliteFile))
+	}
+	for i := range out {
+		out[i].Integrity = integrity
+	}
+	return out, nil
+}
+
+// runWorkloads runs each workload in g (nil: no budget) against the data
+// in dir (PostgreSQL through p), measuring the export's processes; the
+// rows are sys's at budget label.
+func runWorkloads(ctx context.Context, opt AppsOptions, st *appStack, g *memcg.Group, p *postgres, dir, sys string, label uint64, works []string, step func(string)) ([]Result, error) {
 	var out []Result
 	for _, w := range works {
 		step(w)
 		r, err := appMeasured(ctx, st, func() (Result, error) {
-			if strings.HasPrefix(w, "sqlite-") {
+			switch {
+			case strings.HasPrefix(w, "pg-"):
+				return pgWorkload(ctx, p, w, opt)
+			case strings.HasPrefix(w, "sqlite-"):
 				return sqliteWorkload(g, filepath.Join(dir, sqliteFile), w, opt)
 			}
 			return fioWorkload(ctx, g, filepath.Join(dir, fioFile), w, opt)
@@ -875,15 +877,14 @@ func runFS(ctx context.Context, opt AppsOptions, sys string, budget, label uint6
 		}
 		out = append(out, r)
 	}
-	step("checking")
-	integrity := "ok"
-	if slices.ContainsFunc(works, func(w string) bool { return strings.HasPrefix(w, "sqlite-") }) {
-		if res, err := sqliteRun(nil, filepath.Join(dir, sqliteFile), "check"); err != nil || res != "ok" {
-			integrity = fmt.Sprintf("sqlite integrity_check: %s %v", res, err)
-		}
-	}
-	for i := range out {
-		out[i].Integrity = integrity
-	}
 	return out, nil
+}
+
+// sqliteCheck is "ok" when sqlite's integrity check of db passes, else
+// what it said.
+func sqliteCheck(db string) string {
+	if res, err := sqliteRun(nil, db, "check"); err != nil || res != "ok" {
+		return fmt.Sprintf("sqlite integrity_check: %s %v", res, err)
+	}
+	return "ok"
 }

@@ -1517,6 +1517,23 @@ func TestBenchAppsSmoke(t *testing.T) {
 	pd3 := rep.Results[1]
 	assert.Positive(t, pd3.Counters["predict_requests_pages_total"], "the agent predicted the streams")
 
+	// sqlite and fio on the pd3 mount (and bindfs over tmpfs, if there).
+	systems := "pd3-mount"
+	if _, err := exec.LookPath("bindfs"); err == nil {
+		systems += ",bindfs"
+	}
+	out, err = run(t, "", "bench", "apps", "--systems", systems, "--workloads", "sqlite-point,sqlite-scan,fio-seq4",
+		"--local-memory", "48MiB", "--sqlite-rows", "5000", "--fio-size", "8MiB", "--cache", "8MiB",
+		"--duration", "1s", "--rounds", "1", "--json")
+	require.NoError(t, err, out)
+	rep = bench.Report{}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Len(t, rep.Results, 3*len(strings.Split(systems, ",")))
+	for _, r := range rep.Results {
+		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
+		assert.Equal(t, "ok", r.Integrity, r.System+" "+r.Config)
+	}
+
 	out, err = run(t, "", "bench", "apps", "--local-memory", "1MiB")
 	require.Error(t, err)
 	assert.Contains(t, out, "below 32MiB")
