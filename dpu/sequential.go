@@ -10,10 +10,11 @@ import (
 // Sequential predicts the next pages of sequential streams and steps
 // aside when its predictions are not used.
 //
-// Streams: each source (an NBD connection, the FUSE server, the kernel
-// page-cache tracker) has up to streamsPerSource streams per volume, so
-// that readers interleaved on one connection (the backends of a database
-// behind one loop device) are followed apart. A read that starts at or
+// Streams: each source (every mirrored connection together, the FUSE
+// server, the kernel page-cache tracker) has up to streamsPerSource
+// streams per volume, so that interleaved readers (the backends of a
+// database behind one loop device, spread over a client's connections)
+// are followed apart. A read that starts at or
 // shortly after where a stream's last read ended (or overlaps its end:
 // readahead windows and page-aligned re-reads do) continues it and doubles
 // its window, up to MaxWindow pages, and the window after the read is
@@ -107,31 +108,17 @@ const trackPages = 512
 // out of the ring on the way.
 func (st *seqStream) mark(s *Sequential, from, to uint64) {
 	if to > st.base+trackPages {
-		s.judge(0, st.drop(to-trackPages))
+		s.judge(0, st.take(st.base, to-trackPages))
+		st.base = to - trackPages
 	}
 	for p := from; p < to; p++ {
 		st.pending[p%trackPages/64] |= 1 << (p % 64)
 	}
 }
 
-// drop forgets the pending pages below page upto and returns how many
-// there were.
-func (st *seqStream) drop(upto uint64) uint64 {
-	var n uint64
-	for p := st.base; p < upto && p < st.base+trackPages; p++ {
-		w, b := &st.pending[p%trackPages/64], uint64(1)<<(p%64)
-		if *w&b != 0 {
-			*w &^= b
-			n++
-		}
-	}
-	st.base = max(st.base, upto)
-	return n
-}
-
-// read clears the pending pages a read of [start, last) asked for and
-// returns how many there were.
-func (st *seqStream) read(start, last uint64) uint64 {
+// take clears the pending pages in [start, last) (within the ring) and
+// returns how many there were: read by a request, or fallen out unread.
+func (st *seqStream) take(start, last uint64) uint64 {
 	var n uint64
 	for p := max(start, st.base); p < last && p < st.base+trackPages; p++ {
 		w, b := &st.pending[p%trackPages/64], uint64(1)<<(p%64)
@@ -207,7 +194,7 @@ func (s *Sequential) access(src int, first memnode.Key, n int, end uint64, out [
 	}
 	if st != nil {
 		covered = s.level != governOffLevel && start >= st.first && last <= st.ahead
-		s.judge(st.read(start, last), 0)
+		s.judge(st.take(start, last), 0)
 		if last <= st.next { // a straggler: nothing new to predict
 			st.used = s.tick
 			s.mu.Unlock()
@@ -222,7 +209,7 @@ func (s *Sequential) access(src int, first memnode.Key, n int, end uint64, out [
 			}
 		}
 		if st.next != 0 {
-			s.judge(0, st.drop(st.base+trackPages))
+			s.judge(0, st.take(st.base, st.base+trackPages))
 		}
 		*st = seqStream{first: last, base: last}
 	}

@@ -53,10 +53,10 @@ func New(name string, limit uint64) (*Group, error) {
 		return nil, fmt.Errorf("memcg: a limit of 0 bytes")
 	}
 	g := &Group{limit: limit}
-	switch {
-	case exists(filepath.Join(v1Root, "memory.limit_in_bytes")):
+	switch Version() {
+	case 1:
 		g.dir = filepath.Join(v1Root, name)
-	case v2Memory():
+	case 2:
 		g.dir, g.v2 = filepath.Join(v2Root, name), true
 	default:
 		return nil, ErrUnsupported
@@ -78,6 +78,19 @@ func New(name string, limit uint64) (*Group, error) {
 		_ = g.write("memory.swap.max", "0")
 	}
 	return g, nil
+}
+
+// Version is the hierarchy New creates groups in: 1 where the v1 memory
+// controller is mounted, else 2 where the unified hierarchy has the
+// memory controller, else 0 (New returns ErrUnsupported).
+func Version() int {
+	switch {
+	case exists(filepath.Join(v1Root, "memory.limit_in_bytes")):
+		return 1
+	case v2Memory():
+		return 2
+	}
+	return 0
 }
 
 // v2Memory reports whether the unified hierarchy has the memory controller

@@ -187,7 +187,7 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 	}
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("ext4 on a loop device (direct I/O) over nbdfuse over each NBD export of %s; the data loaded without a budget, then the filesystem remounted and the kernel's caches dropped; the budget (memory cgroup v%d) holds the application (the %s server with shared_buffers 16MB; fio) and the page cache it fills; pd3: memory node in its own process, %s host cache outside the budget, like the peers' memory",
-			units.FormatSize(opt.Size), cgroupVersion(), pgName, units.FormatSize(opt.Cache)),
+			units.FormatSize(opt.Size), memcg.Version(), pgName, units.FormatSize(opt.Cache)),
 		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %v per run on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, opt.Duration, units.FormatSize(opt.FioSize)),
 		fmt.Sprintf("sqlite: a table of %d rows of 1 KiB loaded with no budget; sqlite-point: random lookups by key from one Python process (sqlite3 module) for %v; sqlite-scan: SELECT sum(length(v)) over the table, three times, the median; PRAGMA integrity_check after the run; on the block systems the database is on their ext4, on pd3-mount and bindfs on the mount", opt.SqliteRows, opt.Duration),
 		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses (pd3-mount runs without /metrics: none)")
@@ -202,13 +202,6 @@ func budgetName(b uint64) string {
 		return "nolimit"
 	}
 	return units.FormatSize(b)
-}
-
-func cgroupVersion() int {
-	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err == nil {
-		return 1
-	}
-	return 2
 }
 
 // findPostgres returns the newest PostgreSQL bin directory.
