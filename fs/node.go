@@ -715,9 +715,10 @@ func (n *node) file() (c *inode, vol uint16, size uint64, e syscall.Errno) {
 }
 
 // streamRead is the size from which a FUSE read bypasses the host cache
-// (pagestore.Store.ReadStream): the kernel's read-ahead of a sequential
-// reader, or a large direct read.
-const streamRead = 256 << 10
+// (pagestore.Store.ReadStream) and is read ahead by the mount: the
+// kernel's read-ahead of a sequential reader (128 KiB READs under memory
+// pressure), or a large direct read (docs/decisions.md, 5).
+const streamRead = 128 << 10
 
 func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	ctx = uninterrupted(ctx)

@@ -23,13 +23,19 @@ import (
 // (ReadStream: pages the host holds, dirty ones too, come from its
 // cache).
 
-// raDepth is how many windows of a stream are read ahead of its reader;
-// raMaxWindows bounds the windows of all streams of a mount (buffers of
-// up to maxIO each: 32 MiB).
+// A stream is read ahead by at least raDepth windows and at least
+// raBytes: the kernel's 128 KiB read-ahead READs of a reader under memory
+// pressure need four windows in flight to cover the node's round trip
+// where two 1 MiB windows do. raMaxWindows bounds the windows of all
+// streams of a mount (buffers of up to maxIO each: 32 MiB).
 const (
 	raDepth      = 2
+	raBytes      = 512 << 10
 	raMaxWindows = 32
 )
+
+// depth is how many windows of n bytes a stream reads ahead.
+func depth(n int) uint64 { return uint64(max(raDepth, raBytes/max(n, 1))) }
 
 // stream is a file's read-ahead state, guarded by mu.
 type stream struct {
@@ -168,21 +174,21 @@ func (ra *readAhead) take(ctx context.Context, c *inode, s *stream, vol uint16, 
 }
 
 // aheadLocked makes s's windows those of n bytes at off, off+n, ... up to
-// raDepth of them, short of the file's end and as far as the budget lets
+// depth(n) of them, short of the file's end and as far as the budget lets
 // it: windows elsewhere (the reader skipped them, or reads another size
 // now) are dropped.
 func (ra *readAhead) aheadLocked(s *stream, c *inode, vol uint16, off uint64, n int, size uint64) {
 	keep := s.wins[:0]
 	for _, w := range s.wins {
 		d := w.off - off
-		if w.vol != vol || w.off < off || d%uint64(n) != 0 || d/uint64(n) >= raDepth || w.n != int(min(uint64(n), size-w.off)) {
+		if w.vol != vol || w.off < off || d%uint64(n) != 0 || d/uint64(n) >= depth(n) || w.n != int(min(uint64(n), size-w.off)) {
 			ra.drop(w)
 			continue
 		}
 		keep = append(keep, w)
 	}
 	s.wins = keep
-	for i := 0; i < raDepth; i++ {
+	for i := 0; i < int(depth(n)); i++ {
 		at := off + uint64(i*n)
 		if at >= size {
 			break
