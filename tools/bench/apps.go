@@ -40,7 +40,10 @@ type AppsOptions struct {
 	// SqliteRows is the sqlite table's rows of 1 KiB (default 300 000:
 	// about 330 MB).
 	SqliteRows int
-	Rounds     int
+	// TreeFiles is the number of files of the tree workloads (default
+	// 20 000).
+	TreeFiles int
+	Rounds    int
 	// PD3Args are added to every pd3 host's command line (e.g. --policy).
 	PD3Args  []string
 	Progress Progress
@@ -79,7 +82,9 @@ var fsSystems = map[string]string{"pd3-mount": "pd3", "pd3-mount-noagent": "pd3-
 // Zipf 1.1; fio-seq4: 4 sequential streams of 128 KiB reads, each over its
 // quarter of the file; IOPS) and sqlite (a table of 1 KiB rows: random
 // point lookups by key, lookups/s; a full scan, rows/s, ms in its column).
-var AppsWorkloads = []string{"pg-scan", "pg-select", "pg-tpcb", "fio-zipf", "fio-seq4", "sqlite-point", "sqlite-scan"}
+// A tree of small files is archived (tree-tar) and searched (tree-grep),
+// in files/s.
+var AppsWorkloads = []string{"pg-scan", "pg-select", "pg-tpcb", "fio-zipf", "fio-seq4", "sqlite-point", "sqlite-scan", "tree-tar", "tree-grep"}
 
 // Apps runs real applications under a memory budget on each system, the
 // systems taking turns round by round, and reports the median of each
@@ -105,7 +110,7 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 			return nil, err
 		}
 	}
-	for _, bin := range []string{"nbdkit", "nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3", "fio"} {
+	for _, bin := range []string{"nbdkit", "nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3", "fio", "tar", "grep"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return nil, fmt.Errorf("%s is not installed (make deps-system)", bin)
 		}
@@ -115,6 +120,7 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 	opt.Clients = cmp.Or(opt.Clients, 4)
 	opt.FioSize = cmp.Or(opt.FioSize, 512<<20)
 	opt.SqliteRows = cmp.Or(opt.SqliteRows, 300000)
+	opt.TreeFiles = cmp.Or(opt.TreeFiles, 20000)
 	if opt.FioSize%(4*128<<10) != 0 {
 		return nil, fmt.Errorf("fio file of %d bytes: want a multiple of 512KiB (four streams of 128KiB reads)", opt.FioSize)
 	}
@@ -190,7 +196,8 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 			units.FormatSize(opt.Size), memcg.Version(), pgName, units.FormatSize(opt.Cache)),
 		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %v per run on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, opt.Duration, units.FormatSize(opt.FioSize)),
 		fmt.Sprintf("sqlite: a table of %d rows of 1 KiB loaded with no budget; sqlite-point: random lookups by key from one Python process (sqlite3 module) for %v; sqlite-scan: SELECT sum(length(v)) over the table, three times, the median; PRAGMA integrity_check after the run; on the block systems the database is on their ext4, on pd3-mount and bindfs on the mount", opt.SqliteRows, opt.Duration),
-		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses (pd3-mount runs without /metrics: none)")
+		treeNote(opt.TreeFiles),
+		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses")
 	if opt.Rounds > 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("each row is its system's median run of %d, the systems taking turns in fresh processes; \"runs ops/s\" is the spread; ratios are of the medians", opt.Rounds))
 	}
@@ -484,6 +491,7 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 	needPG := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "pg-") })
 	needFio := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "fio-") })
 	needSqlite := slices.ContainsFunc(opt.Workloads, func(w string) bool { return strings.HasPrefix(w, "sqlite-") })
+	needTree := slices.ContainsFunc(opt.Workloads, isTree)
 	step("starting")
 	st, err := startAppStack(ctx, opt, sys)
 	if err != nil {
@@ -542,6 +550,11 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 	}
 	if needSqlite {
 		if _, err := sqliteRun(nil, filepath.Join(st.mnt, sqliteFile), "load", strconv.Itoa(opt.SqliteRows)); err != nil {
+			return nil, err
+		}
+	}
+	if needTree {
+		if err := writeTree(st.mnt, opt.TreeFiles); err != nil {
 			return nil, err
 		}
 	}
@@ -794,6 +807,9 @@ func runFS(ctx context.Context, opt AppsOptions, sys string, budget, label uint6
 	defer stop()
 	dir := filepath.Dir(file)
 	st := &appStack{proc: proc, node: node}
+	if proc != nil {
+		st.metrics = proc.Addrs["metrics"] // the pd3 mount's
+	}
 	var works []string
 	for _, w := range opt.Workloads {
 		if !strings.HasPrefix(w, "pg-") {
@@ -816,6 +832,11 @@ func runFS(ctx context.Context, opt AppsOptions, sys string, budget, label uint6
 				return nil, err
 			}
 			break
+		}
+	}
+	if slices.ContainsFunc(works, isTree) {
+		if err := writeTree(dir, opt.TreeFiles); err != nil {
+			return nil, err
 		}
 	}
 	dropCaches()
@@ -858,6 +879,8 @@ func runWorkloads(ctx context.Context, opt AppsOptions, st *appStack, g *memcg.G
 				return pgWorkload(ctx, p, w, opt)
 			case strings.HasPrefix(w, "sqlite-"):
 				return sqliteWorkload(g, filepath.Join(dir, sqliteFile), w, opt)
+			case isTree(w):
+				return treeWorkload(g, dir, w, opt.TreeFiles)
 			}
 			return fioWorkload(ctx, g, filepath.Join(dir, fioFile), w, opt)
 		})

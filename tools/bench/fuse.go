@@ -272,8 +272,9 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		case "pd3-cached":
 			cache = opt.Size + 64<<20 // the file, the metadata and room to spare
 		}
-		host, err := StartChild(ctx, opt.Exe, nil, "serve", "--memnode", node.Addrs["memory node"], "--mount", mnt,
-			"--volume", "disk0:4MiB", "--cache", strconv.FormatUint(cache, 10), "--nbd", "", "--page", "", "--dpu", dpu)
+		host, err := StartChild(ctx, opt.Exe, []string{"metrics"}, "serve", "--memnode", node.Addrs["memory node"], "--mount", mnt,
+			"--volume", "disk0:4MiB", "--cache", strconv.FormatUint(cache, 10), "--nbd", "", "--page", "", "--dpu", dpu,
+			"--metrics", "127.0.0.1:0")
 		if err != nil {
 			node.Stop()
 			cleanup()

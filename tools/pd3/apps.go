@@ -73,6 +73,7 @@ Systems take turns in fresh processes, round by round; each row is the median of
 	pagesVar(f, &opt.Size, "size", "2GiB", "export size")
 	pagesVar(f, &opt.FioSize, "fio-size", "512MiB", "the file the fio workloads read (a multiple of 512KiB)")
 	f.IntVar(&opt.SqliteRows, "sqlite-rows", 300000, "rows of 1 KiB in the sqlite workloads' table")
+	f.IntVar(&opt.TreeFiles, "tree-files", 20000, "files of 1-16 KiB in the tree workloads (tree-tar, tree-grep)")
 	f.IntVar(&opt.Rounds, "rounds", 3, "run every system this many times, taking turns in fresh processes; rows are medians")
 	f.StringVar(&pd3Args, "pd3-args", "", "extra flags for every pd3 host (e.g. \"--policy clock\")")
 	return c

@@ -1522,16 +1522,20 @@ func TestBenchAppsSmoke(t *testing.T) {
 	if _, err := exec.LookPath("bindfs"); err == nil {
 		systems += ",bindfs"
 	}
-	out, err = run(t, "", "bench", "apps", "--systems", systems, "--workloads", "sqlite-point,sqlite-scan,fio-seq4",
-		"--local-memory", "48MiB", "--sqlite-rows", "5000", "--fio-size", "8MiB", "--cache", "8MiB",
+	// and a tree of small files archived and searched.
+	out, err = run(t, "", "bench", "apps", "--systems", systems, "--workloads", "sqlite-point,sqlite-scan,fio-seq4,tree-tar,tree-grep",
+		"--local-memory", "48MiB", "--sqlite-rows", "5000", "--fio-size", "8MiB", "--tree-files", "450", "--cache", "8MiB",
 		"--duration", "1s", "--rounds", "1", "--json")
 	require.NoError(t, err, out)
 	rep = bench.Report{}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	require.Len(t, rep.Results, 3*len(strings.Split(systems, ",")))
+	require.Len(t, rep.Results, 5*len(strings.Split(systems, ",")))
 	for _, r := range rep.Results {
 		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
 		assert.Equal(t, "ok", r.Integrity, r.System+" "+r.Config)
+		if r.System == "pd3-mount" {
+			assert.Contains(t, r.Counters, "cache_misses_total", "the mount's counters are read: "+r.Config)
+		}
 	}
 
 	out, err = run(t, "", "bench", "apps", "--local-memory", "1MiB")
