@@ -2,7 +2,9 @@ package memnode
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -77,4 +79,83 @@ func TestFencePersists(t *testing.T) {
 	f, err := s.Fence(v.ID)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(7), f)
+
+	// The superseded holder comes back with its token: refused.
+	srv = &Server{Store: s}
+	stale := dialT(t, serveT(t, srv), "")
+	require.ErrorIs(t, stale.Fence(ctx, v.ID, 6), ErrFenced)
+	assert.ErrorIs(t, stale.WriteAt(ctx, v.ID, 0, make([]byte, PageSize)), ErrFenced)
+}
+
+// A fence raised while a write of the superseded token is between its
+// token check and its copy: the raise, and so the new holder's BIND, waits
+// for that write, which lands first; once the BIND is answered nothing of
+// the old holder lands. Without the fence lock the BIND was answered at
+// once and the old write landed after the new holder had read.
+func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
+	srv, addr := startNode(t, "", 0)
+	ctx := context.Background()
+	old, next := dialT(t, addr, ""), dialT(t, addr, "")
+	v, err := old.Create(ctx, "disk0", ChunkSize)
+	require.NoError(t, err)
+	require.NoError(t, old.Fence(ctx, v.ID, 1))
+	vol, err := srv.Store.volume(v.ID)
+	require.NoError(t, err)
+
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv.Store.afterFenceCheck = func() { once.Do(func() { close(held); <-release }) }
+	raising := make(chan struct{})
+	var raiseOnce sync.Once
+	srv.Store.beforeRaise = func(token uint64) {
+		if token == 2 {
+			raiseOnce.Do(func() { close(raising) })
+		}
+	}
+
+	page := make([]byte, PageSize)
+	copy(page, "old holder")
+	wrote := make(chan error, 1)
+	go func() { wrote <- old.WriteAt(ctx, v.ID, 0, page) }()
+	<-held // the old holder's write passed its check
+	bound := make(chan error, 1)
+	go func() { bound <- next.Fence(ctx, v.ID, 2) }()
+	<-raising
+
+	read := func() string {
+		got := make([]byte, PageSize)
+		require.NoError(t, next.ReadAt(ctx, v.ID, 0, got))
+		return string(got[:10])
+	}
+	// Either the BIND is answered (the race) or the raise waits for the
+	// write: a raise waiting for the lock makes TryRLock fail.
+	var answered bool
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-bound:
+			require.NoError(t, err)
+			answered = true
+			return true
+		default:
+		}
+		if vol.fenceMu.TryRLock() {
+			vol.fenceMu.RUnlock()
+			return false
+		}
+		return true
+	}, 5*time.Second, time.Millisecond)
+	if answered {
+		before := read()
+		close(release)
+		require.NoError(t, <-wrote)
+		assert.Equal(t, before, read(), "a write of the superseded holder landed after the new holder's BIND was answered")
+		return
+	}
+	close(release)
+	require.NoError(t, <-wrote, "the write that passed its check before the raise lands")
+	require.NoError(t, <-bound)
+	assert.Equal(t, "old holder", read())
+	copy(page, "late write")
+	assert.ErrorIs(t, old.WriteAt(ctx, v.ID, 0, page), ErrFenced)
+	assert.Equal(t, "old holder", read(), "nothing of the old holder lands after the raise")
 }

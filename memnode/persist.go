@@ -256,7 +256,13 @@ func (l *plog) roll() (uint64, uint64, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("memnode: new log segment: %w", err)
 	}
-	syncDir(l.dir)
+	if err := syncDir(l.dir); err != nil {
+		// The new segment's name may not survive a crash: keep writing
+		// the old one, whose name did, and drop the new.
+		f.Close()
+		os.Remove(segPath(l.dir, gen))
+		return 0, 0, fmt.Errorf("memnode: new log segment: %w", err)
+	}
 	l.f.Close()
 	l.f, l.gen, l.off = f, gen, 0
 	return gen, l.next, nil
@@ -273,11 +279,20 @@ func (l *plog) close() {
 	l.f.Close()
 }
 
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+// syncDir makes the names created, removed or renamed in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	}
+	return nil
 }
 
 // writeFileAtomic replaces name with data durably.
@@ -299,8 +314,7 @@ func writeFileAtomic(name string, data []byte) error {
 	if err := os.Rename(tmp, name); err != nil {
 		return err
 	}
-	syncDir(filepath.Dir(name))
-	return nil
+	return syncDir(filepath.Dir(name))
 }
 
 // persister ties a Store to its directory.
@@ -469,7 +483,10 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 	if err != nil {
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
-	syncDir(dir)
+	if err := syncDir(dir); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("memnode: %w", err)
+	}
 	l.f = f
 	for _, g := range gens {
 		if fi, err := os.Stat(segPath(dir, g)); err == nil {

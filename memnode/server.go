@@ -316,13 +316,21 @@ func (c *conn) execute(h *ReqHeader) error {
 		if s := c.authorise(h, h.Volume, h.Offset, uint64(len(p)), AccessWrite); s != StatusOK {
 			return c.respond(h, s, nil)
 		}
-		tok, err := st.write(h.Volume, h.Offset, p)
+		var tok uint64
+		err := st.fenced(c.last.v, c.last.fence, func() (err error) {
+			tok, err = st.write(h.Volume, h.Offset, p)
+			return err
+		})
 		return c.respondToken(h, err, tok)
 	case OpTrim:
 		if s := c.authorise(h, h.Volume, h.Offset, uint64(h.Count), AccessWrite); s != StatusOK {
 			return c.respond(h, s, nil)
 		}
-		tok, err := st.trim(h.Volume, h.Offset, uint64(h.Count), true)
+		var tok uint64
+		err := st.fenced(c.last.v, c.last.fence, func() (err error) {
+			tok, err = st.trim(h.Volume, h.Offset, uint64(h.Count), true)
+			return err
+		})
 		return c.respondToken(h, err, tok)
 	case OpCAS, OpFAA:
 		want := 8
@@ -336,12 +344,14 @@ func (c *conn) execute(h *ReqHeader) error {
 			return c.respond(h, s, nil)
 		}
 		var old uint64
-		var err error
-		if h.Op == OpCAS {
-			old, err = st.CompareAndSwap(h.Volume, h.Offset, binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:]))
-		} else {
-			old, err = st.FetchAndAdd(h.Volume, h.Offset, binary.LittleEndian.Uint64(p))
-		}
+		err := st.fenced(c.last.v, c.last.fence, func() (err error) {
+			if h.Op == OpCAS {
+				old, err = st.CompareAndSwap(h.Volume, h.Offset, binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:]))
+			} else {
+				old, err = st.FetchAndAdd(h.Volume, h.Offset, binary.LittleEndian.Uint64(p))
+			}
+			return err
+		})
 		c.respondWord(h, old, err)
 	case OpBind:
 		return c.respond(h, c.bind(h, p), nil)

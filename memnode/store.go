@@ -23,6 +23,12 @@ type Store struct {
 	nextID uint16
 
 	persist *persister // nil: memory only
+
+	// Test hooks (nil in production): afterFenceCheck runs in a fenced
+	// write between its token check and its mutation, beforeRaise when a
+	// raise of a fence to token starts.
+	afterFenceCheck func()
+	beforeRaise     func(token uint64)
 }
 
 type volume struct {
@@ -39,6 +45,14 @@ type volume struct {
 	// fence is the newest fencing token a writer presented (0: none yet);
 	// writes through a window with an older token are refused.
 	fence atomic.Uint64
+	// fenceMu makes a write's token check and its copy one step with
+	// respect to a raise of the fence: writes hold it shared from the
+	// check until their bytes are in place, a raise holds it exclusive
+	// while it stores the new token. A write that passed its check
+	// before a newer holder presented its token has landed before that
+	// holder's BIND is answered, never after. Lock order: fenceMu, then
+	// Store.mu, then a chunk's mu.
+	fenceMu sync.RWMutex
 }
 
 // chunk is ChunkSize bytes allocated on first write. Its lock makes one
@@ -456,22 +470,44 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 // the volume table before it counts, so a persistent node that restarts
 // still refuses the superseded writer.
 func (s *Store) raiseFence(v *volume, token uint64) (bool, error) {
+	if s.beforeRaise != nil {
+		s.beforeRaise(token)
+	}
+	v.fenceMu.Lock() // wait for the writes that passed the old fence
 	s.mu.Lock()
 	switch cur := v.fence.Load(); {
 	case token < cur:
 		s.mu.Unlock()
+		v.fenceMu.Unlock()
 		return false, nil
 	case token == cur:
 		s.mu.Unlock()
+		v.fenceMu.Unlock()
 		return true, nil
 	}
 	v.fence.Store(token)
 	tok, err := s.logTableLocked(opLogFence, v.info.ID, 0, token, v.info.Name)
 	s.mu.Unlock()
+	v.fenceMu.Unlock()
 	if err == nil {
 		err = s.Durable(tok)
 	}
 	return true, err
+}
+
+// fenced runs write, a mutation of v through a window holding token, if
+// token is not older than v's fence; the check and the mutation are one
+// step with respect to raiseFence (volume.fenceMu).
+func (s *Store) fenced(v *volume, token uint64, write func() error) error {
+	v.fenceMu.RLock()
+	defer v.fenceMu.RUnlock()
+	if token < v.fence.Load() {
+		return fmt.Errorf("volume %q: token %d: %w", v.info.Name, token, ErrFenced)
+	}
+	if s.afterFenceCheck != nil {
+		s.afterFenceCheck()
+	}
+	return write()
 }
 
 // Fence returns the volume's fencing token (0: none presented yet).

@@ -130,7 +130,9 @@ func (c *conn) unbind(h *ReqHeader) Status {
 
 // authorise checks that the request's window covers n bytes at off of
 // volume vol with access, and that the volume with that id now is one the
-// connection's grant reaches.
+// connection's grant reaches. On StatusOK the window is c.last and its
+// volume c.last.v. A write's token is checked here and again, atomically
+// with the write, by Store.fenced.
 func (c *conn) authorise(h *ReqHeader, vol uint16, off, n uint64, access uint32) Status {
 	w := c.last
 	if w == nil || c.lastKey != h.Window {
