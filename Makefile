@@ -45,7 +45,9 @@ fi
 endef
 
 # Real clients the integration tests drive (Debian packages).
-SYSTEM_PACKAGES := fio libnbd-bin nbdkit nbdfuse python3-libnbd qemu-utils xfsprogs e2fsprogs sqlite3 fuse3 util-linux
+# etcd-server: the tests against a real external etcd; systemd:
+# systemd-analyze verifies the units; bindfs: the FUSE ceiling of bench apps.
+SYSTEM_PACKAGES := fio libnbd-bin nbdkit nbdfuse python3-libnbd qemu-utils xfsprogs e2fsprogs sqlite3 fuse3 util-linux etcd-server systemd bindfs
 
 all: build
 
@@ -89,8 +91,11 @@ vet: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# testsum prints what go test would, then "tests: N run, P passed, F
+# failed, S skipped" and each skip's reason; under PD3_REQUIRE=all (set by
+# .ci/run) a skip fails the run.
 test: vet deps-system
-	$(GO) test -race -count=1 -timeout 15m ./...
+	set -o pipefail; $(GO) test -race -count=1 -timeout 15m -json ./... | $(GO) run ./tools/testsum
 	$(MAKE) --no-print-directory fuzz
 
 fuzz: deps
