@@ -3,6 +3,7 @@ package dpu
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/pd3-go/pd3/memnode"
@@ -102,8 +103,14 @@ func FuzzNBDParser(f *testing.F) {
 		if errB == nil {
 			parts, errB = b.Feed(in[c:], parts)
 		}
-		if (errA == nil) != (errB == nil) || len(whole) != len(parts) {
-			t.Fatalf("split at %d changed the parse: %v/%d vs %v/%d", c, errA, len(whole), errB, len(parts))
+		if (errA == nil) != (errB == nil) || !slices.Equal(whole, parts) {
+			t.Fatalf("split at %d changed the parse: %v/%v vs %v/%v", c, errA, whole, errB, parts)
+		}
+		for _, a := range whole {
+			// Only the export resolve knows, and NBD has no deletes.
+			if a.Key.Volume() != 7 || a.Kind != Read && a.Kind != Write {
+				t.Fatalf("access %v of kind %v", a.Key, a.Kind)
+			}
 		}
 	})
 }

@@ -2,6 +2,7 @@ package dpu
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/pd3-go/pd3/memnode"
@@ -87,8 +88,13 @@ func FuzzPageParser(f *testing.F) {
 		if (errA == nil) != (errB == nil) {
 			t.Fatalf("split at %d changed the outcome: %v vs %v", c, errA, errB)
 		}
-		if len(whole) != len(parts) {
-			t.Fatalf("split at %d: %d vs %d accesses", c, len(whole), len(parts))
+		if !slices.Equal(whole, parts) {
+			t.Fatalf("split at %d changed the accesses: %v vs %v", c, whole, parts)
+		}
+		for _, a := range whole {
+			if a.Kind < Read || a.Kind > Delete {
+				t.Fatalf("access %v of kind %d", a.Key, a.Kind)
+			}
 		}
 	})
 }

@@ -26,6 +26,14 @@ func FuzzSnapshot(f *testing.F) {
 		if err != nil {
 			return
 		}
+		// What was accepted is written back as it is read again.
+		again, err := json.Marshal(s)
+		if err != nil {
+			t.Fatalf("encoding an accepted snapshot: %v", err)
+		}
+		if _, err := decodeSnapshot(again); err != nil {
+			t.Fatalf("an accepted snapshot, written again, is refused: %v", err)
+		}
 		byIno := map[uint64]*inode{}
 		for _, n := range s.Inodes {
 			byIno[n.Ino] = n
