@@ -328,6 +328,18 @@ func (r *Registration) rejoin(every time.Duration) bool {
 	}
 }
 
+// Abandon stops the renewals without removing the node's record or
+// ending its lease, as a node that crashed leaves them: the lease runs out
+// one TTL later and the node reads as down. It is how a test kills a node
+// that runs inside the test's process; Close after Abandon does nothing.
+func (r *Registration) Abandon() {
+	r.once.Do(func() {
+		close(r.stop)
+		<-r.done
+		r.session().Orphan()
+	})
+}
+
 // Close takes the node out of the cluster: its alive key goes with its
 // lease, and a volatile node's record with it.
 func (r *Registration) Close() error {

@@ -76,9 +76,7 @@ func TestMembership(t *testing.T) {
 
 			require.NoError(t, volatile.Close())
 			// A crash: the renewals stop and nobody revokes the lease.
-			close(persistent.stop)
-			<-persistent.done
-			persistent.sess.Orphan()
+			persistent.Abandon()
 			require.Eventually(t, func() bool {
 				nodes, err := Nodes(ctx, cli, "t")
 				return err == nil && len(nodes) == 1 && !nodes[0].Up
