@@ -161,7 +161,8 @@ func TestConcurrentMissesShareOneRead(t *testing.T) {
 			assert.NoError(t, s.Get(context.Background(), k, buf))
 		}()
 	}
-	time.Sleep(50 * time.Millisecond) // let all 16 reach the miss path
+	// One reader holds the miss at the remote; the other 15 wait for it.
+	require.Eventually(t, func() bool { return s.Stats().SharedMissesWaiting == 15 }, 10*time.Second, time.Millisecond)
 	close(rem.gate)
 	wg.Wait()
 	assert.Equal(t, uint64(1), rem.Reads.Load())
