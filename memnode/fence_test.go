@@ -130,10 +130,10 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 	// Either the BIND is answered (the race) or the raise waits for the
 	// write: a raise waiting for the lock makes TryRLock fail.
 	var answered bool
+	var bindErr error
 	require.Eventually(t, func() bool {
 		select {
-		case err := <-bound:
-			require.NoError(t, err)
+		case bindErr = <-bound:
 			answered = true
 			return true
 		default:
@@ -145,6 +145,7 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 		return true
 	}, 5*time.Second, time.Millisecond)
 	if answered {
+		require.NoError(t, bindErr)
 		before := read()
 		close(release)
 		require.NoError(t, <-wrote)

@@ -475,21 +475,19 @@ func (s *Store) raiseFence(v *volume, token uint64) (bool, error) {
 	}
 	v.fenceMu.Lock() // wait for the writes that passed the old fence
 	s.mu.Lock()
-	switch cur := v.fence.Load(); {
-	case token < cur:
-		s.mu.Unlock()
-		v.fenceMu.Unlock()
-		return false, nil
-	case token == cur:
-		s.mu.Unlock()
-		v.fenceMu.Unlock()
-		return true, nil
+	cur := v.fence.Load()
+	var tok uint64
+	var err error
+	if token > cur {
+		v.fence.Store(token)
+		tok, err = s.logTableLocked(opLogFence, v.info.ID, 0, token, v.info.Name)
 	}
-	v.fence.Store(token)
-	tok, err := s.logTableLocked(opLogFence, v.info.ID, 0, token, v.info.Name)
 	s.mu.Unlock()
 	v.fenceMu.Unlock()
-	if err == nil {
+	switch {
+	case token < cur:
+		return false, nil
+	case token > cur && err == nil:
 		err = s.Durable(tok)
 	}
 	return true, err

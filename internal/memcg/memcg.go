@@ -130,8 +130,12 @@ func (g *Group) Version() int {
 	return 1
 }
 
-// Command returns a command that runs name with args inside the group.
+// Command returns a command that runs name with args inside the group;
+// a nil group runs it outside any (no budget).
 func (g *Group) Command(name string, args ...string) *exec.Cmd {
+	if g == nil {
+		return exec.Command(name, args...)
+	}
 	return exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, filepath.Join(g.dir, "cgroup.procs"), name}, args...)...)
 }
 

@@ -440,12 +440,7 @@ type postgres struct {
 
 func (p *postgres) ctl(g *memcg.Group, args ...string) error {
 	full := append([]string{"-u", "postgres", "--", filepath.Join(p.bin, "pg_ctl"), "-D", p.data}, args...)
-	var cmd *exec.Cmd
-	if g != nil {
-		cmd = g.Command("runuser", full...)
-	} else {
-		cmd = exec.Command("runuser", full...)
-	}
+	cmd := g.Command("runuser", full...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(p.sock, "server.log"))
 		return fmt.Errorf("pg_ctl %s: %w: %s%s", args[len(args)-1], err, tail(out), tail(log))
@@ -616,12 +611,7 @@ func fioWorkload(ctx context.Context, g *memcg.Group, file, w string, opt AppsOp
 	default:
 		return Result{}, fmt.Errorf("unknown workload %q", w)
 	}
-	var cmd *exec.Cmd
-	if g != nil {
-		cmd = g.Command("fio", args...)
-	} else {
-		cmd = exec.Command("fio", args...)
-	}
+	cmd := g.Command("fio", args...)
 	return runFioCmd(cmd, w)
 }
 
@@ -749,12 +739,7 @@ elif mode == "check":
 // it printed.
 func sqliteRun(g *memcg.Group, db string, args ...string) (string, error) {
 	full := append([]string{"-c", sqliteScript, db}, args...)
-	var cmd *exec.Cmd
-	if g != nil {
-		cmd = g.Command("python3", full...)
-	} else {
-		cmd = exec.Command("python3", full...)
-	}
+	cmd := g.Command("python3", full...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("sqlite %s: %w: %s", args[0], err, tail(out))

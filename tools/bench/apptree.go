@@ -8,10 +8,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -81,12 +79,7 @@ func treeWorkload(g *memcg.Group, dir, w string, files int) (Result, error) {
 		default:
 			return Result{}, fmt.Errorf("unknown workload %q", w)
 		}
-		var cmd *exec.Cmd
-		if g != nil {
-			cmd = g.Command(args[0], args[1:]...)
-		} else {
-			cmd = exec.Command(args[0], args[1:]...)
-		}
+		cmd := g.Command(args[0], args[1:]...)
 		var errBuf bytes.Buffer
 		cmd.Stderr = &errBuf
 		out, err := cmd.StdoutPipe()
@@ -131,7 +124,7 @@ func isTree(w string) bool { return strings.HasPrefix(w, "tree-") }
 
 // treeNote describes the tree workloads for the report.
 func treeNote(files int) string {
-	return "tree: " + strconv.Itoa(files) + " files of 1-16 KiB of text in directories of " + strconv.Itoa(treePerDir) +
-		", written with no budget; tree-tar: tar -cf - of the tree into a pipe; tree-grep: grep -rl over it (every " +
-		strconv.Itoa(treeMarked) + "th file holds the marker at its end, and the count is checked); three passes each, the median; files/s, ms in its column"
+	return fmt.Sprintf("tree: %d files of 1-16 KiB of text in directories of %d, written with no budget; tree-tar: tar -cf - of the tree into a pipe; "+
+		"tree-grep: grep -rl over it (every %dth file holds the marker at its end, and the count is checked); three passes each, the median; files/s, ms in its column",
+		files, treePerDir, treeMarked)
 }

@@ -13,12 +13,16 @@ import (
 )
 
 func main() {
+	require := os.Getenv("PD3_REQUIRE")
+	if require != "" && require != "all" {
+		fmt.Fprintf(os.Stderr, "testsum: PD3_REQUIRE=%q: the only requirement is \"all\" (every test runs)\n", require)
+		os.Exit(2)
+	}
 	sum, err := testsum.Read(os.Stdin, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testsum: reading go test -json:", err)
 		os.Exit(2)
 	}
-	require := os.Getenv("PD3_REQUIRE")
 	fmt.Println(sum.Line())
 	for _, s := range sum.Skips {
 		fmt.Printf("skipped: %s %s: %s\n", s.Package, s.Test, s.Reason)
@@ -29,8 +33,5 @@ func main() {
 	case require == "all" && sum.Skipped > 0:
 		fmt.Printf("PD3_REQUIRE=all: %d tests skipped; install what they name (make deps-system) or run them where they can run\n", sum.Skipped)
 		os.Exit(1)
-	case require != "" && require != "all":
-		fmt.Fprintf(os.Stderr, "testsum: PD3_REQUIRE=%q: the only requirement is \"all\" (every test runs)\n", require)
-		os.Exit(2)
 	}
 }
