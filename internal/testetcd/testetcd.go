@@ -7,7 +7,6 @@ package testetcd
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/loopport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -33,15 +33,21 @@ type Members struct {
 	procs []*exec.Cmd
 }
 
-// FreePort returns a loopback TCP port free now.
+// FreePort returns a loopback TCP port free now; see FreePorts.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts returns n distinct loopback TCP ports, each free now
+// (loopport.Free).
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports, err := loopport.Free(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // Start starts n members serving clients over scheme ("http", or "https"
@@ -53,10 +59,11 @@ func Start(t testing.TB, n int, scheme string, args ...string) *Members {
 		t.Skip("no etcd binary (Debian: etcd-server)")
 	}
 	m := &Members{t: t, bin: bin, dir: t.TempDir(), args: args, procs: make([]*exec.Cmd, n)}
+	ports := FreePorts(t, 2*n)
 	for i := range n {
 		m.names = append(m.names, "m"+strconv.Itoa(i))
-		m.Clients = append(m.Clients, fmt.Sprintf("%s://127.0.0.1:%d", scheme, FreePort(t)))
-		m.peers = append(m.peers, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
+		m.Clients = append(m.Clients, fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[2*i]))
+		m.peers = append(m.peers, fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]))
 	}
 	for i := range n {
 		m.Start(i)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/loopport"
 	"github.com/pd3-go/pd3/internal/netsrv"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/tools/fio"
@@ -254,13 +255,13 @@ func startReplicated(ctx context.Context, exe string, cache uint64, size, replic
 	return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, children[1], stop, nil
 }
 
+// freePort is a loopback port for a peer started by port number.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := loopport.Free(1)
 	if err != nil {
 		return 0, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
 }
 
 // suiteSystem is one system of a benchmark suite: the process to measure

@@ -212,9 +212,10 @@ func TestCoordThreeMembers(t *testing.T) {
 	dir := t.TempDir()
 	var initial []string
 	peers, clients := make([]string, 3), make([]string, 3)
+	ports := testetcd.FreePorts(t, 6)
 	for i := range 3 {
-		peers[i] = fmt.Sprintf("127.0.0.1:%d", testetcd.FreePort(t))
-		clients[i] = fmt.Sprintf("127.0.0.1:%d", testetcd.FreePort(t))
+		peers[i] = fmt.Sprintf("127.0.0.1:%d", ports[2*i])
+		clients[i] = fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])
 		initial = append(initial, fmt.Sprintf("c%d=http://%s", i, peers[i]))
 	}
 	args := func(i int) []string {
