@@ -49,6 +49,10 @@ var (
 	// token is older than the newest one presented for its volume: another
 	// host has taken the volume over.
 	ErrFenced = errors.New("memnode: write fenced: a newer holder of the volume's lease has presented its token")
+	// ErrNoSpace is returned for a mutation a persistent node (--persist)
+	// has no disk room to log. Reads go on; writes are taken again, with
+	// no restart, once room returns.
+	ErrNoSpace = errors.New("memnode: no space left on the node's disk (--persist); free room there and writes resume")
 )
 
 // Connection-level errors.
@@ -80,6 +84,7 @@ var statusErrs = [...]error{
 	StatusNoWindow:     ErrNoWindow,
 	StatusTLSRequired:  ErrTLSRequired,
 	StatusFenced:       ErrFenced,
+	StatusNoSpace:      ErrNoSpace,
 }
 
 // Err returns the sentinel for s, or nil for StatusOK.

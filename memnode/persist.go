@@ -1,6 +1,7 @@
 package memnode
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -15,9 +16,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/pd3-go/pd3/pageid"
-	"golang.org/x/sys/unix"
 )
 
 // Persistence (pd3 memnode --persist DIR). The store in memory stays the
@@ -39,6 +40,8 @@ import (
 //	                   the volume table at that position
 //	volumes.json       the volume table of stores written before the table
 //	                   was journaled (read when the checkpoint has none)
+//	reserve            1 MiB of room held for the small entries a full
+//	                   disk still takes (docs/decisions.md, 7)
 //
 // The volume table is journaled like the data: CREATE, DELETE and a raised
 // fencing token append log entries (ordered with the writes, which is what
@@ -88,13 +91,15 @@ var ErrCorrupt = pageid.ErrCorrupt
 
 // plog is the write-ahead log with group commit.
 type plog struct {
-	dir string
+	dir  string
+	disk disk
 
 	mu      sync.Mutex // guards everything below
 	cond    sync.Cond  // broadcast when durable advances or the syncer fails
-	f       *os.File   // current segment
+	f       diskFile   // current segment
 	gen     uint64
 	off     int64  // end of the current segment (written or pending)
+	wpos    int64  // end of what is written and synced of the segment
 	pending []byte // appended, not yet written
 	spare   []byte
 	next    uint64 // next sequence number
@@ -103,9 +108,18 @@ type plog struct {
 	limit   int64  // checkpoint past this many bytes of log
 	writing bool   // the syncer is writing a taken buffer
 	err     error  // the log is broken: writes fail from now on
-	kick    chan struct{}
-	closed  bool
-	done    chan struct{}
+	// A full disk is a condition, not a failure (docs/decisions.md, 7).
+	// full: the disk had no room; data mutations are refused (admit)
+	// until the reserve is back. stalled: the last write of the log found
+	// no room, so waiters are answered ErrNoSpace; their entries stay
+	// pending and are written once there is room.
+	full, stalled error
+	isFull        atomic.Bool // full != nil, read without mu by admit
+	reserved      bool        // the reserve file holds its room
+	retry         *time.Timer // kicks the syncer while the disk is full
+	kick          chan struct{}
+	closed        bool
+	done          chan struct{}
 
 	// Counters.
 	Syncs, Entries atomic.Uint64
@@ -162,21 +176,71 @@ func (l *plog) append(op byte, vol uint16, off, count uint64, payload []byte) (u
 }
 
 // waitDurable blocks until the entry with durability token t (and every
-// earlier one) is on stable storage, or the log failed. durable counts the
-// entries synced, so token t is durable once durable ≥ t.
+// earlier one) is on stable storage, the log failed, or the disk has no
+// room for it (ErrNoSpace: the entry stays queued and may still become
+// durable). durable counts the entries synced, so token t is durable once
+// durable ≥ t.
 func (l *plog) waitDurable(t uint64) error {
 	if t == 0 {
 		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.durable < t && l.err == nil {
+	for l.durable < t && l.err == nil && l.stalled == nil {
 		l.cond.Wait()
 	}
 	if l.durable >= t {
 		return nil
 	}
-	return l.err
+	return cmp.Or(l.err, l.stalled)
+}
+
+// admit refuses a mutation that carries data while the disk is full, before
+// it changes anything: small entries (atomics, fences, deletes) still go
+// to the log, written into the room the reserve gave up.
+func (l *plog) admit() error {
+	if !l.isFull.Load() {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.full
+}
+
+// reserveBytes is the room the reserve file holds for the small entries a
+// full disk still takes: a lease renewal every few seconds is 64 bytes, so
+// 1 MiB lasts days.
+const reserveBytes = 1 << 20
+
+func (l *plog) reservePath() string { return filepath.Join(l.dir, "reserve") }
+
+// fillReserve allocates the reserve file (l.mu held, or before the syncer
+// runs) and reports whether it holds its room.
+func (l *plog) fillReserve() bool {
+	f, err := l.disk.OpenFile(l.reservePath(), os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		return false
+	}
+	err = f.Allocate(0, reserveBytes)
+	f.Close()
+	return err == nil
+}
+
+// isNoSpace reports whether err says the disk (or the user's quota) is full.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// fullRetry is how often the syncer tries again while the disk is full.
+const fullRetry = 200 * time.Millisecond
+
+// writeOut writes buf at the end of what the segment holds and syncs it.
+// A write the disk had no room for is written again from the same place.
+func (l *plog) writeOut(f diskFile, buf []byte, at int64) error {
+	if _, err := f.WriteAt(buf, at); err != nil {
+		return err
+	}
+	return f.Datasync()
 }
 
 // syncer writes and fdatasyncs whatever was appended, sharing one sync
@@ -184,39 +248,81 @@ func (l *plog) waitDurable(t uint64) error {
 func (l *plog) syncer() {
 	defer close(l.done)
 	for range l.kick {
-		l.mu.Lock()
-		if l.closed && len(l.pending) == 0 {
-			l.mu.Unlock()
-			return
+		for l.syncOnce() {
 		}
-		buf, upto, f := l.pending, l.next, l.f
-		l.pending = l.spare[:0]
-		l.writing = true
-		l.mu.Unlock()
-		var err error
-		if len(buf) > 0 {
-			if _, err = f.Write(buf); err == nil {
-				err = unix.Fdatasync(int(f.Fd()))
-				l.Syncs.Add(1)
-			}
+	}
+}
+
+// syncOnce writes out and syncs what is pending, and reports whether more
+// was appended meanwhile (and can be written).
+func (l *plog) syncOnce() bool {
+	l.mu.Lock()
+	buf, upto, f, at := l.pending, l.next, l.f, l.wpos
+	l.pending = l.spare[:0]
+	l.writing = true
+	l.mu.Unlock()
+	var err error
+	if len(buf) > 0 {
+		err = l.writeOut(f, buf, at)
+		l.Syncs.Add(1)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil && isNoSpace(err) && l.reserved {
+		// The first time: give up the reserve and write again at once,
+		// so that the entries in hand (a lease renewal among them) need
+		// not fail.
+		l.reserved = false
+		l.full = fmt.Errorf("%w: %v", ErrNoSpace, err)
+		l.isFull.Store(true)
+		if rerr := l.disk.Remove(l.reservePath()); rerr == nil {
+			err = l.writeOut(f, buf, at)
 		}
-		l.mu.Lock()
+	}
+	l.writing = false
+	switch {
+	case err == nil:
 		l.spare = buf[:0]
-		l.writing = false
-		if err != nil && l.err == nil {
-			l.err = fmt.Errorf("memnode: writing the log: %w", err)
-		}
-		if err == nil && upto > l.durable {
+		l.wpos = at + int64(len(buf))
+		if upto > l.durable {
 			l.durable = upto
 		}
-		l.cond.Broadcast()
-		again := len(l.pending) > 0
-		l.mu.Unlock()
-		if again {
-			select {
-			case l.kick <- struct{}{}:
-			default:
-			}
+		l.stalled = nil
+		if l.full != nil && l.fillReserve() {
+			l.reserved = true
+			l.full = nil
+			l.isFull.Store(false)
+		}
+	case isNoSpace(err):
+		// Keep the entries, in order, ahead of those appended since.
+		l.pending = append(buf, l.pending...)
+		l.full = fmt.Errorf("%w: %v", ErrNoSpace, err)
+		l.stalled = l.full
+		l.isFull.Store(true)
+	case l.err == nil:
+		l.err = fmt.Errorf("memnode: writing the log: %w", err)
+	}
+	if l.full != nil && !l.closed {
+		// Try again while the disk is full: writing out what is pending,
+		// and taking the reserve back, needs room to return.
+		if l.retry == nil {
+			l.retry = time.AfterFunc(fullRetry, l.poke)
+		} else {
+			l.retry.Reset(fullRetry)
+		}
+	}
+	l.cond.Broadcast()
+	return len(l.pending) > 0 && l.stalled == nil && l.err == nil
+}
+
+// poke wakes the syncer.
+func (l *plog) poke() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		select {
+		case l.kick <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -237,34 +343,37 @@ func (l *plog) roll() (uint64, uint64, error) {
 	if l.err != nil {
 		return 0, 0, l.err
 	}
+	if l.stalled != nil {
+		return 0, 0, l.stalled // the pending entries wait for room
+	}
 	if len(l.pending) > 0 {
-		_, err := l.f.Write(l.pending)
-		if err == nil {
-			err = unix.Fdatasync(int(l.f.Fd()))
-		}
-		if err != nil {
+		if err := l.writeOut(l.f, l.pending, l.wpos); err != nil {
+			if isNoSpace(err) {
+				return 0, 0, fmt.Errorf("%w: %v", ErrNoSpace, err)
+			}
 			l.err = fmt.Errorf("memnode: writing the log: %w", err)
 			l.cond.Broadcast()
 			return 0, 0, l.err
 		}
+		l.wpos += int64(len(l.pending))
 		l.pending = l.pending[:0]
 		l.durable = l.next
 		l.cond.Broadcast()
 	}
 	gen := l.gen + 1
-	f, err := os.OpenFile(segPath(l.dir, gen), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := l.disk.OpenFile(segPath(l.dir, gen), os.O_RDWR|os.O_CREATE|os.O_EXCL)
 	if err != nil {
 		return 0, 0, fmt.Errorf("memnode: new log segment: %w", err)
 	}
-	if err := syncDir(l.dir); err != nil {
+	if err := l.disk.SyncDir(l.dir); err != nil {
 		// The new segment's name may not survive a crash: keep writing
 		// the old one, whose name did, and drop the new.
 		f.Close()
-		os.Remove(segPath(l.dir, gen))
+		l.disk.Remove(segPath(l.dir, gen))
 		return 0, 0, fmt.Errorf("memnode: new log segment: %w", err)
 	}
 	l.f.Close()
-	l.f, l.gen, l.off = f, gen, 0
+	l.f, l.gen, l.off, l.wpos = f, gen, 0, 0
 	return gen, l.next, nil
 }
 
@@ -273,32 +382,19 @@ func (l *plog) close() {
 	if !l.closed {
 		l.closed = true
 		close(l.kick)
+		if l.retry != nil {
+			l.retry.Stop()
+		}
 	}
 	l.mu.Unlock()
 	<-l.done
 	l.f.Close()
 }
 
-// syncDir makes the names created, removed or renamed in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("syncing directory %s: %w", dir, err)
-	}
-	return nil
-}
-
 // writeFileAtomic replaces name with data durably.
-func writeFileAtomic(name string, data []byte) error {
+func writeFileAtomic(d disk, name string, data []byte) error {
 	tmp := name + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := d.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC)
 	if err != nil {
 		return err
 	}
@@ -311,16 +407,17 @@ func writeFileAtomic(name string, data []byte) error {
 		return err
 	}
 	f.Close()
-	if err := os.Rename(tmp, name); err != nil {
+	if err := d.Rename(tmp, name); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(name))
+	return d.SyncDir(filepath.Dir(name))
 }
 
 // persister ties a Store to its directory.
 type persister struct {
-	dir string
-	log *plog
+	dir  string
+	disk disk
+	log  *plog
 	// cpMu allows one checkpoint at a time, and keeps Delete from
 	// removing a page file (and freeing its volume id) while a checkpoint
 	// may still write it. Lock order: cpMu, then Store.mu.
@@ -336,8 +433,8 @@ func (p *persister) pagePath(id uint16) string {
 
 // pageFile opens a volume's page file. Files are opened per use, not kept:
 // a filesystem on the node may have tens of thousands of volumes.
-func (p *persister) pageFile(id uint16) (*os.File, error) {
-	return os.OpenFile(p.pagePath(id), os.O_RDWR|os.O_CREATE, 0o600)
+func (p *persister) pageFile(id uint16) (diskFile, error) {
+	return p.disk.OpenFile(p.pagePath(id), os.O_RDWR|os.O_CREATE)
 }
 
 // volumeRecord is a volume table entry of the checkpoint (and of the older
@@ -364,27 +461,32 @@ type Progress func(done, total int64)
 // progress (nil reports nothing): a node holding many GiB takes seconds to
 // come up, and an operator should see why.
 func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*Store, error) {
+	return openPersistent(osDisk{}, dir, capacity, progress)
+}
+
+// openPersistent is OpenPersistentProgress on the disk d.
+func openPersistent(d disk, dir string, capacity uint64, progress Progress) (*Store, error) {
 	if progress == nil {
 		progress = func(int64, int64) {}
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := d.MkdirAll(dir); err != nil {
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
 	s := NewStore(capacity)
-	p := &persister{dir: dir}
+	p := &persister{dir: dir, disk: d}
 	// Attached before replay so replayed trims mark their chunks; p.log is
 	// set once replay is done (nothing logs before that).
 	s.persist = p
 	// The checkpoint: the log position and the volume table there.
 	var cp checkpoint
-	if b, err := os.ReadFile(filepath.Join(dir, "checkpoint")); err == nil {
+	if b, err := d.ReadFile(filepath.Join(dir, "checkpoint")); err == nil {
 		if err := json.Unmarshal(b, &cp); err != nil {
 			return nil, fmt.Errorf("%w: checkpoint: %v", ErrCorrupt, err)
 		}
 	}
 	vs := cp.Volumes
 	if vs == nil {
-		if b, err := os.ReadFile(filepath.Join(dir, "volumes.json")); err == nil {
+		if b, err := d.ReadFile(filepath.Join(dir, "volumes.json")); err == nil {
 			if err := json.Unmarshal(b, &vs); err != nil {
 				return nil, fmt.Errorf("%w: volumes.json: %v", ErrCorrupt, err)
 			}
@@ -392,18 +494,19 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 			return nil, fmt.Errorf("memnode: %w", err)
 		}
 	}
-	gens, err := segments(dir)
+	names, err := d.Names(dir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("memnode: %w", err)
 	}
+	gens := segments(names)
 	var total, done int64
 	for _, v := range vs {
-		if fi, err := os.Stat(p.pagePath(v.ID)); err == nil {
+		if fi, err := d.Stat(p.pagePath(v.ID)); err == nil {
 			total += storedBytes(fi)
 		}
 	}
 	for _, g := range gens {
-		if fi, err := os.Stat(segPath(dir, g)); err == nil && g >= cp.Gen {
+		if fi, err := d.Stat(segPath(dir, g)); err == nil && g >= cp.Gen {
 			total += fi.Size()
 			if g == cp.Gen {
 				total -= min(cp.Offset, fi.Size())
@@ -422,7 +525,7 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 		if err != nil {
 			return nil, fmt.Errorf("memnode: %w", err)
 		}
-		err = s.loadPages(v.ID, f, report)
+		err = s.loadPages(v.ID, v.Size, f, report)
 		f.Close()
 		if err != nil {
 			return nil, err
@@ -432,24 +535,22 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 	// checkpoint, or created after it and written by a checkpoint that did
 	// not complete: the log has all of theirs) must not show through when
 	// their id is reused.
-	if olds, err := filepath.Glob(filepath.Join(dir, "vol-*.pages")); err == nil {
-		listed := map[string]bool{}
-		for _, v := range vs {
-			listed[p.pagePath(v.ID)] = true
-		}
-		for _, o := range olds {
-			if !listed[o] {
-				os.Remove(o)
-			}
+	listed := map[string]bool{}
+	for _, v := range vs {
+		listed[p.pagePath(v.ID)] = true
+	}
+	for _, n := range names {
+		if o := filepath.Join(dir, n); strings.HasPrefix(n, "vol-") && strings.HasSuffix(n, ".pages") && !listed[o] {
+			d.Remove(o)
 		}
 	}
 	// Log replay from the checkpoint.
-	l := &plog{dir: dir, kick: make(chan struct{}, 1), done: make(chan struct{}), next: cp.Seq, gen: cp.Gen, limit: defaultLogLimit}
+	l := &plog{dir: dir, disk: d, kick: make(chan struct{}, 1), done: make(chan struct{}), next: cp.Seq, gen: cp.Gen, limit: defaultLogLimit}
 	l.cond.L = &l.mu
 	lastGen := cp.Gen
 	for _, g := range gens {
 		if g < cp.Gen {
-			os.Remove(segPath(dir, g)) // covered by the checkpoint
+			d.Remove(segPath(dir, g)) // covered by the checkpoint
 			continue
 		}
 		start := int64(0)
@@ -464,12 +565,12 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 		if torn {
 			// Everything after the first bad entry is discarded, later
 			// segments included: order matters more than quantity.
-			if err := os.Truncate(segPath(dir, g), end); err != nil {
+			if err := d.Truncate(segPath(dir, g), end); err != nil {
 				return nil, fmt.Errorf("memnode: truncating the torn log tail: %w", err)
 			}
 			for _, later := range gens {
 				if later > g {
-					os.Remove(segPath(dir, later))
+					d.Remove(segPath(dir, later))
 				}
 			}
 			break
@@ -479,17 +580,23 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 	l.durable = l.next
 	// Continue in a fresh segment: the old ones are read-only from now on.
 	l.gen = max(lastGen, cp.Gen) + 1
-	f, err := os.OpenFile(segPath(dir, l.gen), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := d.OpenFile(segPath(dir, l.gen), os.O_RDWR|os.O_CREATE|os.O_TRUNC)
 	if err != nil {
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := d.SyncDir(dir); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("memnode: %w", err)
 	}
 	l.f = f
+	if l.reserved = l.fillReserve(); !l.reserved {
+		// Opened on a full disk: data waits for room (the syncer retries).
+		l.full = fmt.Errorf("%w: no room for the reserve of %d bytes", ErrNoSpace, reserveBytes)
+		l.isFull.Store(true)
+		l.retry = time.AfterFunc(fullRetry, l.poke)
+	}
 	for _, g := range gens {
-		if fi, err := os.Stat(segPath(dir, g)); err == nil {
+		if fi, err := d.Stat(segPath(dir, g)); err == nil {
 			l.size += fi.Size()
 		}
 	}
@@ -498,14 +605,11 @@ func OpenPersistentProgress(dir string, capacity uint64, progress Progress) (*St
 	return s, nil
 }
 
-func segments(dir string) ([]uint64, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("memnode: %w", err)
-	}
+// segments are the generations of the log segments among a directory's
+// names, oldest first.
+func segments(names []string) []uint64 {
 	var gens []uint64
-	for _, e := range ents {
-		n := e.Name()
+	for _, n := range names {
 		if strings.HasPrefix(n, "log-") && strings.HasSuffix(n, ".wal") {
 			g, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(n, "log-"), ".wal"), 10, 64)
 			if err == nil {
@@ -514,14 +618,14 @@ func segments(dir string) ([]uint64, error) {
 		}
 	}
 	sort.Slice(gens, func(i, j int) bool { return gens[i] < gens[j] })
-	return gens, nil
+	return gens
 }
 
 // replay applies the valid entries of one segment from start and returns
 // where the valid part ends, the next sequence number, and whether it
 // stopped at a torn or foreign entry (rather than the end of the file).
 func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report func(int64)) (int64, uint64, bool, error) {
-	data, err := os.ReadFile(path)
+	data, err := s.persist.disk.ReadFile(path)
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("memnode: %w", err)
 	}
@@ -634,21 +738,27 @@ func storedBytes(fi os.FileInfo) int64 {
 	return fi.Size()
 }
 
-// loadPages reads a volume's page file, allocating chunks only where the
-// file has data (holes stay unallocated).
-func (s *Store) loadPages(id uint16, f *os.File, report func(int64)) error {
+// loadPages reads a volume's page file up to the volume's size in the
+// table, allocating chunks only where the file has data (holes stay
+// unallocated). Bytes past the size are from a checkpoint that did not
+// complete, written after the volume grew: the log holds the growth and
+// every write after it, and replays them.
+func (s *Store) loadPages(id uint16, size uint64, f diskFile, report func(int64)) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return err
 	}
 	buf := make([]byte, ChunkSize)
-	for off := int64(0); off < fi.Size(); {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+	for off := int64(0); off < min(fi.Size(), int64(size)); {
+		data, err := f.SeekData(off)
 		if err != nil {
 			break // ENXIO: no data past off
 		}
 		chunkStart := data &^ (ChunkSize - 1)
-		n, err := f.ReadAt(buf, chunkStart)
+		if chunkStart >= int64(size) {
+			break
+		}
+		n, err := f.ReadAt(buf[:min(ChunkSize, int64(size)-chunkStart)], chunkStart)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return fmt.Errorf("memnode: loading volume %d: %w", id, err)
 		}
@@ -732,7 +842,7 @@ func (s *Store) checkpointLocked() error {
 				n := min(int64(ChunkSize), size-at)
 				_, err = f.WriteAt(buf[:n], at)
 			} else {
-				err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, at, ChunkSize)
+				err = f.PunchHole(at, ChunkSize)
 			}
 			if err != nil || (at+ChunkSize > size && int64(v.size.Load()) > size) {
 				// Failed, or the chunk goes on past the recorded end of a
@@ -744,7 +854,7 @@ func (s *Store) checkpointLocked() error {
 			}
 		})
 		if err == nil {
-			err = unix.Fdatasync(int(f.Fd()))
+			err = f.Datasync()
 		}
 		f.Close()
 		if err != nil {
@@ -752,19 +862,19 @@ func (s *Store) checkpointLocked() error {
 		}
 	}
 	b, _ := json.Marshal(cp)
-	if err := writeFileAtomic(filepath.Join(p.dir, "checkpoint"), b); err != nil {
+	if err := writeFileAtomic(p.disk, filepath.Join(p.dir, "checkpoint"), b); err != nil {
 		return fmt.Errorf("memnode: checkpoint: %w", err)
 	}
-	os.Remove(filepath.Join(p.dir, "volumes.json")) // the older layout's table: superseded
-	gens, err := segments(p.dir)
+	p.disk.Remove(filepath.Join(p.dir, "volumes.json")) // the older layout's table: superseded
+	names, err := p.disk.Names(p.dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("memnode: checkpoint: %w", err)
 	}
 	var size int64
-	for _, g := range gens {
+	for _, g := range segments(names) {
 		if g < cp.Gen {
-			os.Remove(segPath(p.dir, g))
-		} else if fi, err := os.Stat(segPath(p.dir, g)); err == nil {
+			p.disk.Remove(segPath(p.dir, g))
+		} else if fi, err := p.disk.Stat(segPath(p.dir, g)); err == nil {
 			size += fi.Size()
 		}
 	}

@@ -3,7 +3,6 @@ package memnode
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -86,6 +85,9 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 	size = (size + PageSize - 1) &^ (PageSize - 1)
 	if size == 0 || size/PageSize >= 1<<PageBits {
 		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
+	}
+	if err := s.admit(); err != nil {
+		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, err)
 	}
 	s.mu.Lock()
 	if _, ok := s.byName[name]; ok {
@@ -196,6 +198,9 @@ func (s *Store) Resize(name string, size uint64) (VolumeInfo, error) {
 	if size == 0 || size/PageSize >= 1<<PageBits {
 		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
 	}
+	if err := s.admit(); err != nil {
+		return VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, err)
+	}
 	s.mu.Lock()
 	v, ok := s.byName[name]
 	if !ok {
@@ -292,7 +297,7 @@ func (s *Store) DeleteFenced(name string, token uint64) error {
 // chunks.
 func (s *Store) dropVolume(v *volume) {
 	if s.persist != nil {
-		os.Remove(s.persist.pagePath(v.info.ID))
+		s.persist.disk.Remove(s.persist.pagePath(v.info.ID))
 	}
 	v.deleted.Store(true)
 	v.chunks.each(func(_ uint64, c *chunk) { s.freeChunk(c) })
@@ -389,10 +394,22 @@ func (s *Store) WriteAt(id uint16, off uint64, p []byte) error {
 	return err
 }
 
+// admit refuses a mutation that carries data while a persistent store's
+// disk is full (ErrNoSpace), before it changes anything.
+func (s *Store) admit() error {
+	if s.persist == nil || s.persist.log == nil {
+		return nil
+	}
+	return s.persist.log.admit()
+}
+
 // write applies p and, on a persistent store, logs it (one entry per chunk,
 // appended under the chunk's lock so the log orders writes to a chunk as
 // memory does). It returns the sequence number to wait for.
 func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
+	if err := s.admit(); err != nil {
+		return 0, err
+	}
 	var seq uint64
 	err := s.span(id, off, p, true, func(v *volume, c *chunk, at, co uint64, q []byte) error {
 		c.mu.Lock()
@@ -550,6 +567,11 @@ func (s *Store) applyTrim(id uint16, off, n uint64) error {
 }
 
 func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
+	if log {
+		if err := s.admit(); err != nil {
+			return 0, err
+		}
+	}
 	v, err := s.volume(id)
 	if err != nil {
 		return 0, err

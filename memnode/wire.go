@@ -168,6 +168,7 @@ const (
 	StatusNoWindow     Status = 11
 	StatusTLSRequired  Status = 12
 	StatusFenced       Status = 13
+	StatusNoSpace      Status = 14
 )
 
 // ReqHeader is a decoded request header.

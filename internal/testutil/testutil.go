@@ -122,3 +122,19 @@ func FsyncTree(t testing.TB, dir string) {
 	defer f.Close()
 	require.NoError(t, f.Sync())
 }
+
+// SmallTmpfs mounts a tmpfs of size (mount(8)'s syntax, "3m") for the test,
+// unmounted when it ends, and returns its directory and a function that
+// resizes it (root only: skipped otherwise).
+func SmallTmpfs(t testing.TB, size string) (string, func(size string)) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	dir := t.TempDir()
+	require.NoError(t, syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size))
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir, func(size string) {
+		require.NoError(t, syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_REMOUNT, "size="+size))
+	}
+}

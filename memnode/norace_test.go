@@ -1,0 +1,5 @@
+//go:build !race
+
+package memnode
+
+const raceEnabled = false
