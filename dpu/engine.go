@@ -3,7 +3,6 @@ package dpu
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -174,7 +174,8 @@ func (NodeConn) Span(_ memnode.Key, n int) int { return n }
 func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][]byte, queued func()) error {
 	const batch = 64
 	var calls [batch]memnode.Call
-	var errs error
+	var failed pageid.Failures
+	total := len(keys)
 	for len(keys) > 0 {
 		n := min(len(keys), batch)
 		for i, k := range keys[:n] {
@@ -186,7 +187,7 @@ func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][
 		}
 		for i := range n {
 			if err := calls[i].Wait(ctx); err != nil {
-				errs = errors.Join(errs, fmt.Errorf("page %v: %w", keys[i], err))
+				failed.Add(keys[i], err)
 			}
 		}
 		keys, pages = keys[n:], pages[n:]
@@ -194,7 +195,7 @@ func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][
 	if queued != nil {
 		queued()
 	}
-	return errs
+	return failed.Err("writing", total)
 }
 
 // TrimQueued implements Conn.

@@ -748,7 +748,7 @@ func (f *FS) errno(op string, err error) syscall.Errno {
 		return 0
 	case errors.As(err, &e):
 		return e
-	case errors.Is(err, memnode.ErrNoMemory):
+	case errors.Is(err, memnode.ErrNoMemory), errors.Is(err, memnode.ErrNoSpace):
 		return syscall.ENOSPC
 	case errors.Is(err, pageid.ErrOutOfRange):
 		return syscall.EFBIG

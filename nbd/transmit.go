@@ -387,7 +387,7 @@ func errnoOf(err error) nbdproto.Errno {
 	case errors.Is(err, pageid.ErrOutOfRange),
 		errors.Is(err, pageid.ErrNoVolume):
 		return nbdproto.EINVAL
-	case errors.Is(err, memnode.ErrNoMemory):
+	case errors.Is(err, memnode.ErrNoMemory), errors.Is(err, memnode.ErrNoSpace):
 		return nbdproto.ENOSPC
 	case errors.Is(err, context.Canceled):
 		return nbdproto.ESHUTDOWN

@@ -22,6 +22,9 @@ type Faults struct {
 	R Remote
 	// Fail, while set, makes every operation return ErrInjected.
 	Fail atomic.Bool
+	// FailWrites, while set, makes writes and trims return ErrInjected
+	// and reads succeed: a memory node whose disk is full.
+	FailWrites atomic.Bool
 	// Delay, if non-zero, is slept before every operation (nanoseconds).
 	Delay atomic.Int64
 }
@@ -50,6 +53,16 @@ func (f *Faults) fault(ctx context.Context) error {
 	return nil
 }
 
+func (f *Faults) writeFault(ctx context.Context) error {
+	if err := f.fault(ctx); err != nil {
+		return err
+	}
+	if f.FailWrites.Load() {
+		return ErrInjected
+	}
+	return nil
+}
+
 // ReadPage implements Remote.
 func (f *Faults) ReadPage(ctx context.Context, k Key, dst []byte) error {
 	if err := f.fault(ctx); err != nil {
@@ -60,7 +73,7 @@ func (f *Faults) ReadPage(ctx context.Context, k Key, dst []byte) error {
 
 // WritePages implements Remote.
 func (f *Faults) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
-	if err := f.fault(ctx); err != nil {
+	if err := f.writeFault(ctx); err != nil {
 		return err
 	}
 	return f.R.WritePages(ctx, keys, pages)
@@ -84,7 +97,7 @@ func (f *Faults) ReadPages(ctx context.Context, first Key, p []byte) error {
 
 // Trim implements Trimmer.
 func (f *Faults) Trim(ctx context.Context, vol uint16, off, n uint64) error {
-	if err := f.fault(ctx); err != nil {
+	if err := f.writeFault(ctx); err != nil {
 		return err
 	}
 	if tr, ok := f.R.(Trimmer); ok {

@@ -3,6 +3,7 @@ package pagestore
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -230,6 +231,9 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 			break
 		}
 		f, err := s.claimFrame(ctx)
+		if errors.Is(err, ErrCacheFull) {
+			break // the rest are read one by one (ReadRange), past the cache if need be
+		}
 		if err != nil {
 			s.abandonRun(first, frames[:got])
 			return fmt.Errorf("reading pages from %v: %w", first, err)

@@ -2,10 +2,9 @@ package pagestore
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // MemnodeRemote reads and writes pages directly on a memory node: one READ
@@ -25,7 +24,8 @@ func (r MemnodeRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
 // so a batch costs about one round trip.
 func (r MemnodeRemote) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
 	var calls [flushBatch]memnode.Call
-	var errs error
+	var failed pageid.Failures
+	total := len(keys)
 	for len(keys) > 0 {
 		n := min(len(keys), len(calls))
 		for i := 0; i < n; i++ {
@@ -33,12 +33,12 @@ func (r MemnodeRemote) WritePages(ctx context.Context, keys []Key, pages [][]byt
 		}
 		for i := 0; i < n; i++ {
 			if err := calls[i].Wait(ctx); err != nil {
-				errs = errors.Join(errs, fmt.Errorf("page %v: %w", keys[i], err))
+				failed.Add(keys[i], err)
 			}
 		}
 		keys, pages = keys[n:], pages[n:]
 	}
-	return errs
+	return failed.Err("writing", total)
 }
 
 // Trim implements Trimmer.

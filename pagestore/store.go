@@ -77,6 +77,10 @@ type Stats struct {
 	ResidentPages       int
 	SharedMissesWaiting uint64 // readers that waited for another's miss
 	WritebackFailures   uint64 // background write-back rounds that failed
+	// UncachedReads counts page reads served past the cache because no
+	// frame could be freed: every frame busy, or dirty while the remote
+	// refuses write-backs (a full disk at a persistent node).
+	UncachedReads uint64
 }
 
 // Store serves pages of volumes through a bounded local cache. It is safe
@@ -98,6 +102,9 @@ type Store struct {
 	pol     policy
 	free    []int32
 	claim   func(int32) bool // TryLock of a frame, made once to avoid a closure per eviction
+	// claimClean is claim for clean frames only: while the remote refuses
+	// write-backs.
+	claimClean func(int32) bool
 
 	pages   sync.Pool // *[PageSize]byte scratch pages for partial reads
 	runBufs sync.Pool // *[maxRun * PageSize]byte for batched loads
@@ -131,8 +138,12 @@ type Store struct {
 	hits, misses, lzHits, remoteReads atomic.Uint64
 	evictions, writeBacks, waits      atomic.Uint64
 	discards, wbFailures, evictWBs    atomic.Uint64
-	freshWrites                       atomic.Uint64
+	freshWrites, uncached             atomic.Uint64
 	ndirty                            atomic.Int64 // frames with dirty set
+	// wbRefused is the remote's last refusal of a write-back for a reason
+	// retrying does not cure (a full disk at the node): for wbRefusedFor
+	// after it, a claim evicts clean pages only (docs/decisions.md, 7).
+	wbRefused atomic.Pointer[refusal]
 	// dirtyBits has bit f%64 of word f/64 set while frame f is dirty (set
 	// with the frame's mu held for writing): a flush finds the dirty
 	// frames by scanning words, not frames. A scan of a 64 MiB cache's
@@ -200,6 +211,16 @@ func New(remote Remote, opt Options) (*Store, error) {
 		}
 		if fr.wb.Load() {
 			fr.mu.Unlock()
+			return false
+		}
+		return true
+	}
+	s.claimClean = func(f int32) bool {
+		if s.dirty(f) || !s.claim(f) {
+			return false
+		}
+		if s.dirty(f) {
+			s.frames[f].mu.Unlock()
 			return false
 		}
 		return true
@@ -428,6 +449,16 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) error {
 			continue
 		}
 		f, err := s.claimFrame(ctx)
+		if errors.Is(err, ErrCacheFull) {
+			// Every frame is busy or holds a write the remote refuses for
+			// now: read past the cache rather than fail the read.
+			s.misses.Add(1)
+			s.uncached.Add(1)
+			if err := s.load(ctx, k, dst); err != nil {
+				return fmt.Errorf("reading page %v: %w", k, err)
+			}
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("reading page %v: %w", k, err)
 		}
@@ -582,10 +613,24 @@ func (s *Store) track(f int32, k Key) {
 func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 	var waited time.Duration
 	var failedAt time.Time // first failed write-back of a victim
+	var refused error      // why dirty victims are skipped
+	if r := s.wbRefused.Load(); r != nil && time.Since(r.at) < wbRefusedFor {
+		refused = r.err
+		if s.ndirty.Load() >= int64(len(s.frames)) {
+			return -1, fmt.Errorf("%w: every page is dirty: %w", ErrCacheFull, refused)
+		}
+	}
 	for attempt := 0; ; attempt++ {
-		f, free := s.takeVictim(s.claim, 0)
+		claim := s.claim
+		if refused != nil {
+			claim = s.claimClean
+		}
+		f, free := s.takeVictim(claim, 0)
 		if free {
 			return f, nil
+		}
+		if f < 0 && refused != nil {
+			return -1, fmt.Errorf("%w: no clean page: %w", ErrCacheFull, refused)
 		}
 		if f < 0 {
 			// Every frame is busy (being loaded, read, or flushed). That
@@ -623,6 +668,13 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 				s.wbFailures.Add(1)
 				if failedAt.IsZero() {
 					failedAt = time.Now()
+				}
+				if !s.retryable(err) && ctx.Err() == nil {
+					// A read must not fail because a write-back did: evict
+					// a clean page instead.
+					refused = fmt.Errorf("writing back page %v: %w", k, err)
+					s.wbRefused.Store(&refusal{at: time.Now(), err: refused})
+					continue
 				}
 				if !s.retryable(err) || time.Since(failedAt) >= s.opt.RetryFor {
 					return -1, fmt.Errorf("writing back page %v: %w", k, err)
@@ -726,6 +778,16 @@ func (s *Store) evicted(f int32, k Key) {
 
 // flushBatch is how many dirty pages Flush sends to the remote at once.
 const flushBatch = 64
+
+// wbRefusedFor is how long after a refused write-back claims skip dirty
+// pages without trying to write them back.
+const wbRefusedFor = time.Second
+
+// refusal is a write-back the remote refused, and when.
+type refusal struct {
+	at  time.Time
+	err error
+}
 
 // maxClaimWait bounds how long a miss waits for a frame to become evictable.
 const maxClaimWait = 10 * time.Second
@@ -894,7 +956,7 @@ func (s *Store) Stats() Stats {
 		RemoteReads: s.remoteReads.Load(), AsyncLoads: s.asyncLoads.Load(), Evictions: s.evictions.Load(),
 		WriteBacks: s.writeBacks.Load(), SharedMissesWaiting: s.waits.Load(),
 		WritebackFailures: s.wbFailures.Load(), EvictionWriteBacks: s.evictWBs.Load(),
-		FreshWrites: s.freshWrites.Load(), Frames: len(s.frames),
+		FreshWrites: s.freshWrites.Load(), Frames: len(s.frames), UncachedReads: s.uncached.Load(),
 	}
 	st.DirtyPages = s.dirtyCount()
 	for i := range s.shards {

@@ -182,6 +182,65 @@ func TestFailedLoadIsRetried(t *testing.T) {
 	assert.Equal(t, fill(1, 7), buf)
 }
 
+// TestReadsOutliveRefusedWriteBacks: while the remote refuses writes (a
+// full disk at a persistent node) a miss evicts a clean page, or reads
+// past the cache once every page is dirty: a read never fails because a
+// write-back did. Nothing dirty is dropped.
+func TestReadsOutliveRefusedWriteBacks(t *testing.T) {
+	for _, pol := range PolicyNames {
+		t.Run(pol, func(t *testing.T) {
+			mem := NewMemRemote()
+			rem := NewFaults(mem)
+			s := newTestStore(t, rem, 8, pol, 128)
+			ctx := context.Background()
+			k := func(i int) Key { return pageid.MakeKey(1, uint64(i)) }
+			for i := range 128 {
+				require.NoError(t, mem.WritePages(ctx, []Key{k(i)}, [][]byte{fill(k(i), 1)}))
+			}
+			buf := make([]byte, PageSize)
+			for i := range 8 {
+				require.NoError(t, s.Get(ctx, k(i), buf))
+			}
+			rem.FailWrites.Store(true)
+			written := map[Key][]byte{}
+			for i := 100; i < 104; i++ {
+				written[k(i)] = fill(k(i), 2)
+				require.NoError(t, s.Put(ctx, k(i), written[k(i)]))
+			}
+			for i := 10; i < 60; i++ {
+				require.NoError(t, s.Get(ctx, k(i), buf), "page %d with half the cache dirty", i)
+				require.Equal(t, fill(k(i), 1), buf)
+			}
+			for i := 104; i < 120 && s.Stats().DirtyPages < 8; i++ {
+				if err := s.Put(ctx, k(i), fill(k(i), 2)); err == nil {
+					written[k(i)] = fill(k(i), 2)
+				} else {
+					require.ErrorIs(t, err, ErrInjected)
+				}
+			}
+			require.Equal(t, 8, s.Stats().DirtyPages)
+			for i := 60; i < 70; i++ {
+				require.NoError(t, s.Get(ctx, k(i), buf), "page %d with every page dirty", i)
+				require.Equal(t, fill(k(i), 1), buf)
+			}
+			assert.NotZero(t, s.Stats().UncachedReads)
+			err := s.Put(ctx, k(121), fill(k(121), 2))
+			require.ErrorIs(t, err, ErrInjected, "a write finds no frame")
+			require.ErrorIs(t, err, ErrCacheFull)
+			for key, want := range written {
+				require.NoError(t, s.Get(ctx, key, buf))
+				require.Equal(t, want, buf, "the cached write of %v", key)
+			}
+
+			rem.FailWrites.Store(false)
+			require.NoError(t, s.Flush(ctx))
+			for key, want := range written {
+				assert.Equal(t, want, mem.Page(key), "%v at the remote", key)
+			}
+		})
+	}
+}
+
 // TestModel runs a random single-threaded workload against a map model,
 // with the cache far smaller than the data.
 func TestModel(t *testing.T) {

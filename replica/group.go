@@ -173,7 +173,8 @@ func (g *Group) Create(ctx context.Context, name string, size uint64) (memnode.V
 		switch err := errs[i]; {
 		case err == nil:
 			local[id] = ids[i]
-		case replicaFault(ctx, err) && !errors.Is(err, memnode.ErrExists) && !errors.Is(err, memnode.ErrNoMemory):
+		case replicaFault(ctx, err) && !errors.Is(err, memnode.ErrExists) &&
+			!errors.Is(err, memnode.ErrNoMemory) && !errors.Is(err, memnode.ErrNoSpace):
 			failed = append(failed, id)
 		default:
 			refused = errors.Join(refused, fmt.Errorf("node %s: %w", id, err))

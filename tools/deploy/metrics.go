@@ -97,6 +97,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("cache_eviction_writebacks_total", "Write-backs a miss waited for because its victim was dirty (the background write-back fell behind).", func(s stats) uint64 { return s.EvictionWriteBacks }),
 		counter("cache_fresh_writes_total", "Partial-page writes past a file's written bytes that started from zeroes instead of a read of the memory node.", func(s stats) uint64 { return s.FreshWrites }),
 		counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func(s stats) uint64 { return s.WritebackFailures }),
+		counter("cache_uncached_reads_total", "Page reads served past the cache because no frame could be freed (every frame busy, or dirty while the memory node refuses write-backs).", func(s stats) uint64 { return s.UncachedReads }),
 		gauge("cache_dirty_pages", "Dirty pages in the host cache.", func(s stats) float64 { return float64(s.DirtyPages) }),
 		gauge("cache_resident_pages", "Pages in the host cache.", func(s stats) float64 { return float64(s.ResidentPages) }),
 	))
