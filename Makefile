@@ -29,7 +29,8 @@ FUZZ_TARGETS := \
 	./dpu:FuzzRingMsg:300000 \
 	./fs:FuzzSnapshot:100000 \
 	./fs:FuzzJournalRecord:100000 \
-	./dpu/mirror/packet:FuzzSegment:300000
+	./dpu/mirror/packet:FuzzSegment:300000 \
+	./dpu/mirror/packet:FuzzSegmentStreams:200000
 
 .PHONY: all build run deps-run test test-long vet fuzz bench bench-nbd bench-fuse pgbench-nbd deps deps-system deps-bpf generate tools-check clean
 

@@ -29,6 +29,7 @@ type recStream struct {
 	r      *recorder
 	data   bytes.Buffer
 	closed bool
+	late   bool // observed bytes after it was closed
 }
 
 func (r *recorder) NewStream() mirror.Stream {
@@ -41,6 +42,7 @@ func (r *recorder) NewStream() mirror.Stream {
 
 func (s *recStream) Observe(b []byte) {
 	s.r.mu.Lock()
+	s.late = s.late || s.closed
 	s.data.Write(b)
 	s.r.mu.Unlock()
 }
@@ -144,10 +146,84 @@ func FuzzSegment(f *testing.F) {
 	f.Add(seg(1, 7000, 6, 0, "payload"))
 	f.Add(seg(1, 7000, 6, tcpFIN, "x"))
 	f.Fuzz(func(t *testing.T, p []byte) {
-		c := &Capture{port: 7000, m: &recorder{}, flows: map[flowKey]*flow{}}
+		r := &recorder{}
+		c := &Capture{port: 7000, m: r, flows: map[flowKey]*flow{}}
 		c.Segment(seg(1, 7000, 5, tcpSYN, ""))
 		c.Segment(p)
 		c.Segment(p)
+		var observed uint64
+		for _, st := range r.streams {
+			assert.False(t, st.late, "bytes observed after the stream closed")
+			observed += uint64(st.data.Len())
+		}
+		assert.Equal(t, observed, c.Bytes.Load())
+		assert.LessOrEqual(t, len(c.flows), MaxFlows)
+	})
+}
+
+// FuzzSegmentStreams cuts segments from known byte streams of two
+// connections and sends them in whatever order, overlap, repetition and
+// flags the fuzzer picks (sequence numbers wrap): what a stream observes
+// is always the bytes its connection sent after its SYN, in order, from
+// the first — never a wrong, repeated or reordered byte — nothing arrives
+// after it closed, and the counters agree with what was observed.
+//
+// Each op is 3 bytes: the source port (bit 0) and the kind (bits 1–2: data,
+// SYN, data with FIN, RST); the offset of the segment from the
+// connection's first byte (a SYN: its initial sequence number, just below
+// the wrap); the payload's length (0–63).
+func FuzzSegmentStreams(f *testing.F) {
+	f.Add([]byte{2, 0, 0, 0, 0, 10, 0, 10, 10, 4, 20, 5})
+	f.Add([]byte{2, 200, 0, 0, 0, 10, 0, 30, 10, 0, 5, 10, 6, 9, 0})
+	f.Add([]byte{3, 1, 0, 2, 7, 0, 1, 0, 8, 0, 0, 8, 0, 4, 4})
+	truth := func(sport uint16, at uint32) byte { return byte(at*31) ^ byte(sport*97) }
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		r := &recorder{}
+		c := &Capture{port: 7000, m: r, flows: map[flowKey]*flow{}}
+		type conn struct {
+			isn    uint32
+			stream int // index in r.streams (-1: none yet)
+		}
+		conns := map[uint16]*conn{1: {stream: -1}, 2: {stream: -1}}
+		var started []struct {
+			sport uint16
+			isn   uint32
+		}
+		for ; len(ops) >= 3; ops = ops[3:] {
+			sport := 1 + uint16(ops[0]&1)
+			cn := conns[sport]
+			switch kind := ops[0] >> 1 & 3; kind {
+			case 1:
+				cn.isn = 0xffffff80 + uint32(ops[1])
+				c.Segment(seg(sport, 7000, cn.isn, tcpSYN, ""))
+				cn.stream = len(r.streams) - 1
+				started = append(started, struct {
+					sport uint16
+					isn   uint32
+				}{sport, cn.isn})
+			default:
+				start := cn.isn + 1 + uint32(ops[1])
+				payload := make([]byte, ops[2]&63)
+				for i := range payload {
+					payload[i] = truth(sport, start+uint32(i))
+				}
+				flags := map[byte]byte{0: 0, 2: tcpFIN, 3: tcpRST}[kind]
+				c.Segment(seg(sport, 7000, start, flags, string(payload)))
+			}
+		}
+		require.Len(t, r.streams, len(started))
+		var observed uint64
+		for i, st := range r.streams {
+			got := st.data.Bytes()
+			for j, b := range got {
+				if want := truth(started[i].sport, started[i].isn+1+uint32(j)); b != want {
+					t.Fatalf("stream %d byte %d is %#x, the connection sent %#x there", i, j, b, want)
+				}
+			}
+			assert.False(t, st.late, "stream %d observed bytes after it closed", i)
+			observed += uint64(len(got))
+		}
+		assert.Equal(t, observed, c.Bytes.Load())
 	})
 }
 
