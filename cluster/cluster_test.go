@@ -165,7 +165,10 @@ func TestHostSessionResumedOrLost(t *testing.T) {
 	require.Eventually(t, func() bool { return h.Resumed.Load() == 1 }, 5*time.Second, 10*time.Millisecond)
 	assert.True(t, <-doubts, "in doubt while etcd is asked")
 	assert.False(t, <-doubts, "and sure again")
-	time.Sleep(3 * time.Second) // past the TTL: renewed by the resumed session
+	// Past the TTL: a lease etcd would have dropped had the resumed
+	// session not renewed it. That is a span of time; nothing shorter
+	// shows it (etcd's remaining TTL reads 1 s throughout).
+	time.Sleep(3 * time.Second)
 	select {
 	case <-h.Lost():
 		t.Fatal("a lease etcd kept was given up")
@@ -212,10 +215,11 @@ func TestNodeRejoinsAfterLosingItsSession(t *testing.T) {
 func TestAliveKeyPutWhenItChanges(t *testing.T) {
 	cli := dialEventually(t, embedded(t))
 	ctx := context.Background()
-	var stored atomic.Uint64
+	var stored, refreshes atomic.Uint64
 	stored.Store(4096)
+	figures := func() uint64 { refreshes.Add(1); return stored.Load() } // asked at every refresh
 	r, err := Register(ctx, cli, NodeRecord{ID: "n1", Addr: "10.0.0.1:7100"},
-		RegisterOptions{Cluster: "t", TTL: time.Second, Stored: stored.Load, repairTicks: 6}) // refreshes every 500 ms
+		RegisterOptions{Cluster: "t", TTL: time.Second, Stored: figures, repairTicks: 6}) // refreshes every 500 ms
 	require.NoError(t, err)
 	defer r.Close()
 	key := prefix("t") + "alive/n1"
@@ -229,7 +233,9 @@ func TestAliveKeyPutWhenItChanges(t *testing.T) {
 	}
 	first := rev()
 	require.NotZero(t, first)
-	time.Sleep(1600 * time.Millisecond) // three refreshes, nothing new to say
+	then := refreshes.Load()
+	require.Eventually(t, func() bool { return refreshes.Load() >= then+3 }, 10*time.Second, 10*time.Millisecond,
+		"three refreshes, nothing new to say")
 	assert.Equal(t, first, rev(), "an unchanged alive key was put again")
 
 	stored.Store(8192)

@@ -160,8 +160,8 @@ func writeBackNeverLeavesOldCopy(t *testing.T, r *rig, prefetch func(e *Engine, 
 					prefetch(r.e, k)
 				}
 				require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2*i + 1)}))
-				// Let any in-flight prefetch complete, then look.
-				time.Sleep(200 * time.Microsecond)
+				// Any prefetch in flight has landed, or been dropped, before the look.
+				require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, 50*time.Microsecond)
 				if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
 					require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "Loading Zone served a page older than its write-back (round %d)", i)
 				}

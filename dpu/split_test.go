@@ -115,7 +115,9 @@ func TestAttachWaitsForDirectWrites(t *testing.T) {
 	<-direct.entered // the direct write is in flight
 
 	r.startAgent(t, agentConn)
-	time.Sleep(400 * time.Millisecond) // several attach attempts
+	// Nothing tells that the link tried to attach and waited: an absence
+	// is asserted, over a window of several attach attempts.
+	time.Sleep(400 * time.Millisecond)
 	assert.False(t, l.Attached(), "attached while a direct write-back was in flight")
 	close(direct.release)
 	require.NoError(t, <-wrote)
@@ -139,7 +141,8 @@ func TestInvalidateDropsOldCopies(t *testing.T) {
 		// The host writes around the engine, then tells it.
 		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i+1)))
 		r.e.Invalidate(k)
-		time.Sleep(200 * time.Microsecond)
+		// A prefetch in flight has landed, or been dropped, before the look.
+		require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, 50*time.Microsecond)
 		if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
 			require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "round %d: old copy served", i)
 		}
@@ -200,8 +203,12 @@ func TestEvictionNoticeReachesAgent(t *testing.T) {
 	a := r.startAgent(t, r.c)
 	require.Eventually(t, func() bool { return a.HV.Contains(uint64(held[0])) && a.HV.Contains(uint64(held[1])) },
 		5*time.Second, 10*time.Millisecond)
-	time.Sleep(50 * time.Millisecond) // the agent goes to sleep on its doorbell
+	// The case under test is an agent asleep on its doorbell when the
+	// notice comes.
+	require.Eventually(t, func() bool { a := l.cur.Load(); return a != nil && a.a.Sleeping() }, 5*time.Second, time.Millisecond,
+		"the agent sleeps on its doorbell")
 	l.Evicted(held[0])
+	skipped := a.Agent.Skipped.Load()
 	s := l.NewStream()
 	for _, k := range held {
 		var h [pageproto.HeaderSize]byte
@@ -212,7 +219,8 @@ func TestEvictionNoticeReachesAgent(t *testing.T) {
 	require.Eventually(t, func() bool { return l.CheckAndReturn(held[0], dst) == memnode.PageSize }, 5*time.Second, time.Millisecond,
 		"the evicted page was not prefetched: the notice did not reach the agent before the GET")
 	assert.Equal(t, uint64(held[0]), binary.LittleEndian.Uint64(dst))
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return a.Agent.Skipped.Load() > skipped }, 5*time.Second, time.Millisecond,
+		"the agent decided about the page the host holds")
 	assert.Zero(t, l.CheckAndReturn(held[1], dst), "a page the host holds was prefetched")
 }
 
@@ -251,8 +259,8 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 	l.ReadAhead(SourceFUSE, k(192), 8, 0) // predicts from 200 on
 	require.Eventually(t, func() bool { return a.HV.Contains(uint64(k(200))) && a.HV.Contains(uint64(k(263))) },
 		5*time.Second, 10*time.Millisecond, "written pages did not reach Host View")
-	require.Eventually(t, func() bool { return a.Agent.Skipped.Load() > skipped }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return a.Agent.Skipped.Load() >= skipped+8 }, 5*time.Second, 10*time.Millisecond,
+		"the agent decided about the predicted pages the host holds")
 	for p := uint64(200); p < 208; p++ {
 		assert.Zero(t, a.Zone.CheckAndReturn(uint64(k(p)), dst), "page %d, which the host holds, was prefetched", p)
 	}

@@ -176,10 +176,10 @@ func TestStreamReadAheadIsNeverStale(t *testing.T) {
 			buf := alignedBuf(mib)
 			_, err = f.ReadAt(buf, 0)
 			require.NoError(t, err)
-			// Let the windows after it be read, so they hold the old bytes.
-			time.Sleep(50 * time.Millisecond)
-			_, discards, held := e.fs.ReadAheadStats()
-			require.NotZero(t, held, "windows read ahead before the change")
+			// The windows after it are read, so they hold the old bytes.
+			require.Eventually(t, func() bool { _, _, held := e.fs.ReadAheadStats(); return held > 0 }, 10*time.Second, time.Millisecond,
+				"windows read ahead before the change")
+			_, discards, _ := e.fs.ReadAheadStats()
 			tc.change(t, h, want)
 			for off := mib; off < size; off += mib {
 				_, err := f.ReadAt(buf, int64(off))

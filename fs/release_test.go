@@ -125,8 +125,10 @@ func TestReleaseWhenTheDeleterIsBehind(t *testing.T) {
 		defer close(done)
 		f.release(req, file(pendingDeletes+1)) // the queue is full: this caller deletes
 	}()
-	time.Sleep(50 * time.Millisecond)
-	cancel() // the unlink's request is interrupted
+	<-b.started // this caller's DELETE waits
+	cancel()    // the unlink's request is interrupted
+	// An absence is asserted (the DELETE goes on): a DELETE bound to the
+	// request would return now, and this window lets it show.
 	time.Sleep(50 * time.Millisecond)
 	close(b.release)
 	<-done

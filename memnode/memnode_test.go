@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,6 +298,7 @@ func TestRestartFailsCleanly(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	stop := make(chan struct{})
+	var wrote atomic.Int64
 	for i := 0; i < 8; i++ {
 		wg.Add(1)
 		go func() {
@@ -312,10 +314,11 @@ func TestRestartFailsCleanly(t *testing.T) {
 					errs <- err
 					return
 				}
+				wrote.Add(1)
 			}
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return wrote.Load() >= 100 }, 10*time.Second, time.Millisecond, "writes under way")
 	srv.Close()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()

@@ -43,18 +43,19 @@ func blockDevice(t *testing.T, uri string) string {
 			<-exited
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(pidfile); err == nil {
-			break
-		}
+	require.Eventually(t, func() bool {
 		select {
 		case <-exited:
-			t.Fatal("nbdfuse exited before it was ready")
+			return true // reported below
 		default:
 		}
-		require.True(t, time.Now().Before(deadline), "nbdfuse did not become ready")
-		time.Sleep(20 * time.Millisecond)
+		_, err := os.Stat(pidfile)
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "nbdfuse did not become ready")
+	select {
+	case <-exited:
+		t.Fatal("nbdfuse exited before it was ready")
+	default:
 	}
 	out, err := exec.Command("losetup", "--find", "--show", mnt+"/disk").CombinedOutput()
 	require.NoError(t, err, "%s", out)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pagestore"
@@ -614,15 +615,24 @@ func TestTrimFreesChunks(t *testing.T) {
 // returns are counted.
 func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 	conns := make(chan *conn, 1)
-	r := newRig(t, 1<<20, 32*4096, func(s *Server) { s.transmitting = func(c *conn) { conns <- c } })
+	var busy sockio.Busy // one connection: lone, and a gauge of readers in poll(2)
+	r := newRig(t, 1<<20, 32*4096, func(s *Server) {
+		s.transmitting = func(c *conn) { conns <- c }
+		s.Busy = &busy
+	})
 	c := dial(t, r.addr, "disk0", false)
 	sc := <-conns
 	require.NotNil(t, sc.fast)
 
 	cookie := uint64(0)
-	late := func(typ nbdproto.Cmd, payload []byte) {
+	late := func(typ nbdproto.Cmd, payload []byte, poll bool) {
 		t.Helper()
-		time.Sleep(10 * time.Millisecond) // the reader is waiting by now
+		if poll {
+			require.Eventually(t, func() bool { return busy.Polls() > 0 }, 10*time.Second, 50*time.Microsecond,
+				"the reader waits in poll(2)")
+		} else {
+			testutil.LetPark() // in the network poller
+		}
 		cookie++
 		off, n, reply := uint64(4096), uint32(len(payload)), 0
 		switch typ {
@@ -636,7 +646,7 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 		require.Zero(t, errno)
 		require.Equal(t, cookie, got)
 	}
-	late(nbdproto.CmdRead, nil) // the reader is drained: its next read waits
+	late(nbdproto.CmdRead, nil, true) // the reader is drained: its next read waits
 	// A WRITE of two pages goes to a worker; one of one page the cache
 	// can take at once is written by the reader itself (writePage).
 	for _, tc := range []struct {
@@ -656,7 +666,7 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 	} {
 		payload := bytes.Repeat([]byte{7}, tc.pages*4096)
 		before := sc.fast.Wakeups.Load()
-		late(tc.typ, payload)
+		late(tc.typ, payload, tc.poll)
 		if tc.poll {
 			assert.Greater(t, sc.fast.Wakeups.Load(), before, "%s: the reader did not wait in poll(2)", tc.name)
 		} else {

@@ -34,7 +34,7 @@ func (a *asyncRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
 	a.started.Add(1)
 	d := time.Duration(rand.Int64N(int64(a.maxDelay) + 1))
 	go func() {
-		time.Sleep(d)
+		time.Sleep(d) // the fake remote's latency
 		done(a.ReadPage(context.Background(), k, dst))
 	}()
 }

@@ -77,8 +77,10 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 			acked := make(map[Key]uint64)
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
+			flipped := make(chan struct{})
 			flipSeed := rng.Uint64()
 			go func() { // flip remote failures on and off
+				defer close(flipped)
 				r := rand.New(rand.NewPCG(flipSeed, 2))
 				for {
 					select {
@@ -125,7 +127,7 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 			}
 			wg.Wait()
 			close(stop)
-			time.Sleep(time.Millisecond)
+			<-flipped
 			rem.Fail.Store(false)
 			require.NoError(t, s.Flush(ctx))
 			st := s.Stats()
@@ -359,7 +361,7 @@ type slowWrites struct {
 }
 
 func (r *slowWrites) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
-	time.Sleep(time.Millisecond)
+	time.Sleep(time.Millisecond) // a slow remote is what this fake is
 	defer r.calls.Add(1)
 	return r.MemRemote.WritePages(ctx, keys, pages)
 }
@@ -381,9 +383,7 @@ func TestVolumeFlushDoesNotWaitForAWholeRound(t *testing.T) {
 	}
 	round := make(chan error, 1)
 	go func() { round <- s.Flush(ctx) }()
-	for rem.calls.Load() == 0 {
-		time.Sleep(100 * time.Microsecond)
-	}
+	require.Eventually(t, func() bool { return rem.calls.Load() > 0 }, 10*time.Second, 100*time.Microsecond, "the round is under way")
 	small := pageid.MakeKey(2, 0)
 	require.NoError(t, s.Put(ctx, small, fill(small, 1)))
 	require.NoError(t, s.FlushVolume(ctx, 2))

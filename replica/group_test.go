@@ -144,6 +144,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 	var made []memnode.VolumeInfo
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var copies progress
 	wg.Go(func() {
 		for i := 0; ; i++ {
 			select {
@@ -177,7 +178,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 			mu.Lock()
 			made = append(made, v)
 			mu.Unlock()
-			time.Sleep(2 * time.Millisecond)
+			copies.await(1) // one new volume per chunk copied
 		}
 	})
 	deleted := make(chan error, 1)
@@ -192,7 +193,10 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 			// be overwritten at c by the older bytes read.
 			go rem.WritePages(ctx, []pagestore.Key{pageid.MakeKey(hot.ID, 15)}, [][]byte{late})
 		}
+		// The copy of a chunk holds its lock: writes to it wait, and a
+		// slow copy is what lets them pile up. A span of time is the point.
 		time.Sleep(5 * time.Millisecond)
+		copies.n.Add(1)
 	}
 	written := func(vol uint16, each func(off, n uint64)) {
 		switch vol {
@@ -205,6 +209,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 		}
 	}
 	require.NoError(t, g.Repair(ctx, "c", r.clients["c"], nil, written))
+	copies.done.Store(true)
 	close(stop)
 	wg.Wait()
 	require.NoError(t, <-deleted)

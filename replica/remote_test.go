@@ -3,7 +3,9 @@ package replica
 import (
 	"context"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -283,7 +285,9 @@ func TestRepairUnderWrites(t *testing.T) {
 		}
 	}()
 	var paced int
-	rem.copied = func(uint16) { time.Sleep(5 * time.Millisecond) } // writes keep coming meanwhile
+	// A chunk's copy holds its lock: writes wait, and a slow copy is what
+	// lets them pile up. A span of time is the point.
+	rem.copied = func(uint16) { time.Sleep(5 * time.Millisecond) }
 	require.NoError(t, rem.Repair(ctx, 7, 0, "c", r.clients["c"], func(n int) { paced += n }))
 	close(stop)
 	wg.Wait()
@@ -423,4 +427,18 @@ func TestRepairGrowsASmallerCopy(t *testing.T) {
 	r.srv["a"].Close()
 	require.NoError(t, rem.DropNode(ctx, "a"))
 	readAll(t, rem, 512, 1) // extent 0, from c alone
+}
+
+// progress counts what a test's goroutine did (n) until it stops (done),
+// for another that paces itself on it.
+type progress struct {
+	n    atomic.Int64
+	done atomic.Bool
+}
+
+// await returns once n has grown by k (or the counted goroutine stopped).
+func (w *progress) await(k int64) {
+	for target := w.n.Load() + k; w.n.Load() < target && !w.done.Load(); {
+		runtime.Gosched()
+	}
 }

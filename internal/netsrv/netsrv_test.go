@@ -23,15 +23,16 @@ func TestCloseStopsListenersAndConnections(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	served := make(chan error, 1)
+	handling := make(chan struct{})
 	go func() {
-		served <- g.Serve(context.Background(), ln, func(nc net.Conn) { io.Copy(io.Discard, nc) })
+		served <- g.Serve(context.Background(), ln, func(nc net.Conn) { close(handling); io.Copy(io.Discard, nc) })
 	}()
 	nc, err := net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
 	defer nc.Close()
 	nc.Write([]byte("x"))
-	time.Sleep(20 * time.Millisecond)
-	g.Close() // must not hang on the open connection
+	<-handling // the connection is being served
+	g.Close()  // must not hang on the open connection
 	assert.NoError(t, <-served)
 	nc.SetReadDeadline(time.Now().Add(time.Second))
 	_, err = nc.Read(make([]byte, 1))

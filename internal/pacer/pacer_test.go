@@ -59,10 +59,10 @@ func TestScheduleRate(t *testing.T) {
 
 func TestCancelClosesOut(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	out := make(chan time.Time) // never read: Run waits in the send
+	out := make(chan time.Time) // read once: then Run waits in the send
 	done := make(chan struct{})
 	go func() { Run(ctx, 1e6, Poisson, 1, out); close(done) }()
-	time.Sleep(10 * time.Millisecond)
+	<-out // Run is sending; the next send waits, as nothing reads
 	cancel()
 	select {
 	case <-done:

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -136,7 +137,7 @@ func TestConcurrentProducersKeepOrder(t *testing.T) {
 							bw.End(append(buf, f[:]...))
 							break
 						}
-						time.Sleep(10 * time.Microsecond)
+						runtime.Gosched()
 					}
 				}
 			}

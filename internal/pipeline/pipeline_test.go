@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/sockio"
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -123,6 +125,8 @@ func TestWatchdogSparesASlowButLiveConnection(t *testing.T) {
 	}
 	go func() {
 		for range calls {
+			// Answers 50 ms apart, each within the 200 ms timeout and
+			// several timeouts in all: the spacing is the point.
 			time.Sleep(50 * time.Millisecond)
 			release <- struct{}{}
 		}
@@ -249,12 +253,19 @@ func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
 	cl, sv := tcpPair(t)
 	release := make(chan struct{})
 	toyServer(t, sv, release)
-	s := New(cl, toy{}, Options{})
+	var busy sockio.Busy // lone, with a gauge of readers in poll(2)
+	s := New(cl, toy{}, Options{Busy: &busy})
 	defer s.Close(io.EOF)
 	require.NotNil(t, s.fast)
 
+	poll := true // where the reader's next wait is expected
 	answerLate := func() {
-		time.Sleep(10 * time.Millisecond) // the reader is waiting by now
+		if poll {
+			require.Eventually(t, func() bool { return busy.Polls() > 0 }, 10*time.Second, 50*time.Microsecond,
+				"the reader waits in poll(2)")
+		} else {
+			testutil.LetPark() // in the network poller
+		}
 		release <- struct{}{}
 	}
 	done := make(chan struct{}, 1)
@@ -301,6 +312,7 @@ func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
 		{"Fn after a Wait that came late", viaFn, true},
 	} {
 		before := s.fast.Wakeups.Load()
+		poll = tc.poll
 		tc.call()
 		if tc.poll {
 			assert.Greater(t, s.fast.Wakeups.Load(), before, "%s: the reader did not wait in poll(2)", tc.name)

@@ -68,6 +68,10 @@ func Attach(b []byte, size int) (*Ring, error) {
 
 func pad8(n uint64) uint64 { return (n + 7) &^ 7 }
 
+// Sleeping reports whether the consumer is parked on the doorbell (or about
+// to be: the flag goes up just before the futex wait).
+func (r *Ring) Sleeping() bool { return r.sleep.Load() != 0 }
+
 // MaxMessage is the largest payload a ring of this size accepts.
 func (r *Ring) MaxMessage() int { return int(r.size/2) - hdr }
 

@@ -3,6 +3,7 @@ package shmring
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func TestStreamIntegrity(t *testing.T) {
 				m[j] = byte(i) + byte(j)
 			}
 			for !prod.Send(m[:8], m[8:]) {
-				time.Sleep(time.Microsecond)
+				runtime.Gosched() // full: the consumer makes room
 			}
 		}
 	}()
@@ -77,7 +78,9 @@ func TestFullAndOversized(t *testing.T) {
 func TestWaitWakesOnSend(t *testing.T) {
 	prod, cons := newRing(t, 4096)
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		for prod.sleep.Load() == 0 { // the consumer is going to sleep on the doorbell
+			runtime.Gosched()
+		}
 		prod.Send([]byte("hello"))
 	}()
 	start := time.Now()
@@ -99,9 +102,11 @@ func TestSendLazyLeavesConsumerAsleep(t *testing.T) {
 		woke <- time.Since(start)
 	}()
 	for prod.sleep.Load() == 0 {
-		time.Sleep(time.Millisecond)
+		runtime.Gosched()
 	}
-	time.Sleep(20 * time.Millisecond) // let it reach the futex
+	// The flag is up before the consumer reaches the futex; nothing tells
+	// when it is there, and the test is about a sleeper.
+	time.Sleep(20 * time.Millisecond)
 	require.True(t, prod.SendLazy([]byte("lazy")))
 	assert.GreaterOrEqual(t, <-woke, 250*time.Millisecond, "a lazy send must not ring the doorbell")
 	require.True(t, prod.Send([]byte("eager")))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/testnet"
+	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -25,13 +26,14 @@ func TestReaderReadsInOrderAndSeesEOF(t *testing.T) {
 			a, b := pair(t, tc.network, tc.addr)
 			r := NewReader(b)
 			require.NotNil(t, r)
-			r.Direct()
+			var busy Busy
+			r.DirectIf(&busy) // Direct, with a gauge of readers in poll(2)
 			go func() {
 				for i := 0; i < 100; i++ {
-					a.Write([]byte{byte(i)})
 					if i%10 == 0 {
-						time.Sleep(time.Millisecond) // let the reader wait in poll(2)
+						untilPolling(&busy) // the reader drained what came and waits in poll(2)
 					}
+					a.Write([]byte{byte(i)})
 				}
 				a.Close()
 			}()
@@ -81,7 +83,7 @@ func TestIdleReaderMakesNoWakeupsAndCloseWakesIt(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return got.Load() == sent }, 10*time.Second, time.Millisecond)
 	idle := r.Wakeups.Load()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // the idle window: a timed poll would wake the reader here
 	assert.Equal(t, idle, r.Wakeups.Load(), "an idle connection woke its reader")
 	select {
 	case err := <-done:
@@ -133,14 +135,19 @@ func TestSpinTakesInputWithoutWakeupAndStopsWhenIdle(t *testing.T) {
 			a, b := pair(t, "tcp", "127.0.0.1:0")
 			r := NewReader(b)
 			require.NotNil(t, r)
-			r.Direct()
+			var busy Busy
+			r.DirectIf(&busy)
 			r.Spin(tc.window, nil)
 			got := readAll(t, r, b)
 			// The first byte finds the reader asleep (nothing was drained
 			// yet) or spinning; either way it is read.
 			a.Write([]byte("x"))
 			require.Eventually(t, func() bool { return got.Load() == 1 }, 10*time.Second, time.Millisecond)
-			time.Sleep(20 * time.Millisecond)
+			if tc.input { // drained: it spins
+				require.Eventually(t, func() bool { return r.Spins.Load() > 0 }, 10*time.Second, time.Millisecond)
+			} else { // its window passed: it sleeps in poll(2)
+				require.Eventually(t, func() bool { return busy.Polls() > 0 }, 10*time.Second, time.Millisecond)
+			}
 			woken, spins := r.Wakeups.Load(), r.Spins.Load()
 			if tc.input {
 				require.Positive(t, spins, "the reader spins after its input ran dry")
@@ -149,7 +156,7 @@ func TestSpinTakesInputWithoutWakeupAndStopsWhenIdle(t *testing.T) {
 				assert.Equal(t, woken, r.Wakeups.Load(), "input within the window woke the reader from poll(2)")
 				return
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // the quiet window: a spin or a timed poll would show here
 			assert.Equal(t, spins, r.Spins.Load(), "a quiet connection kept spinning past its window")
 			assert.Equal(t, woken, r.Wakeups.Load(), "a quiet connection was woken")
 		})
@@ -183,25 +190,27 @@ func TestSpinnersLetOneReaderSpinAtATime(t *testing.T) {
 	r1, r2 := NewReader(b1), NewReader(b2)
 	require.NotNil(t, r1)
 	require.NotNil(t, r2)
-	for _, r := range []*Reader{r1, r2} {
-		r.Direct()
+	var busy1, busy2 Busy
+	for i, r := range []*Reader{r1, r2} {
+		r.DirectIf([]*Busy{&busy1, &busy2}[i])
 		r.Spin(10*time.Second, &places)
 	}
 	got1, got2 := readAll(t, r1, b1), readAll(t, r2, b2)
 	a1.Write([]byte("x"))
 	require.Eventually(t, func() bool { return got1.Load() == 1 && r1.Spins.Load() > 0 }, 10*time.Second, time.Millisecond,
 		"the first reader spins after its input ran dry")
-	assertSleeps(t, a2, r2, got2, "a second reader while the only place was taken")
+	assertSleeps(t, a2, r2, &busy2, got2, "a second reader while the only place was taken")
 }
 
 // assertSleeps sends r's connection (written through a) bytes one at a
-// time and asserts r reads each after sleeping in poll(2), never spinning.
-func assertSleeps(t *testing.T, a net.Conn, r *Reader, got *atomic.Int64, who string) {
+// time, each once r waits in poll(2) (busy is its gauge), and asserts r
+// reads each after sleeping there, never spinning.
+func assertSleeps(t *testing.T, a net.Conn, r *Reader, busy *Busy, got *atomic.Int64, who string) {
 	t.Helper()
 	for i := range 3 {
+		untilPolling(busy)
 		a.Write([]byte("y"))
 		require.Eventually(t, func() bool { return got.Load() == int64(i+1) }, 10*time.Second, time.Millisecond)
-		time.Sleep(5 * time.Millisecond)
 	}
 	assert.Zero(t, r.Spins.Load(), "%s spun", who)
 	assert.Positive(t, r.Wakeups.Load(), "%s did not sleep in poll(2)", who)
@@ -211,10 +220,11 @@ func TestColdReaderSleepsAtOnce(t *testing.T) {
 	a, b := pair(t, "tcp", "127.0.0.1:0")
 	r := NewReader(b)
 	require.NotNil(t, r)
-	r.Direct()
+	var busy Busy
+	r.DirectIf(&busy)
 	r.Spin(10*time.Second, nil)
 	r.Cold(true)
-	assertSleeps(t, a, r, readAll(t, r, b), "a cold reader")
+	assertSleeps(t, a, r, &busy, readAll(t, r, b), "a cold reader")
 }
 
 // Reads, waits and writes are on every request's path: none allocates.
@@ -251,12 +261,9 @@ func TestDirectIfWaitsInPollOnlyWhileLone(t *testing.T) {
 	require.NotNil(t, r)
 	var busy Busy
 	r.DirectIf(&busy)
-	readLate := func() {
+	readLate := func(lone bool) {
 		t.Helper()
-		go func() {
-			time.Sleep(5 * time.Millisecond) // the reader is waiting by now
-			a.Write([]byte{1})
-		}()
+		go writeOnceWaiting(a, &busy, lone)
 		var p [8]byte
 		n, err := r.Read(p[:])
 		require.NoError(t, err)
@@ -276,7 +283,7 @@ func TestDirectIfWaitsInPollOnlyWhileLone(t *testing.T) {
 			busy.Add(2)
 		}
 		before := r.Wakeups.Load()
-		readLate()
+		readLate(tc.lone)
 		if tc.lone {
 			assert.Greater(t, r.Wakeups.Load(), before, "a lone reader did not wait in poll(2)")
 		} else {
@@ -291,7 +298,8 @@ func TestHandedParksOneWaitInTheNetworkPoller(t *testing.T) {
 	a, b := pair(t, "tcp", "127.0.0.1:0")
 	r := NewReader(b)
 	require.NotNil(t, r)
-	r.DirectIf(nil)
+	var busy Busy // lone: DirectIf(nil), with a gauge of readers in poll(2)
+	r.DirectIf(&busy)
 	var p [8]byte
 	a.Write([]byte{0})
 	_, err := r.Read(p[:]) // drained: the next read waits
@@ -303,10 +311,7 @@ func TestHandedParksOneWaitInTheNetworkPoller(t *testing.T) {
 			r.Handed()
 		}
 		before := r.Wakeups.Load()
-		go func() {
-			time.Sleep(5 * time.Millisecond) // the reader is waiting by now
-			a.Write([]byte{1})
-		}()
+		go writeOnceWaiting(a, &busy, tc.poll)
 		n, err := r.Read(p[:])
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
@@ -392,4 +397,24 @@ func TestBusyIsLoneWithOneRequestAtMost(t *testing.T) {
 	assert.True(t, b.Lone())
 	nilBusy.AddConn(3)
 	assert.True(t, nilBusy.Lone())
+}
+
+// untilPolling returns once a reader counted by b waits in poll(2) (or
+// after 10 s: the test's own assertions then fail).
+func untilPolling(b *Busy) {
+	for end := time.Now().Add(10 * time.Second); b.Polls() == 0 && time.Now().Before(end); {
+		runtime.Gosched()
+	}
+}
+
+// writeOnceWaiting writes one byte to a once the reader on the other end
+// waits for it: in poll(2) (b's gauge says when), or else parked in the
+// network poller (testutil.LetPark).
+func writeOnceWaiting(a net.Conn, b *Busy, inPoll bool) {
+	if inPoll {
+		untilPolling(b)
+	} else {
+		testutil.LetPark()
+	}
+	a.Write([]byte{1})
 }

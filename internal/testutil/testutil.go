@@ -138,3 +138,10 @@ func SmallTmpfs(t testing.TB, size string) (string, func(size string)) {
 		require.NoError(t, syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_REMOUNT, "size="+size))
 	}
 }
+
+// LetPark gives a goroutine about to wait for input in Go's network poller
+// the time to get there. Nothing reports that a goroutine parked there (a
+// wait in poll(2) has a gauge: sockio.Busy.Polls), so the tests that assert
+// what such a wait did not do pause here; their assertions hold whether or
+// not the park came first. The one sleep they share is this one.
+func LetPark() { time.Sleep(5 * time.Millisecond) }

@@ -44,7 +44,7 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	link.Cut()
 	flushed := make(chan error, 1)
 	go func() { flushed <- old.Store.Flush(ctx) }() // its WRITE waits in the cut link
-	time.Sleep(lease + 500*time.Millisecond)        // the old host's lease runs out
+	// The new host waits for the old host's lease to run out (Lease.Acquire).
 
 	next, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: vol, CacheBytes: 16 * 4096, VolumeLease: lease})
 	require.NoError(t, err)

@@ -152,7 +152,7 @@ func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
 			assert.NoError(t, hist.Run(c, lc, keys, base, nil, opsPerClient))
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	require.Eventually(t, func() bool { return hist.Len() >= clients*opsPerClient/4 }, time.Minute, time.Millisecond, "a quarter of the run done")
 	killReplica(t, access, nodes, "disk0") // mid-run
 	wg.Wait()
 	ok, vis := hist.Check(time.Minute)

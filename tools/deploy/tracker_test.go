@@ -34,15 +34,12 @@ func residency(t *testing.T, p string, size int) []bool {
 func settle(t *testing.T, p string, size int) {
 	t.Helper()
 	prev := residency(t, p, size)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool {
 		cur := residency(t, p, size)
-		if slices.Equal(prev, cur) {
-			return
-		}
+		same := slices.Equal(prev, cur)
 		prev = cur
-	}
-	t.Log("page cache still changing after 10s; comparing anyway")
+		return same
+	}, 10*time.Second, 50*time.Millisecond, "the page cache of %s settles", p)
 }
 
 // trackedHost starts a memory node and a host with the agent and its
@@ -81,8 +78,9 @@ func TestTrackerSleepsWhenIdle(t *testing.T) {
 	defer cancel()
 	require.NoError(t, h.Tracker.Sync(sctx))
 
-	time.Sleep(50 * time.Millisecond) // the reader drains and goes to sleep
 	before := h.Tracker.Wakeups.Load()
+	// The idle window: a timed poll would wake the reader here (the last
+	// drain after Sync may fall in it: one wakeup).
 	time.Sleep(300 * time.Millisecond)
 	assert.LessOrEqual(t, h.Tracker.Wakeups.Load()-before, uint64(1), "the reader woke with nothing to read")
 

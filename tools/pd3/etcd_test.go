@@ -532,7 +532,7 @@ func underAll(t *testing.T, rs []fioRounds, round int, what string, act func()) 
 	for i, f := range rs {
 		wg.Go(func() { outs[i], errs[i] = f.run(round, false) })
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // fio is another process: the act falls a second into its run
 	act()
 	wg.Wait()
 	for i := range rs {

@@ -326,13 +326,13 @@ func TestSplitAgentKilledMidRun(t *testing.T) {
 		}()
 	}
 	for round := 0; round < 2; round++ {
-		time.Sleep(700 * time.Millisecond)
+		waitOps(t, hist, 300) // through the agent
 		p, _ := os.FindProcess(agent.Pid)
 		require.NoError(t, p.Signal(syscall.SIGKILL))
-		time.Sleep(500 * time.Millisecond) // the host notices and goes direct
+		waitOps(t, hist, 300) // the host went direct
 		agent = start(t, []string{"dpu agent"}, agentArgs...)
 	}
-	time.Sleep(700 * time.Millisecond)
+	waitOps(t, hist, 300)
 	close(stop)
 	wg.Wait()
 	require.Greater(t, hist.Len(), 1000)
@@ -552,6 +552,7 @@ func TestPersistentMemnodeSurvivesSIGKILL(t *testing.T) {
 				}
 			}()
 		}
+		// When the node dies is what this test varies: a sleep is the point.
 		time.Sleep(time.Duration(50+rng.IntN(300)) * time.Millisecond)
 		p, _ := os.FindProcess(node.Pid)
 		require.NoError(t, p.Signal(syscall.SIGKILL))
@@ -679,7 +680,7 @@ func TestHostKilledKeepsFlushedData(t *testing.T) {
 			flushed.Store(int64(r + 1))
 		}
 	}()
-	time.Sleep(800 * time.Millisecond)
+	require.Eventually(t, func() bool { return flushed.Load() >= 3 }, 30*time.Second, 5*time.Millisecond, "rounds flushed before the kill")
 	p, _ := os.FindProcess(host.Pid)
 	require.NoError(t, p.Signal(syscall.SIGKILL))
 	<-done
@@ -725,16 +726,13 @@ func TestSplitAgentKilledUnderNBDMultiConn(t *testing.T) {
 		}()
 	}
 	for round := 0; round < 2; round++ {
-		time.Sleep(time.Second)
+		waitOps(t, hist, 1000) // through the agent
 		p, _ := os.FindProcess(agent.Pid)
 		require.NoError(t, p.Signal(syscall.SIGKILL))
-		time.Sleep(500 * time.Millisecond)
+		waitOps(t, hist, 500) // the host went direct
 		agent = start(t, []string{"dpu agent"}, agentArgs...)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for hist.Len() < 10000 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitOps(t, hist, max(0, 10000-hist.Len()))
 	close(stop)
 	wg.Wait()
 	require.GreaterOrEqual(t, hist.Len(), 10000)
@@ -1028,6 +1026,8 @@ func TestFioOverNBDSurvivesMemnodeCrashes(t *testing.T) {
 			out, err = fio(uri, round, false)
 			done <- err
 		}()
+		// When the node dies, and for how long, is what this test varies:
+		// sleeps are the point.
 		time.Sleep(time.Duration(20+rng.IntN(200)) * time.Millisecond)
 		require.NoError(t, syscall.Kill(node.Pid, syscall.SIGKILL))
 		node.Stop()
@@ -1541,4 +1541,13 @@ func TestBenchAppsSmoke(t *testing.T) {
 	out, err = run(t, "", "bench", "apps", "--local-memory", "1MiB")
 	require.Error(t, err)
 	assert.Contains(t, out, "below 32MiB")
+}
+
+// waitOps waits until the history holds n more operations than now: the
+// clients made progress.
+func waitOps(t *testing.T, hist *linearize.History, n int) {
+	t.Helper()
+	target := hist.Len() + n
+	require.Eventually(t, func() bool { return hist.Len() >= target }, 60*time.Second, 5*time.Millisecond,
+		"the clients stopped making progress (%d of %d operations)", hist.Len(), target)
 }
