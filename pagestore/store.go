@@ -614,10 +614,13 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 	var waited time.Duration
 	var failedAt time.Time // first failed write-back of a victim
 	var refused error      // why dirty victims are skipped
+	probed := false        // a dirty victim's write-back was tried after a refusal
 	if r := s.wbRefused.Load(); r != nil && time.Since(r.at) < wbRefusedFor {
 		refused = r.err
 		if s.ndirty.Load() >= int64(len(s.frames)) {
-			return -1, fmt.Errorf("%w: every page is dirty: %w", ErrCacheFull, refused)
+			// Every page is dirty: one write-back tells whether the
+			// remote takes them again.
+			refused, probed = nil, true
 		}
 	}
 	for attempt := 0; ; attempt++ {
@@ -630,6 +633,12 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 			return f, nil
 		}
 		if f < 0 && refused != nil {
+			if !probed {
+				// No clean page: try a dirty one's write-back once, in
+				// case the remote takes them again.
+				refused, probed = nil, true
+				continue
+			}
 			return -1, fmt.Errorf("%w: no clean page: %w", ErrCacheFull, refused)
 		}
 		if f < 0 {
@@ -686,6 +695,7 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 			}
 			s.writeBacks.Add(1)
 			s.evictWBs.Add(1)
+			s.wbRefused.Store(nil)
 			s.markClean(f)
 		}
 		s.evicted(f, k)
@@ -946,6 +956,7 @@ func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 		return i, err
 	}
 	s.writeBacks.Add(uint64(n))
+	s.wbRefused.Store(nil) // the remote takes write-backs again
 	return i, nil
 }
 
