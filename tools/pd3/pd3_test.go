@@ -29,6 +29,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
+	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/memnode"
@@ -1111,6 +1112,98 @@ func (v *vethNS) Cut() (heal func()) {
 	heal = func() { once.Do(func() { exec.Command("ip", "link", "set", v.rootSide, "up").Run() }) }
 	v.t.Cleanup(heal)
 	return heal
+}
+
+// Shared returns an address of the root namespace that processes inside
+// the namespace reach through the veth (so that Cut partitions them from
+// it) and processes of the root namespace reach on loopback (so that Cut
+// does not): a /32 on lo, removed in cleanup.
+func (v *vethNS) Shared() string {
+	v.t.Helper()
+	addr := strings.Replace(v.rootIP, "10.231.", "10.232.", 1)
+	v.ip("addr", "add", addr+"/32", "dev", "lo")
+	v.t.Cleanup(func() { exec.Command("ip", "addr", "del", addr+"/32", "dev", "lo").Run() })
+	v.ip("netns", "exec", v.ns, "ip", "route", "add", addr+"/32", "via", v.rootIP)
+	return addr
+}
+
+// TestReplicatedHandOverDuringPartition: a host serving a volume with two
+// replicas is cut off (its own network namespace, the link taken down)
+// with a write in its cache that its write-back is sending; a second host
+// takes the volume over once the first one's hold in etcd runs out, reads
+// what the first one flushed, and writes. When the link comes back the
+// first host's late write-back reaches both replicas and both refuse it:
+// each replica holds the new owner's data.
+func TestReplicatedHandOverDuringPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	vn := newVethNS(t)
+	shared := vn.Shared()
+	ports := testetcd.FreePorts(t, 3)
+	etcd := fmt.Sprintf("http://%s:%d", shared, ports[0])
+	start(t, []string{"etcd"}, "coord", "--listen", fmt.Sprintf("%s:%d", shared, ports[0]), "--dir", t.TempDir())
+	var nodeAddrs []string
+	for _, p := range ports[1:] {
+		addr := fmt.Sprintf("%s:%d", shared, p)
+		start(t, []string{"memory node"}, "memnode", "--listen", addr, "--etcd", etcd)
+		nodeAddrs = append(nodeAddrs, addr)
+	}
+	serve := []string{"serve", "--replicas", "2", "--etcd", etcd, "--volume", "disk0:4MiB", "--cache", "1MiB",
+		"--page", "", "--mount", "", "--volume-lease", "1s", "--op-timeout", "1m"}
+	old, err := bench.StartChild(context.Background(), "ip", []string{"NBD server"},
+		append([]string{"netns", "exec", vn.ns, pd3Bin}, append(serve, "--nbd", vn.nsIP+":10809", "--writeback", "200ms")...)...)
+	require.NoError(t, err)
+	t.Cleanup(old.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("old host:\n%s", old.Output())
+		}
+	})
+	block := func(s string) []byte { return append([]byte(s), make([]byte, 4096-len(s))...) }
+	nc, err := nbdclient.Dial(old.Addrs["NBD server"], "disk0")
+	require.NoError(t, err)
+	require.NoError(t, nc.Write(0, block("flushed by the old host")))
+	require.NoError(t, nc.Flush())
+	require.NoError(t, nc.Write(0, block("the old host's late write")))
+	heal := vn.Cut() // the write-back of the late write waits in the cut link
+	nc.Close()
+
+	next := start(t, []string{"NBD server"}, append(serve, "--nbd", "127.0.0.1:0")...) // waits out the old hold
+	nc, err = nbdclient.Dial(next.Addrs["NBD server"], "disk0")
+	require.NoError(t, err)
+	defer nc.Close()
+	got := make([]byte, 4096)
+	require.NoError(t, nc.Read(0, got))
+	assert.Equal(t, block("flushed by the old host"), got, "the new owner reads what the old one flushed")
+	require.NoError(t, nc.Write(0, block("the new owner's data")))
+	require.NoError(t, nc.Flush())
+
+	heal()
+	// Its write-back, sent into the cut link, arrives (TCP retransmits it)
+	// and is refused.
+	require.NoError(t, old.WaitOutput("write fenced", time.Minute), "the late write-back is refused")
+	require.NoError(t, old.WaitOutput("lost this host's session", time.Minute), "the old host learns it lost the volume")
+	ctx := context.Background()
+	for _, addr := range nodeAddrs {
+		c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{})
+		require.NoError(t, err)
+		vols, err := c.List(ctx)
+		require.NoError(t, err)
+		var held int
+		for _, v := range vols {
+			if v.Stored == 0 {
+				continue
+			}
+			held++
+			require.NoError(t, c.ReadAt(ctx, v.ID, 0, got))
+			assert.Equal(t, block("the new owner's data"), got, "node %s volume %q", addr, v.Name)
+		}
+		assert.Equal(t, 1, held, "node %s holds the volume's one extent", addr)
+		c.Close()
+	}
+	require.NoError(t, nc.Read(0, got))
+	assert.Equal(t, block("the new owner's data"), got)
 }
 
 // TestPartitionedMemnodeGivesEIO: the memory node runs in its own network
