@@ -176,6 +176,8 @@ func benchCmd() *cobra.Command {
 	var nopt bench.NBDOptions
 	var nsystems, njobs string
 	var breakdown int
+	var breakdownBytes uint64
+	var breakdownDPU string
 	nbdc := &cobra.Command{
 		Use:   "nbd",
 		Short: "fio's nbd engine against pd3, nbdkit memory, the nbdkit cache chain over a remote nbdkit, go-nbd (IOPS ratios)",
@@ -192,7 +194,7 @@ func benchCmd() *cobra.Command {
 				if plotPath != "" {
 					return usageError{fmt.Errorf("--plot draws fio results; --breakdown prints stages")}
 				}
-				bd, err := bench.NBDBreakdown(ctx, bench.BreakdownOptions{Exe: nopt.Exe, Size: nopt.Size, Cache: nopt.Cache, Requests: breakdown})
+				bd, err := bench.NBDBreakdown(ctx, bench.BreakdownOptions{Exe: nopt.Exe, Size: nopt.Size, Cache: nopt.Cache, Requests: breakdown, ReadBytes: breakdownBytes, DPU: breakdownDPU})
 				if err != nil {
 					return err
 				}
@@ -219,7 +221,9 @@ func benchCmd() *cobra.Command {
 	nbdc.Flags().DurationVar(&nopt.Runtime, "runtime", 10*time.Second, "per job")
 	nbdc.Flags().DurationVar(&nopt.Ramp, "ramp", 2*time.Second, "unmeasured start of each job")
 	nbdc.Flags().IntVar(&nopt.Rounds, "rounds", 1, "run every system's jobs this many times, the systems taking turns in fresh processes, and report each one's median run (ratios of medians)")
-	nbdc.Flags().IntVar(&breakdown, "breakdown", 0, "instead of fio jobs: read this many pages one at a time and print where each read's time goes, stage by stage (pd3 miss, pd3 hit, nbdkit peers)")
+	nbdc.Flags().IntVar(&breakdown, "breakdown", 0, "instead of fio jobs: read this many pages one at a time and print where each read's time goes, stage by stage (pd3 miss, pd3 hit, nbdkit peers), and each server process's CPU per read")
+	nbdc.Flags().StringVar(&breakdownDPU, "breakdown-dpu", "embedded", "with --breakdown: pd3's --dpu (embedded, none)")
+	pagesVar(nbdc.Flags(), &breakdownBytes, "breakdown-bytes", "4KiB", "with --breakdown: the size of each read; above a page (a stream at pd3: from --nbd-stream-from) the rows are end-to-end times and CPU per read, without stages")
 
 	var fopt bench.FUSEOptions
 	var fsystems, fjobs string

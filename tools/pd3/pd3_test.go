@@ -448,6 +448,28 @@ func TestBenchNBDBreakdownSmoke(t *testing.T) {
 			assert.GreaterOrEqual(t, s.P50us, 0.0, r.System+" "+s.Stage)
 		}
 	}
+	assert.Equal(t, []string{"host", "memory node"}, []string{rows["pd3"].CPU[0].Process, rows["pd3"].CPU[1].Process})
+
+	// Reads of 128 KiB: pd3's streams, end to end, with each process's CPU.
+	out, err = run(t, "", "bench", "nbd", "--size", "64MiB", "--cache", "4MiB", "--breakdown", "100", "--breakdown-bytes", "128KiB", "--json")
+	require.NoError(t, err, out)
+	bd = bench.Breakdown{}
+	require.NoError(t, json.Unmarshal([]byte(out), &bd))
+	var systems []string
+	for _, r := range bd.Rows {
+		systems = append(systems, r.System)
+		assert.Equal(t, 100, r.Requests, r.System)
+		assert.Positive(t, r.P50us, r.System)
+		assert.Empty(t, r.Stages, r.System)
+		require.NotEmpty(t, r.CPU, r.System)
+		for _, c := range r.CPU {
+			assert.Positive(t, c.PerReadUs, r.System+" "+c.Process)
+		}
+	}
+	assert.Equal(t, []string{"pd3", "pd3-local", "nbdkit-memory", "nbdkit-nbd", "nbdkit-cache-nbd"}, systems)
+	out, err = run(t, "", "bench", "nbd", "--breakdown", "10", "--breakdown-bytes", "64MiB", "--size", "32MiB")
+	require.Error(t, err)
+	assert.Contains(t, out, "a breakdown read of 67108864 bytes: a multiple of 4 KiB up to 32 MiB and the export's size")
 }
 
 // TestBenchFUSESmoke: the FUSE benchmark mounts, lays out, measures and
