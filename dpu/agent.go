@@ -46,6 +46,12 @@ type Agent struct {
 	// VolumePages, if set, tells the number of pages of a volume, so
 	// that no page past its end is predicted.
 	VolumePages func(vol uint16) uint64
+	// StreamPages, if above zero, is the size in pages from which the
+	// host serves a mirrored read as a stream, reading its pages from the
+	// memory node straight into the reply: the agent then prefetches only
+	// the pages it predicts past such a read, not the read's own, which
+	// the host is reading already (docs/decisions.md, 8).
+	StreamPages int
 
 	// Counters.
 	Parsed, Prefetches, Skipped, LostStreams, QueueDrops atomic.Uint64
@@ -122,6 +128,8 @@ func (s *stream) Observe(b []byte) {
 	if parsed := len(out); parsed > 0 {
 		if acc := s.predict(out); len(acc) > 0 {
 			s.a.push(acc, true, parsed)
+		} else {
+			s.a.Parsed.Add(uint64(parsed)) // nothing to prefetch: counted all the same
 		}
 	}
 	s.buf = out[:0]
@@ -156,7 +164,7 @@ func (s *stream) predict(acc []Access) []Access {
 		}
 		var covered bool
 		s.keys, covered = s.a.streams.AccessCovered(SourceMirrored, acc[i].Key, j-i, end, s.keys[:0])
-		if !covered {
+		if !covered && (s.a.StreamPages <= 0 || j-i < s.a.StreamPages) {
 			out = append(out, acc[i:j]...)
 		}
 		for _, k := range s.keys {

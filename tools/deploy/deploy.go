@@ -469,6 +469,9 @@ func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store
 	if h.Agent != nil {
 		h.Agent.Resident = st.Resident
 		h.Agent.VolumePages = st.Pages
+		if cfg.NBDListen != "" {
+			h.Agent.StreamPages = int(cfg.NBDStreamFrom / pagestore.PageSize)
+		}
 	}
 	if h.Link != nil {
 		h.Link.SetResident(st.EachResident)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore"
@@ -368,4 +369,40 @@ func TestStopRightAfterStartIsClean(t *testing.T) {
 		require.NoError(t, h.Close(ctx), "host")
 		require.NoError(t, node.Close(), "memory node")
 	}
+}
+
+// TestAgentLeavesStreamReadsToTheHost: a read the host serves as a stream
+// (--nbd-stream-from) is read from the memory node by the host itself,
+// straight into the reply, so the agent does not prefetch its pages too;
+// it still prefetches a small read's page, and what it predicts past a
+// sequential run of stream reads.
+func TestAgentLeavesStreamReadsToTheHost(t *testing.T) {
+	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 64 << 20}}, CacheBytes: 1 << 20,
+		NBDListen: "127.0.0.1:0", DPU: "embedded", NBDStreamFrom: 64 << 10})
+	nc, err := nbdclient.Dial(h.NBDAddr, "disk0")
+	require.NoError(t, err)
+	defer nc.Close()
+	buf := make([]byte, 128<<10)
+	parsed := func(n uint64) {
+		t.Helper()
+		require.Eventually(t, func() bool { return h.Agent.Parsed.Load() >= n }, 5*time.Second, time.Millisecond)
+	}
+	for i, mib := range []uint64{40, 3, 27, 11, 60, 19, 33, 7} { // far apart: no stream
+		require.NoError(t, nc.Read(mib<<20, buf))
+		parsed(uint64(32 * (i + 1)))
+	}
+	decided := func() uint64 {
+		return h.Agent.Prefetches.Load() + h.Agent.Skipped.Load() + h.Agent.KernelSkipped.Load()
+	}
+	assert.Zero(t, decided(), "the pages of stream reads were considered for a prefetch")
+
+	require.NoError(t, nc.Read(50<<20, buf[:4096]))
+	require.Eventually(t, func() bool { return decided() == 1 }, 5*time.Second, time.Millisecond,
+		"a one-page read's page is considered (prefetched, or skipped as the host holds it)")
+
+	for off := uint64(0); off < 1<<20; off += 128 << 10 { // a sequential run
+		require.NoError(t, nc.Read(off, buf))
+	}
+	require.Eventually(t, func() bool { return h.Agent.Prefetches.Load() > 0 }, 5*time.Second, time.Millisecond,
+		"what the predictor expects past a sequential run is prefetched")
 }
