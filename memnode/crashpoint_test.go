@@ -58,12 +58,12 @@ type fsOp struct {
 	event       int
 }
 
-// names reports whether the op changes the directory.
+// names reports whether the op changes the directory's names.
 func (o *fsOp) names() bool {
 	return o.kind == fsCreate || o.kind == fsRename || o.kind == fsRemove
 }
 
-// data reports whether the op changes a file's bytes or size.
+// changesData reports whether the op changes a file's bytes or size.
 func (o *fsOp) changesData() bool {
 	return o.kind == fsTruncate || o.kind == fsWrite || o.kind == fsPunch
 }

@@ -98,7 +98,6 @@ type plog struct {
 	cond    sync.Cond  // broadcast when durable advances or the syncer fails
 	f       diskFile   // current segment
 	gen     uint64
-	off     int64  // end of the current segment (written or pending)
 	wpos    int64  // end of what is written and synced of the segment
 	pending []byte // appended, not yet written
 	spare   []byte
@@ -165,7 +164,6 @@ func (l *plog) append(op byte, vol uint16, off, count uint64, payload []byte) (u
 	binary.LittleEndian.PutUint64(e[40:], count)
 	copy(e[entryHeader:], payload)
 	binary.LittleEndian.PutUint32(e[4:], crc32.Checksum(e[8:entryHeader+len(payload)], crcTable))
-	l.off += int64(n)
 	l.size += int64(n)
 	l.Entries.Add(1)
 	select {
@@ -264,7 +262,6 @@ func (l *plog) syncOnce() bool {
 	var err error
 	if len(buf) > 0 {
 		err = l.writeOut(f, buf, at)
-		l.Syncs.Add(1)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -282,6 +279,9 @@ func (l *plog) syncOnce() bool {
 	l.writing = false
 	switch {
 	case err == nil:
+		if len(buf) > 0 {
+			l.Syncs.Add(1)
+		}
 		l.spare = buf[:0]
 		l.wpos = at + int64(len(buf))
 		if upto > l.durable {
@@ -373,7 +373,7 @@ func (l *plog) roll() (uint64, uint64, error) {
 		return 0, 0, fmt.Errorf("memnode: new log segment: %w", err)
 	}
 	l.f.Close()
-	l.f, l.gen, l.off, l.wpos = f, gen, 0, 0
+	l.f, l.gen, l.wpos = f, gen, 0
 	return gen, l.next, nil
 }
 

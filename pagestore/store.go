@@ -695,7 +695,7 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 			}
 			s.writeBacks.Add(1)
 			s.evictWBs.Add(1)
-			s.wbRefused.Store(nil)
+			s.writeBacksTaken()
 			s.markClean(f)
 		}
 		s.evicted(f, k)
@@ -792,6 +792,15 @@ const flushBatch = 64
 // wbRefusedFor is how long after a refused write-back claims skip dirty
 // pages without trying to write them back.
 const wbRefusedFor = time.Second
+
+// writeBacksTaken ends a refusal of write-backs: the remote took one. It
+// stores only when there is a refusal to end (write-backs are frequent; a
+// store on every one would bounce the word between cores).
+func (s *Store) writeBacksTaken() {
+	if s.wbRefused.Load() != nil {
+		s.wbRefused.Store(nil)
+	}
+}
 
 // refusal is a write-back the remote refused, and when.
 type refusal struct {
@@ -956,7 +965,7 @@ func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 		return i, err
 	}
 	s.writeBacks.Add(uint64(n))
-	s.wbRefused.Store(nil) // the remote takes write-backs again
+	s.writeBacksTaken()
 	return i, nil
 }
 

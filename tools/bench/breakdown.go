@@ -220,14 +220,12 @@ func NBDBreakdown(ctx context.Context, opt BreakdownOptions) (*Breakdown, error)
 	}
 	out.Notes = append(out.Notes, "go-* rows: the crossing floor, Go processes that pass a 28-byte request and a 4 KiB answer over loopback TCP and do nothing else (pd3 bench crossing-server), sleeping in poll(2) as pd3 does or busy-polling")
 	out.Notes = append(out.Notes, fmt.Sprintf("%d one-page reads per system at queue depth 1 (pd3's Go NBD client, uniform over %s); pd3 %s cache, agent %s; a stage's time runs from the stage before it; pd3 rows count only the reads that took that path (misses, hits), stamped by client, host and memory node in one shared-memory recorder",
-		opt.Requests, unitsSize(opt.Size), unitsSize(opt.Cache), opt.dpu()))
+		opt.Requests, units.FormatSize(opt.Size), units.FormatSize(opt.Cache), opt.dpu()))
 	return out, nil
 }
 
 // dpu is pd3's agent mode in the breakdown (embedded unless DPU says).
 func (o BreakdownOptions) dpu() string { return cmp.Or(o.DPU, "embedded") }
-
-func unitsSize(n uint64) string { return strconv.FormatUint(n>>20, 10) + "MiB" }
 
 // breakdownRun reads opt.Requests random pages one at a time; with want,
 // it keeps the reads in which every stage of want was stamped, in order,
