@@ -64,6 +64,12 @@ type Reader struct {
 	spinners *Spinners
 	// cold: the owner expects its next input late (Cold); no spin.
 	cold bool
+	// gap: how long the last drained Read waited for its input. A Read
+	// spins only when that gap was within the window: a peer whose
+	// requests come further apart than the window would find the spin
+	// over every time, and each spin would burn its window of CPU for
+	// nothing (docs/decisions.md, 9).
+	gap time.Duration
 	// busy, if set, is asked before each wait whether the thread may wait
 	// in poll(2) (DirectIf): only while the process serves one request at
 	// most, and only with one of its poll places; else it parks in the
@@ -91,7 +97,11 @@ type Reader struct {
 // sends its next request within d is served without a wake-up (on the
 // test VMs a wake-up costs 10-25 µs, a memory node's READ 1 µs). Each
 // window follows input, so a connection that goes quiet spins once, for
-// d, and then sleeps: idle stays idle. d <= 0 never spins. With b, the
+// d, and then sleeps: idle stays idle. A Read spins only if the input
+// before it came within d of the Read that waited for it: a peer that
+// paces its requests further apart (a client whose round trip is longer
+// than d) is waited for in poll(2) until it speeds up again. d <= 0 never
+// spins. With b, the
 // Reader spins only while it holds one of b's places and otherwise
 // sleeps at once, so many connections of one process cannot fill the
 // cores with spinners. Call it before the first Read, from the reading
@@ -261,10 +271,21 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if r.drained && r.spin > 0 && !r.cold {
+		start := time.Now()
+		n, err := r.waitRead(p, r.gap <= r.spin)
+		r.gap = time.Since(start)
+		return n, err
+	}
+	return r.waitRead(p, false)
+}
+
+// waitRead is Read once it knows whether it may spin first.
+func (r *Reader) waitRead(p []byte, spin bool) (int, error) {
 	if r.drained && (r.handed || !r.busy.Lone()) {
 		return r.pollerRead(p)
 	}
-	if r.drained && r.spin > 0 && !r.cold {
+	if r.drained && spin {
 		if n, err := r.spinRead(p); n > 0 || err != nil {
 			r.drained = n < len(p)
 			return n, err

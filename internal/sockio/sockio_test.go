@@ -163,6 +163,31 @@ func TestSpinTakesInputWithoutWakeupAndStopsWhenIdle(t *testing.T) {
 	}
 }
 
+// A peer whose input comes later than the window is not spun for: the
+// reader that spun in vain once waits in poll(2) next time, and spins
+// again once input comes within the window. The late input is written
+// only after the reader sleeps in poll(2), past its whole window; the
+// prompt input is written as soon as the previous byte is read, 20 ms
+// being far longer than that takes.
+func TestSpinStopsForAPeerSlowerThanTheWindow(t *testing.T) {
+	a, r, busy := spinner(t, 20*time.Millisecond)
+	got := readAll(t, r, r.nc)
+	a.Write([]byte("x"))
+	require.Eventually(t, func() bool { return got.Load() == 1 }, 10*time.Second, time.Millisecond)
+	untilPolling(busy) // spun its window in vain, now asleep
+	spun := r.Spins.Load()
+	require.Positive(t, spun, "the reader spins after its input ran dry")
+	a.Write([]byte("y")) // late: the gap exceeded the window
+	require.Eventually(t, func() bool { return got.Load() == 2 }, 10*time.Second, time.Millisecond)
+	untilPolling(busy)
+	assert.Equal(t, spun, r.Spins.Load(), "the reader spun for a peer slower than its window")
+
+	a.Write([]byte("z")) // prompt: the next drained Read spins again
+	require.Eventually(t, func() bool { return got.Load() == 3 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return r.Spins.Load() > spun }, 10*time.Second, time.Millisecond,
+		"input within the window did not bring the spin back")
+}
+
 // readAll reads r (of conn b) on a goroutine until it fails, counting the
 // bytes; the cleanup closes b and waits for the goroutine.
 func readAll(t *testing.T, r *Reader, b net.Conn) *atomic.Int64 {
@@ -217,14 +242,21 @@ func assertSleeps(t *testing.T, a net.Conn, r *Reader, busy *Busy, got *atomic.I
 }
 
 func TestColdReaderSleepsAtOnce(t *testing.T) {
+	a, r, busy := spinner(t, 10*time.Second)
+	r.Cold(true)
+	assertSleeps(t, a, r, busy, readAll(t, r, r.nc), "a cold reader")
+}
+
+// spinner is a direct Reader of a loopback TCP connection, gauged by its
+// own Busy, that spins for window; a writes to it.
+func spinner(t *testing.T, window time.Duration) (net.Conn, *Reader, *Busy) {
 	a, b := pair(t, "tcp", "127.0.0.1:0")
 	r := NewReader(b)
 	require.NotNil(t, r)
-	var busy Busy
-	r.DirectIf(&busy)
-	r.Spin(10*time.Second, nil)
-	r.Cold(true)
-	assertSleeps(t, a, r, &busy, readAll(t, r, b), "a cold reader")
+	busy := new(Busy)
+	r.DirectIf(busy)
+	r.Spin(window, nil)
+	return a, r, busy
 }
 
 // Reads, waits and writes are on every request's path: none allocates.
