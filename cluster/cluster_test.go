@@ -10,6 +10,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/internal/testetcd"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -122,7 +123,7 @@ func TestVolumeHolds(t *testing.T) {
 	ha, err := a.Hold(ctx, "disk0", time.Second)
 	require.NoError(t, err)
 	_, err = b.Hold(ctx, "disk0", 300*time.Millisecond)
-	assert.ErrorIs(t, err, ErrHeld)
+	assert.ErrorIs(t, err, pageid.ErrHeld)
 	_, err = b.Hold(ctx, "disk1", time.Second)
 	require.NoError(t, err, "other volumes are free")
 	holders, err := Holders(ctx, cli, "t")

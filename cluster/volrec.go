@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Errors of the volume records, for callers to branch on.
@@ -19,8 +21,6 @@ var (
 	ErrVolumeExists = errors.New("cluster: volume exists")
 	// ErrNoVolume: no record of that name.
 	ErrNoVolume = errors.New("cluster: no such volume")
-	// ErrVolumeHeld: the volume is held by a host, so it cannot be removed.
-	ErrVolumeHeld = errors.New("cluster: volume is held by a host")
 	// ErrRaced: the record changed under the caller (another operator's
 	// command); nothing was done, and trying again sees the change.
 	ErrRaced = errors.New("cluster: volume record changed meanwhile")
@@ -110,7 +110,7 @@ func putIfAbsent(ctx context.Context, cli *clientv3.Client, cluster string, rec 
 }
 
 // MarkDeleting moves a record to "deleting" unless a host holds the
-// volume (ErrVolumeHeld): from then on no host may take it.
+// volume (pageid.ErrHeld): from then on no host may take it.
 func MarkDeleting(ctx context.Context, cli *clientv3.Client, cluster string, rec VolumeRecord) (VolumeRecord, error) {
 	return markUnheld(ctx, cli, cluster, rec, VolumeDeleting, "removing")
 }
@@ -120,7 +120,7 @@ func MarkDeleting(ctx context.Context, cli *clientv3.Client, cluster string, rec
 var ErrNotReady = errors.New("cluster: volume is not ready")
 
 // MarkResizing moves a ready (or half-resized) record to "resizing"
-// unless a host holds the volume (ErrVolumeHeld): a served volume keeps
+// unless a host holds the volume (pageid.ErrHeld): a served volume keeps
 // its size, since an NBD client learns the size once, when it connects.
 // The caller grows the volume at the node and calls VolumeResized.
 func MarkResizing(ctx context.Context, cli *clientv3.Client, cluster string, rec VolumeRecord) (VolumeRecord, error) {
@@ -153,7 +153,7 @@ func markUnheld(ctx context.Context, cli *clientv3.Client, cluster string, rec V
 	}
 	if !resp.Succeeded {
 		if h, err := cli.Get(ctx, held, clientv3.WithPrefix(), clientv3.WithCountOnly()); err == nil && h.Count > 0 {
-			return rec, fmt.Errorf("%w: %q", ErrVolumeHeld, rec.Name)
+			return rec, fmt.Errorf("cluster: volume %q: %w; stop the host that serves it first", rec.Name, pageid.ErrHeld)
 		}
 		return rec, fmt.Errorf("%w: %q", ErrRaced, rec.Name)
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Volume records through their life, against the embedded etcd and
@@ -40,9 +42,9 @@ func TestVolumeRecords(t *testing.T) {
 			hold, err := h.Hold(ctx, "a", time.Second)
 			require.NoError(t, err)
 			_, err = MarkDeleting(ctx, cli, "t", rec)
-			assert.ErrorIs(t, err, ErrVolumeHeld)
+			assert.ErrorIs(t, err, pageid.ErrHeld)
 			_, err = MarkResizing(ctx, cli, "t", rec)
-			assert.ErrorIs(t, err, ErrVolumeHeld, "a served volume keeps its size")
+			assert.ErrorIs(t, err, pageid.ErrHeld, "a served volume keeps its size")
 			require.NoError(t, hold.Release(ctx))
 
 			rec, err = MarkResizing(ctx, cli, "t", rec)
@@ -53,7 +55,7 @@ func TestVolumeRecords(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, VolumeResizing, got.State)
 			rec, err = MarkResizing(ctx, cli, "t", got) // a second command takes a half-done resize up
-			assert.ErrorIs(t, err, ErrVolumeHeld)
+			assert.ErrorIs(t, err, pageid.ErrHeld)
 			require.NoError(t, hold.Release(ctx))
 			rec, err = MarkResizing(ctx, cli, "t", got)
 			require.NoError(t, err)

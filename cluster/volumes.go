@@ -13,11 +13,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-)
 
-// ErrHeld is returned when another host holds a volume and did not let it
-// go within the wait.
-var ErrHeld = errors.New("cluster: volume held by another host")
+	"github.com/pd3-go/pd3/pageid"
+)
 
 // Host is a host's presence in the control plane: one etcd session (a
 // lease the host keeps renewing) under which it holds its volumes.
@@ -188,7 +186,7 @@ func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold
 	defer cancel()
 	if err := m.Lock(lctx); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return nil, fmt.Errorf("%w: %q (waited %v)", ErrHeld, name, wait)
+			return nil, fmt.Errorf("cluster: volume %q: %w (waited %v)", name, pageid.ErrHeld, wait)
 		}
 		return nil, fmt.Errorf("cluster: holding volume %q: %w", name, err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Agent is the DPU agent: it parses mirrored requests, asks Host View which
@@ -28,7 +28,7 @@ type Agent struct {
 	// Resident, if set, tells whether the host cache holds a page (only
 	// an agent inside the host process can ask); it is used to count
 	// Host View false negatives, never to decide.
-	Resident func(memnode.Key) bool
+	Resident func(pageid.Key) bool
 
 	// kernel, if set, is the Host View of the kernel page cache above
 	// the host's (FUSE files): pages it holds are never read from the
@@ -91,8 +91,8 @@ type stream struct {
 	a    *Agent
 	p    Parser
 	buf  []Access
-	pred []Access      // parsed and predicted accesses, reused
-	keys []memnode.Key // predicted pages, reused
+	pred []Access     // parsed and predicted accesses, reused
+	keys []pageid.Key // predicted pages, reused
 	dead bool
 }
 
@@ -102,7 +102,7 @@ var _ mirror.Mirror = (*Agent)(nil)
 func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser) }
 
 func (a *Agent) newStream(f func() Parser) mirror.Stream {
-	return &stream{a: a, p: f(), buf: make([]Access, 0, 256), pred: make([]Access, 0, 512), keys: make([]memnode.Key, 0, 256)}
+	return &stream{a: a, p: f(), buf: make([]Access, 0, 256), pred: make([]Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
 }
 
 // Mirror returns a mirror whose streams are parsed by parsers from f, for a
@@ -186,7 +186,7 @@ func (a *Agent) Predictors() (mirrored, fuse *SequentialStats) {
 
 // Evicted tells the agent the host cache dropped page k (PD3 leaves this
 // unreflected; pd3 removes the key from Host View so it is prefetched again).
-func (a *Agent) Evicted(k memnode.Key) {
+func (a *Agent) Evicted(k pageid.Key) {
 	a.Evictions.Add(1)
 	a.enqueueLazy([]Access{{k, Delete}})
 }
@@ -228,7 +228,7 @@ func (a *Agent) loop() {
 	defer close(a.done)
 	var work []Access
 	keys := make([]uint64, 0, 64)
-	todo := make([]memnode.Key, 0, 64)
+	todo := make([]pageid.Key, 0, 64)
 	idx := make([]int, 0, 64)
 	found := make([]bool, 64)
 	for {
@@ -265,10 +265,10 @@ func (a *Agent) loop() {
 					continue
 				}
 				a.Prefetches.Add(1)
-				if a.Resident != nil && a.Resident(memnode.Key(k)) {
+				if a.Resident != nil && a.Resident(pageid.Key(k)) {
 					a.FalseNegatives.Add(1)
 				}
-				todo = append(todo, memnode.Key(k))
+				todo = append(todo, pageid.Key(k))
 			}
 			a.issue(todo)
 			todo = todo[:0]
@@ -278,7 +278,7 @@ func (a *Agent) loop() {
 
 // issue prefetches keys, consecutive pages of a volume as runs (one
 // request each) and the rest one by one.
-func (a *Agent) issue(keys []memnode.Key) {
+func (a *Agent) issue(keys []pageid.Key) {
 	for i := 0; i < len(keys); {
 		j := i + 1
 		for j < len(keys) && j-i < MaxRun && keys[j] == keys[j-1]+1 && keys[j].Volume() == keys[i].Volume() {
@@ -307,8 +307,8 @@ const (
 // a file that ends before page end (0: unknown). The sequential predictor
 // prefetches past streams; the pages read themselves are already being
 // served.
-func (a *Agent) ReadAhead(src int, first memnode.Key, n int, end uint64) {
-	var buf [256]memnode.Key
+func (a *Agent) ReadAhead(src int, first pageid.Key, n int, end uint64) {
+	var buf [256]pageid.Key
 	keys := a.seq.Access(src, first, n, end, buf[:0])
 	if len(keys) == 0 {
 		return
@@ -330,15 +330,15 @@ func (a *Agent) ReadAhead(src int, first memnode.Key, n int, end uint64) {
 // a write no parser saw (a FUSE WRITE): Host View adds them, as PD3's rule
 // does for a parsed write, so the predictor does not prefetch pages the
 // host holds. Queued lazily, ahead of any later read decision.
-func (a *Agent) Written(first memnode.Key, n int) {
+func (a *Agent) Written(first pageid.Key, n int) {
 	var buf [64]Access
 	for n > 0 {
 		m := min(n, len(buf))
 		for i := range m {
-			buf[i] = Access{memnode.MakeKey(first.Volume(), first.Page()+uint64(i)), Write}
+			buf[i] = Access{pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), Write}
 		}
 		a.enqueueLazy(buf[:m])
-		first, n = memnode.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m
+		first, n = pageid.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m
 	}
 }
 
@@ -346,6 +346,6 @@ func (a *Agent) Written(first memnode.Key, n int) {
 type Prefetched struct{ Z *loadingzone.Zone }
 
 // CheckAndReturn implements pagestore.Prefetched.
-func (p Prefetched) CheckAndReturn(k memnode.Key, dst []byte) int {
+func (p Prefetched) CheckAndReturn(k pageid.Key, dst []byte) int {
 	return p.Z.CheckAndReturn(uint64(k), dst)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/remotetest"
 )
@@ -15,11 +16,11 @@ import (
 // bareRemote has no optional capability, like a minimal third-party Remote.
 type bareRemote struct{ r pagestore.Remote }
 
-func (b bareRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+func (b bareRemote) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	return b.r.ReadPage(ctx, k, dst)
 }
 
-func (b bareRemote) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+func (b bareRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	return b.r.WritePages(ctx, keys, pages)
 }
 

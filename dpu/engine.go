@@ -44,7 +44,7 @@ type Engine struct {
 	lz     *loadingzone.Zone
 
 	mu       sync.Mutex // orders invalidation, write queueing and prefetch issue
-	inflight map[memnode.Key]*flight
+	inflight map[pageid.Key]*flight
 	gen      uint64
 	flights  sync.Pool
 
@@ -75,7 +75,7 @@ type Engine struct {
 // its completion function, so a prefetch allocates nothing.
 type prefetch struct {
 	e   *Engine
-	k   memnode.Key
+	k   pageid.Key
 	f   *flight
 	buf []byte
 	js  []joiner    // scratch for the joiners it finishes
@@ -86,12 +86,12 @@ type prefetch struct {
 // for a page already in flight when the run was issued.
 type run struct {
 	e       *Engine
-	first   memnode.Key
+	first   pageid.Key
 	n       int
 	flights [MaxRun]*flight
 	buf     []byte
 	js      []joiner
-	jkeys   []memnode.Key
+	jkeys   []pageid.Key
 	jn      []int
 	fn      func(error) // e.answered with finish, bound once
 }
@@ -134,12 +134,12 @@ type Conn interface {
 	// when the answer has arrived (or at once if the read cannot start):
 	// the engine finishes a prefetch there, with no goroutine hand-off,
 	// and done must not block.
-	PrefetchFn(k memnode.Key, page []byte, done func(error))
+	PrefetchFn(k pageid.Key, page []byte, done func(error))
 	ReadOneFn(vol uint16, off uint64, p []byte, done func(error))
 	ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
 	// Span is how many of the n pages from first one read carries (at
 	// least one): a replicated volume's reads end where an extent does.
-	Span(first memnode.Key, n int) int
+	Span(first pageid.Key, n int) int
 	// ReadAt reads p at byte off of vol, failing over between copies.
 	ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error
 	// ReadFn is ReadAt without blocking: done is called once, later on
@@ -149,7 +149,7 @@ type Conn interface {
 	// WriteQueued stores pages[i] as keys[i] at every copy and returns
 	// once all are acknowledged. queued is called exactly once, when every
 	// write is sent (or failed to be), before any is awaited.
-	WriteQueued(ctx context.Context, keys []memnode.Key, pages [][]byte, queued func()) error
+	WriteQueued(ctx context.Context, keys []pageid.Key, pages [][]byte, queued func()) error
 	// TrimQueued discards n bytes at off of vol, calling queued as
 	// WriteQueued does.
 	TrimQueued(ctx context.Context, vol uint16, off, n uint64, queued func()) error
@@ -168,10 +168,10 @@ func (c NodeConn) ReadOneFn(vol uint16, off uint64, p []byte, done func(error)) 
 }
 
 // Span implements Conn: a node holds the whole volume.
-func (NodeConn) Span(_ memnode.Key, n int) int { return n }
+func (NodeConn) Span(_ pageid.Key, n int) int { return n }
 
 // WriteQueued implements Conn: every WRITE sent, then awaited.
-func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][]byte, queued func()) error {
+func (c NodeConn) WriteQueued(ctx context.Context, keys []pageid.Key, pages [][]byte, queued func()) error {
 	const batch = 64
 	var calls [batch]memnode.Call
 	var failed pageid.Failures
@@ -179,7 +179,7 @@ func (c NodeConn) WriteQueued(ctx context.Context, keys []memnode.Key, pages [][
 	for len(keys) > 0 {
 		n := min(len(keys), batch)
 		for i, k := range keys[:n] {
-			calls[i] = c.WriteAsync(ctx, k.Volume(), k.Page()*memnode.PageSize, pages[i])
+			calls[i] = c.WriteAsync(ctx, k.Volume(), k.Page()*pageid.Size, pages[i])
 		}
 		if queued != nil && len(keys) == n {
 			queued()
@@ -212,18 +212,18 @@ func NewEngine(c Conn, hv *hostview.Set, lz *loadingzone.Zone, maxInFlight int) 
 	}
 	e := &Engine{
 		c: c, hv: hv, lz: lz,
-		inflight: make(map[memnode.Key]*flight, maxInFlight),
+		inflight: make(map[pageid.Key]*flight, maxInFlight),
 		free:     make(chan *prefetch, maxInFlight),
 		runs:     make(chan *run, runBuffers),
 	}
 	for i := 0; i < maxInFlight; i++ {
-		p := &prefetch{e: e, buf: make([]byte, memnode.PageSize)}
+		p := &prefetch{e: e, buf: make([]byte, pageid.Size)}
 		finish := p.finish
 		p.fn = func(err error) { e.answered(finish, err) }
 		e.free <- p
 	}
 	for i := 0; i < runBuffers; i++ {
-		r := &run{e: e, buf: make([]byte, MaxRun*memnode.PageSize)}
+		r := &run{e: e, buf: make([]byte, MaxRun*pageid.Size)}
 		finish := r.finish
 		r.fn = func(err error) { e.answered(finish, err) }
 		e.runs <- r
@@ -251,7 +251,7 @@ var errClosed = errors.New("dpu: transfer engine closed")
 
 // Prefetch fetches page k into the Loading Zone unless a prefetch of k is
 // already in flight or too many are. It does not wait.
-func (e *Engine) Prefetch(k memnode.Key) {
+func (e *Engine) Prefetch(k pageid.Key) {
 	var p *prefetch
 	select {
 	case p = <-e.free:
@@ -309,7 +309,7 @@ func (p *prefetch) finish(err error) {
 
 // startFlight registers a prefetch of k, e.mu held; nil (and counted) if
 // one is already in flight.
-func (e *Engine) startFlight(k memnode.Key) *flight {
+func (e *Engine) startFlight(k pageid.Key) *flight {
 	if _, ok := e.inflight[k]; ok {
 		e.Deduped.Add(1)
 		return nil
@@ -324,17 +324,17 @@ func (e *Engine) startFlight(k memnode.Key) *flight {
 // PrefetchRun fetches the n (≤ MaxRun) pages from first into the Loading
 // Zone with one request, skipping pages already in flight. Like Prefetch
 // it never waits: without a free run buffer the run is dropped.
-func (e *Engine) PrefetchRun(first memnode.Key, n int) {
+func (e *Engine) PrefetchRun(first pageid.Key, n int) {
 	n = min(n, MaxRun)
 	for n > 0 {
 		m := max(1, min(n, e.c.Span(first, n)))
 		e.prefetchRun(first, m)
-		first, n = memnode.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m
+		first, n = pageid.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m
 	}
 }
 
 // prefetchRun is PrefetchRun of pages one read carries.
-func (e *Engine) prefetchRun(first memnode.Key, n int) {
+func (e *Engine) prefetchRun(first pageid.Key, n int) {
 	var r *run
 	select {
 	case r = <-e.runs:
@@ -346,7 +346,7 @@ func (e *Engine) prefetchRun(first memnode.Key, n int) {
 	e.mu.Lock()
 	issued := 0
 	for i := 0; i < n; i++ {
-		r.flights[i] = e.startFlight(memnode.MakeKey(first.Volume(), first.Page()+uint64(i)))
+		r.flights[i] = e.startFlight(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)))
 		if r.flights[i] != nil {
 			issued++
 		}
@@ -357,7 +357,7 @@ func (e *Engine) prefetchRun(first memnode.Key, n int) {
 		return
 	}
 	e.Issued.Add(uint64(issued))
-	e.c.ReadOneFn(first.Volume(), first.Page()*memnode.PageSize, r.buf[:n*memnode.PageSize], r.fn)
+	e.c.ReadOneFn(first.Volume(), first.Page()*pageid.Size, r.buf[:n*pageid.Size], r.fn)
 	e.mu.Unlock()
 }
 
@@ -371,8 +371,8 @@ func (r *run) finish(err error) {
 	js, jkeys, jn := r.js[:0], r.jkeys[:0], r.jn[:0]
 	for i, f := range r.flights[:r.n] {
 		if f != nil {
-			k := memnode.MakeKey(r.first.Volume(), r.first.Page()+uint64(i))
-			e.complete(k, f, r.buf[i*memnode.PageSize:(i+1)*memnode.PageSize], err)
+			k := pageid.MakeKey(r.first.Volume(), r.first.Page()+uint64(i))
+			e.complete(k, f, r.buf[i*pageid.Size:(i+1)*pageid.Size], err)
 			if len(f.joiners) > 0 {
 				jkeys, jn = append(jkeys, k), append(jn, len(f.joiners))
 				js = takeJoiners(f, js)
@@ -398,7 +398,7 @@ func (r *run) finish(err error) {
 
 // complete applies a finished prefetch of page k (its flight f, its bytes
 // page) under e.mu: placed unless a write-back overtook it.
-func (e *Engine) complete(k memnode.Key, f *flight, page []byte, err error) {
+func (e *Engine) complete(k pageid.Key, f *flight, page []byte, err error) {
 	if e.inflight[k] != f {
 		// A write-back of the key was queued meanwhile: this page may
 		// predate it and must not be served.
@@ -424,13 +424,13 @@ func (e *Engine) complete(k memnode.Key, f *flight, page []byte, err error) {
 // prefetch f of page k, e.mu not held: from the Loading Zone, or if the
 // page was stale or failed, by reading it themselves; after Close, with
 // its error.
-func (e *Engine) finishJoiners(k memnode.Key, js []joiner, err error) {
+func (e *Engine) finishJoiners(k pageid.Key, js []joiner, err error) {
 	for _, j := range js {
 		if err == errClosed {
 			j.done(err)
 			continue
 		}
-		if e.lz.CheckAndReturn(uint64(k), j.dst) == memnode.PageSize {
+		if e.lz.CheckAndReturn(uint64(k), j.dst) == pageid.Size {
 			e.Joined.Add(1)
 			j.done(nil)
 			continue
@@ -451,7 +451,7 @@ func takeJoiners(f *flight, buf []joiner) []joiner {
 
 // ReadPage implements pagestore.Remote: the host's own miss. If a
 // prefetch of k is in flight it waits for that instead of reading k again.
-func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+func (e *Engine) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	e.mu.Lock()
 	if f, ok := e.inflight[k]; ok {
 		if f.done == nil {
@@ -462,7 +462,7 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 		e.mu.Unlock()
 		select {
 		case <-done:
-			if e.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+			if e.lz.CheckAndReturn(uint64(k), dst) == pageid.Size {
 				e.Joined.Add(1)
 				return nil
 			}
@@ -475,7 +475,7 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 	}
 	e.HostReads.Add(1)
 	if e.hv == nil {
-		return e.c.ReadAt(ctx, k.Volume(), k.Page()*memnode.PageSize, dst)
+		return e.c.ReadAt(ctx, k.Volume(), k.Page()*pageid.Size, dst)
 	}
 	if e.hv.Contains(uint64(k)) {
 		e.FalsePositives.Add(1)
@@ -486,14 +486,14 @@ func (e *Engine) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error 
 	// A failed read leaves a false "present", which costs at most a
 	// prefetch the agent skips.
 	e.hv.Add(uint64(k))
-	return e.c.ReadAt(ctx, k.Volume(), k.Page()*memnode.PageSize, dst)
+	return e.c.ReadAt(ctx, k.Volume(), k.Page()*pageid.Size, dst)
 }
 
 // ReadPageAsync implements pagestore.AsyncReader: ReadPage without
 // blocking. A miss on a page whose prefetch is in flight joins it and is
 // finished with that prefetch; others are read on the engine's connection
 // and finished by its reader.
-func (e *Engine) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
+func (e *Engine) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 	e.mu.Lock()
 	if f, ok := e.inflight[k]; ok {
 		f.joiners = append(f.joiners, joiner{dst: dst, done: done})
@@ -505,7 +505,7 @@ func (e *Engine) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
 }
 
 // readFn is the host's own read of k, as in ReadPage.
-func (e *Engine) readFn(k memnode.Key, dst []byte, done func(error)) {
+func (e *Engine) readFn(k pageid.Key, dst []byte, done func(error)) {
 	e.HostReads.Add(1)
 	if e.hv != nil {
 		if e.hv.Contains(uint64(k)) {
@@ -513,7 +513,7 @@ func (e *Engine) readFn(k memnode.Key, dst []byte, done func(error)) {
 		}
 		e.hv.Add(uint64(k))
 	}
-	e.c.ReadFn(k.Volume(), k.Page()*memnode.PageSize, dst, done)
+	e.c.ReadFn(k.Volume(), k.Page()*pageid.Size, dst, done)
 }
 
 var _ pagestore.AsyncReader = (*Engine)(nil)
@@ -523,7 +523,7 @@ var _ pagestore.AsyncReader = (*Engine)(nil)
 // each stretch of the others is read with one request. The store holds
 // the run's frames locked, so no write-back of these pages can be queued
 // meanwhile.
-func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) error {
+func (e *Engine) ReadPages(ctx context.Context, first pageid.Key, p []byte) error {
 	return e.readPages(ctx, first, p, true)
 }
 
@@ -532,14 +532,14 @@ func (e *Engine) ReadPages(ctx context.Context, first memnode.Key, p []byte) err
 // does not take as the host's. Such a read left a page in Host View for
 // good (nothing evicts a page never cached), so the agent never
 // prefetched it again; and it cost a Host View add per page.
-func (e *Engine) ReadStreamPages(ctx context.Context, first memnode.Key, p []byte) error {
+func (e *Engine) ReadStreamPages(ctx context.Context, first pageid.Key, p []byte) error {
 	return e.readPages(ctx, first, p, false)
 }
 
 // StreamTook implements pagestore.StreamReader: a stream took k from the
 // Loading Zone, where the agent placed it (and put it in Host View) for
 // the host to cache; the host does not hold it after all.
-func (e *Engine) StreamTook(k memnode.Key) {
+func (e *Engine) StreamTook(k pageid.Key) {
 	if e.hv != nil {
 		e.hv.Delete(uint64(k))
 	}
@@ -547,9 +547,9 @@ func (e *Engine) StreamTook(k memnode.Key) {
 
 // readPages reads a run of pages, joining prefetches in flight; held
 // says whether the host will cache them (Host View adds them first).
-func (e *Engine) readPages(ctx context.Context, first memnode.Key, p []byte, held bool) error {
-	n := len(p) / memnode.PageSize
-	key := func(i int) memnode.Key { return memnode.MakeKey(first.Volume(), first.Page()+uint64(i)) }
+func (e *Engine) readPages(ctx context.Context, first pageid.Key, p []byte, held bool) error {
+	n := len(p) / pageid.Size
+	key := func(i int) pageid.Key { return pageid.MakeKey(first.Volume(), first.Page()+uint64(i)) }
 	var waits [MaxRun]chan struct{}
 	var calls [MaxRun]memnode.Call
 	var starts, ends [MaxRun]int
@@ -577,7 +577,7 @@ func (e *Engine) readPages(ctx context.Context, first memnode.Key, p []byte, hel
 			j++
 		}
 		starts[nc], ends[nc] = i, j
-		calls[nc] = e.c.ReadAsync(ctx, first.Volume(), key(i).Page()*memnode.PageSize, p[i*memnode.PageSize:j*memnode.PageSize])
+		calls[nc] = e.c.ReadAsync(ctx, first.Volume(), key(i).Page()*pageid.Size, p[i*pageid.Size:j*pageid.Size])
 		nc++
 		i = j
 	}
@@ -587,7 +587,7 @@ func (e *Engine) readPages(ctx context.Context, first memnode.Key, p []byte, hel
 		if calls[c].Wait(ctx) != nil {
 			// Once more, failing over to another copy if there is one.
 			i, j := starts[c], ends[c]
-			errs = errors.Join(errs, e.c.ReadAt(ctx, first.Volume(), key(i).Page()*memnode.PageSize, p[i*memnode.PageSize:j*memnode.PageSize]))
+			errs = errors.Join(errs, e.c.ReadAt(ctx, first.Volume(), key(i).Page()*pageid.Size, p[i*pageid.Size:j*pageid.Size]))
 		}
 	}
 	if errs != nil {
@@ -597,18 +597,18 @@ func (e *Engine) readPages(ctx context.Context, first memnode.Key, p []byte, hel
 		if waits[i] == nil {
 			continue
 		}
-		dst := p[i*memnode.PageSize : (i+1)*memnode.PageSize]
+		dst := p[i*pageid.Size : (i+1)*pageid.Size]
 		select {
 		case <-waits[i]:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if e.lz.CheckAndReturn(uint64(key(i)), dst) == memnode.PageSize {
+		if e.lz.CheckAndReturn(uint64(key(i)), dst) == pageid.Size {
 			e.Joined.Add(1)
 			continue
 		}
 		// Stale or failed: read it ourselves.
-		if err := e.c.ReadAt(ctx, first.Volume(), key(i).Page()*memnode.PageSize, dst); err != nil {
+		if err := e.c.ReadAt(ctx, first.Volume(), key(i).Page()*pageid.Size, dst); err != nil {
 			return err
 		}
 	}
@@ -633,10 +633,10 @@ func (e *Engine) Fence(ctx context.Context, vol uint16, token uint64) error {
 
 func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	e.mu.Lock()
-	first, end := off/memnode.PageSize, (off+n+memnode.PageSize-1)/memnode.PageSize
+	first, end := off/pageid.Size, (off+n+pageid.Size-1)/pageid.Size
 	if end-first <= uint64(e.lz.Records()) {
 		for p := first; p < end; p++ {
-			k := memnode.MakeKey(vol, p)
+			k := pageid.MakeKey(vol, p)
 			if e.hv != nil {
 				e.hv.Delete(uint64(k))
 			}
@@ -650,7 +650,7 @@ func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	// one over the records. Host View loses what the zone held; a page
 	// the host caches leaves Host View when the host's page store drops
 	// it for the trim (its OnEvict), and other pages have no entry.
-	lo, hi := memnode.MakeKey(vol, first), memnode.MakeKey(vol, end)
+	lo, hi := pageid.MakeKey(vol, first), pageid.MakeKey(vol, end)
 	for k := range e.inflight {
 		if k >= lo && k < hi {
 			delete(e.inflight, k)
@@ -670,7 +670,7 @@ var _ pagestore.Trimmer = (*Engine)(nil)
 // prefetch in flight — for a write that reached the memory
 // node by another connection (the host's direct path in split mode). Call
 // it after that write is acknowledged: prefetches issued later read it.
-func (e *Engine) Invalidate(k memnode.Key) {
+func (e *Engine) Invalidate(k pageid.Key) {
 	e.mu.Lock()
 	e.lz.Invalidate(uint64(k))
 	delete(e.inflight, k)
@@ -678,7 +678,7 @@ func (e *Engine) Invalidate(k memnode.Key) {
 }
 
 // WritePages implements pagestore.Remote: write-backs, invalidating first.
-func (e *Engine) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+func (e *Engine) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	const batch = 64
 	var errs error
 	for len(keys) > 0 {

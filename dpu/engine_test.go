@@ -16,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/replica"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,18 +26,18 @@ type rig struct {
 	e   *Engine
 	hv  *hostview.Set
 	lz  *loadingzone.Zone
-	vol memnode.VolumeInfo
+	vol pageid.VolumeInfo
 }
 
 // testNode serves an in-process memory node until ctx ends and returns a
 // client and a 1 MiB volume "v"; cleanup closes both.
-func testNode(t *testing.T, ctx context.Context) (*memnode.Client, memnode.VolumeInfo) {
+func testNode(t *testing.T, ctx context.Context) (*memnode.Client, pageid.VolumeInfo) {
 	t.Helper()
 	return sizedNode(t, ctx, 1<<20)
 }
 
 // sizedNode is testNode with a volume of size bytes.
-func sizedNode(t *testing.T, ctx context.Context, size uint64) (*memnode.Client, memnode.VolumeInfo) {
+func sizedNode(t *testing.T, ctx context.Context, size uint64) (*memnode.Client, pageid.VolumeInfo) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -61,7 +62,7 @@ func newRig(t *testing.T, lzRecords int) *rig {
 func replicatedRig(t *testing.T, lzRecords int) *rig {
 	t.Helper()
 	const size = 1 << 20
-	s := cluster.Stripes{Epoch: 1, ExtentBytes: 16 * memnode.PageSize, Replicas: 2}
+	s := cluster.Stripes{Epoch: 1, ExtentBytes: 16 * pageid.Size, Replicas: 2}
 	for range size / s.ExtentBytes {
 		s.Extents = append(s.Extents, []string{"a", "b"})
 	}
@@ -73,7 +74,7 @@ func replicatedRig(t *testing.T, lzRecords int) *rig {
 	}
 	rem, err := replica.New(clients, []replica.Volume{v}, nil)
 	require.NoError(t, err)
-	return engineRigOn(t, rem, memnode.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}, lzRecords)
+	return engineRigOn(t, rem, pageid.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}, lzRecords)
 }
 
 // rigs are the engine's rigs every ordering test runs on.
@@ -84,12 +85,12 @@ var rigs = []struct {
 
 // engineRig starts an engine on c with a Loading Zone of lzRecords and a
 // Host View; cleanup closes it and checks both.
-func engineRig(t *testing.T, c *memnode.Client, vol memnode.VolumeInfo, lzRecords int) *rig {
+func engineRig(t *testing.T, c *memnode.Client, vol pageid.VolumeInfo, lzRecords int) *rig {
 	t.Helper()
 	return engineRigOn(t, NodeConn{Client: c}, vol, lzRecords)
 }
 
-func engineRigOn(t *testing.T, c Conn, vol memnode.VolumeInfo, lzRecords int) *rig {
+func engineRigOn(t *testing.T, c Conn, vol pageid.VolumeInfo, lzRecords int) *rig {
 	t.Helper()
 	region, err := shm.Create("", loadingzone.Size(lzRecords))
 	require.NoError(t, err)
@@ -108,7 +109,7 @@ func engineRigOn(t *testing.T, c Conn, vol memnode.VolumeInfo, lzRecords int) *r
 }
 
 // inFlight reports whether a prefetch of k is outstanding.
-func (e *Engine) inFlight(k memnode.Key) bool {
+func (e *Engine) inFlight(k pageid.Key) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, ok := e.inflight[k]
@@ -116,7 +117,7 @@ func (e *Engine) inFlight(k memnode.Key) bool {
 }
 
 func versioned(v uint64) []byte {
-	p := make([]byte, memnode.PageSize)
+	p := make([]byte, pageid.Size)
 	binary.LittleEndian.PutUint64(p, v)
 	return p
 }
@@ -128,10 +129,10 @@ func versioned(v uint64) []byte {
 func TestWriteBackNeverLeavesOldCopy(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		prefetch func(e *Engine, k memnode.Key)
+		prefetch func(e *Engine, k pageid.Key)
 	}{
-		{"page", func(e *Engine, k memnode.Key) { e.Prefetch(k) }},
-		{"run", func(e *Engine, k memnode.Key) { e.PrefetchRun(k-1, 4) }},
+		{"page", func(e *Engine, k pageid.Key) { e.Prefetch(k) }},
+		{"run", func(e *Engine, k pageid.Key) { e.PrefetchRun(k-1, 4) }},
 	} {
 		for _, rg := range rigs {
 			t.Run(tc.name+"/"+rg.name, func(t *testing.T) {
@@ -141,14 +142,14 @@ func TestWriteBackNeverLeavesOldCopy(t *testing.T) {
 	}
 }
 
-func writeBackNeverLeavesOldCopy(t *testing.T, r *rig, prefetch func(e *Engine, k memnode.Key)) {
+func writeBackNeverLeavesOldCopy(t *testing.T, r *rig, prefetch func(e *Engine, k pageid.Key)) {
 	{
 		{
 			ctx := context.Background()
-			dst := make([]byte, memnode.PageSize)
+			dst := make([]byte, pageid.Size)
 			for i := uint64(0); i < 200; i++ {
-				k := memnode.MakeKey(r.vol.ID, 1+i%200)
-				require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2 * i)}))
+				k := pageid.MakeKey(r.vol.ID, 1+i%200)
+				require.NoError(t, r.e.WritePages(ctx, []pageid.Key{k}, [][]byte{versioned(2 * i)}))
 				if i%2 == 0 {
 					// Old copy already placed.
 					placed := r.e.Placed.Load()
@@ -159,10 +160,10 @@ func writeBackNeverLeavesOldCopy(t *testing.T, r *rig, prefetch func(e *Engine, 
 					// Old copy in flight: the prefetch is queued before the write.
 					prefetch(r.e, k)
 				}
-				require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2*i + 1)}))
+				require.NoError(t, r.e.WritePages(ctx, []pageid.Key{k}, [][]byte{versioned(2*i + 1)}))
 				// Any prefetch in flight has landed, or been dropped, before the look.
 				require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, 50*time.Microsecond)
-				if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+				if r.lz.CheckAndReturn(uint64(k), dst) == pageid.Size {
 					require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "Loading Zone served a page older than its write-back (round %d)", i)
 				}
 			}
@@ -196,24 +197,24 @@ func TestPrefetchRacingWriteBacks(t *testing.T) {
 					default:
 					}
 					if i%2 == 0 {
-						r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 14), pages) // spans extents 0 and 1 of the replicated rig
+						r.e.PrefetchRun(pageid.MakeKey(r.vol.ID, 14), pages) // spans extents 0 and 1 of the replicated rig
 					} else {
-						r.e.Prefetch(memnode.MakeKey(r.vol.ID, 14+i%pages))
+						r.e.Prefetch(pageid.MakeKey(r.vol.ID, 14+i%pages))
 					}
 					runtime.Gosched() // with one P, the writer gets its turn
 				}
 			}()
 			defer func() { close(stop); wg.Wait() }() // before the rig's cleanup closes the engine
-			dst := make([]byte, memnode.PageSize)
+			dst := make([]byte, pageid.Size)
 			for v := uint64(1); v <= 300; v++ {
-				keys := make([]memnode.Key, pages)
+				keys := make([]pageid.Key, pages)
 				data := make([][]byte, pages)
 				for i := range keys {
-					keys[i], data[i] = memnode.MakeKey(r.vol.ID, 14+uint64(i)), versioned(v)
+					keys[i], data[i] = pageid.MakeKey(r.vol.ID, 14+uint64(i)), versioned(v)
 				}
 				require.NoError(t, r.e.WritePages(ctx, keys, data))
 				for _, k := range keys {
-					if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+					if r.lz.CheckAndReturn(uint64(k), dst) == pageid.Size {
 						require.GreaterOrEqual(t, binary.LittleEndian.Uint64(dst), v, "page %v: the Loading Zone served a copy older than an acknowledged write-back", k)
 					}
 				}
@@ -230,9 +231,9 @@ func TestPrefetchRacingWriteBacks(t *testing.T) {
 func TestWriteBackKeepsHostViewEntry(t *testing.T) {
 	r := newRig(t, 256)
 	ctx := context.Background()
-	k := memnode.MakeKey(r.vol.ID, 7)
+	k := pageid.MakeKey(r.vol.ID, 7)
 	r.hv.Add(uint64(k)) // the host caches k
-	require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(1)}))
+	require.NoError(t, r.e.WritePages(ctx, []pageid.Key{k}, [][]byte{versioned(1)}))
 	assert.True(t, r.hv.Contains(uint64(k)))
 	r.e.Invalidate(k) // the split host's direct write-back, likewise
 	assert.True(t, r.hv.Contains(uint64(k)))
@@ -244,15 +245,15 @@ func TestPrefetchRunPlacesEveryPage(t *testing.T) {
 	r := newRig(t, 256)
 	ctx := context.Background()
 	for p := uint64(10); p < 30; p++ {
-		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
+		require.NoError(t, r.e.WritePages(ctx, []pageid.Key{pageid.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
 	}
-	r.e.Prefetch(memnode.MakeKey(r.vol.ID, 12)) // in flight or placed: the run skips or re-reads it
-	r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 10), 20)
+	r.e.Prefetch(pageid.MakeKey(r.vol.ID, 12)) // in flight or placed: the run skips or re-reads it
+	r.e.PrefetchRun(pageid.MakeKey(r.vol.ID, 10), 20)
 	require.Eventually(t, func() bool { return r.e.Placed.Load() >= 20 }, 5*time.Second, time.Millisecond)
-	dst := make([]byte, memnode.PageSize)
+	dst := make([]byte, pageid.Size)
 	for p := uint64(10); p < 30; p++ {
-		k := memnode.MakeKey(r.vol.ID, p)
-		require.Equal(t, memnode.PageSize, r.lz.CheckAndReturn(uint64(k), dst), "page %d", p)
+		k := pageid.MakeKey(r.vol.ID, p)
+		require.Equal(t, pageid.Size, r.lz.CheckAndReturn(uint64(k), dst), "page %d", p)
 		assert.Equal(t, p, binary.LittleEndian.Uint64(dst))
 	}
 }
@@ -267,21 +268,21 @@ func TestPrefetchAfterWriteSeesIt(t *testing.T) {
 
 func prefetchAfterWriteSeesIt(t *testing.T, r *rig) {
 	ctx := context.Background()
-	dst := make([]byte, memnode.PageSize)
+	dst := make([]byte, pageid.Size)
 	for i := uint64(1); i <= 50; i++ {
-		k := memnode.MakeKey(r.vol.ID, 7)
-		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(i)}))
+		k := pageid.MakeKey(r.vol.ID, 7)
+		require.NoError(t, r.e.WritePages(ctx, []pageid.Key{k}, [][]byte{versioned(i)}))
 		placed := r.e.Placed.Load()
 		r.e.Prefetch(k)
 		require.Eventually(t, func() bool { return r.e.Placed.Load() > placed }, 5*time.Second, time.Millisecond)
-		require.Equal(t, memnode.PageSize, r.lz.CheckAndReturn(uint64(k), dst))
+		require.Equal(t, pageid.Size, r.lz.CheckAndReturn(uint64(k), dst))
 		require.Equal(t, i, binary.LittleEndian.Uint64(dst))
 	}
 }
 
 func TestDuplicatePrefetchesAreDeduped(t *testing.T) {
 	r := newRig(t, 64)
-	k := memnode.MakeKey(r.vol.ID, 3)
+	k := pageid.MakeKey(r.vol.ID, 3)
 	for i := 0; i < 20; i++ {
 		r.e.Prefetch(k)
 	}
@@ -300,15 +301,15 @@ func TestReadPagesJoinsPrefetches(t *testing.T) {
 func readPagesJoinsPrefetches(t *testing.T, r *rig) {
 	ctx := context.Background()
 	for p := uint64(40); p < 60; p++ {
-		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
+		require.NoError(t, r.e.WritePages(ctx, []pageid.Key{pageid.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
 	}
 	for round := 0; round < 50; round++ {
-		r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 44), 8)
-		r.e.Prefetch(memnode.MakeKey(r.vol.ID, 55))
-		buf := make([]byte, 20*memnode.PageSize)
-		require.NoError(t, r.e.ReadPages(ctx, memnode.MakeKey(r.vol.ID, 40), buf))
+		r.e.PrefetchRun(pageid.MakeKey(r.vol.ID, 44), 8)
+		r.e.Prefetch(pageid.MakeKey(r.vol.ID, 55))
+		buf := make([]byte, 20*pageid.Size)
+		require.NoError(t, r.e.ReadPages(ctx, pageid.MakeKey(r.vol.ID, 40), buf))
 		for i := 0; i < 20; i++ {
-			require.Equal(t, uint64(40+i), binary.LittleEndian.Uint64(buf[i*memnode.PageSize:]), "round %d page %d", round, 40+i)
+			require.Equal(t, uint64(40+i), binary.LittleEndian.Uint64(buf[i*pageid.Size:]), "round %d page %d", round, 40+i)
 		}
 	}
 	t.Logf("joined %d", r.e.Joined.Load())
@@ -322,32 +323,32 @@ func TestStreamReadsAreNotHeld(t *testing.T) {
 	r := newRig(t, 256)
 	ctx := context.Background()
 	for p := uint64(0); p < 16; p++ {
-		require.NoError(t, r.e.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
+		require.NoError(t, r.e.WritePages(ctx, []pageid.Key{pageid.MakeKey(r.vol.ID, p)}, [][]byte{versioned(p)}))
 	}
 	held := func(first, n uint64) (in int) {
 		for p := first; p < first+n; p++ {
-			if r.hv.Contains(uint64(memnode.MakeKey(r.vol.ID, p))) {
+			if r.hv.Contains(uint64(pageid.MakeKey(r.vol.ID, p))) {
 				in++
 			}
 		}
 		return in
 	}
-	buf := make([]byte, 8*memnode.PageSize)
-	r.e.PrefetchRun(memnode.MakeKey(r.vol.ID, 2), 4)
-	require.NoError(t, r.e.ReadStreamPages(ctx, memnode.MakeKey(r.vol.ID, 0), buf))
+	buf := make([]byte, 8*pageid.Size)
+	r.e.PrefetchRun(pageid.MakeKey(r.vol.ID, 2), 4)
+	require.NoError(t, r.e.ReadStreamPages(ctx, pageid.MakeKey(r.vol.ID, 0), buf))
 	for i := 0; i < 8; i++ {
-		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(buf[i*memnode.PageSize:]), "page %d", i)
+		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(buf[i*pageid.Size:]), "page %d", i)
 	}
 	// The prefetched pages 2-5 are in view (placed for the host to take);
 	// the stream read itself added none.
 	assert.Zero(t, held(0, 2)+held(6, 2), "a stream read's pages are not the host's")
-	require.NoError(t, r.e.ReadPages(ctx, memnode.MakeKey(r.vol.ID, 8), buf))
+	require.NoError(t, r.e.ReadPages(ctx, pageid.MakeKey(r.vol.ID, 8), buf))
 	assert.Equal(t, 8, held(8, 8), "a cached read's pages are")
 
 	// A stream that takes a placed page out of the Loading Zone says so,
 	// and the page leaves Host View.
 	require.Eventually(t, func() bool { return held(2, 4) == 4 }, 5*time.Second, time.Millisecond, "the prefetched pages are placed")
-	r.e.StreamTook(memnode.MakeKey(r.vol.ID, 3))
+	r.e.StreamTook(pageid.MakeKey(r.vol.ID, 3))
 	assert.Equal(t, 3, held(2, 4), "the page a stream took is not the host's")
 }
 
@@ -371,7 +372,7 @@ func gatedRig(t *testing.T) (*rig, *testnet.Gate) {
 	return r, g
 }
 
-func (e *Engine) joiners(k memnode.Key) int {
+func (e *Engine) joiners(k pageid.Key) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if f, ok := e.inflight[k]; ok {
@@ -389,19 +390,19 @@ func TestAsyncMissJoinsPrefetch(t *testing.T) {
 		t.Run(fmt.Sprintf("overtaken=%v", overtaken), func(t *testing.T) {
 			r, g := gatedRig(t)
 			ctx := context.Background()
-			k := memnode.MakeKey(r.vol.ID, 7)
-			require.NoError(t, r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(1)}))
+			k := pageid.MakeKey(r.vol.ID, 7)
+			require.NoError(t, r.e.WritePages(ctx, []pageid.Key{k}, [][]byte{versioned(1)}))
 
 			g.Hold()
 			r.e.Prefetch(k)
-			dst := make([]byte, memnode.PageSize)
+			dst := make([]byte, pageid.Size)
 			done := make(chan error, 1)
 			r.e.ReadPageAsync(k, dst, func(err error) { done <- err })
 			require.Equal(t, 1, r.e.joiners(k), "the miss joined the prefetch")
 			wrote := make(chan error, 1)
 			if overtaken {
 				go func() {
-					wrote <- r.e.WritePages(ctx, []memnode.Key{k}, [][]byte{versioned(2)})
+					wrote <- r.e.WritePages(ctx, []pageid.Key{k}, [][]byte{versioned(2)})
 				}()
 				require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, time.Millisecond,
 					"the write-back forgets the prefetch")
@@ -428,7 +429,7 @@ func TestAsyncMissJoinsPrefetch(t *testing.T) {
 // on instead of waiting, and the page still arrives.
 func TestPrefetchAnswerNeverWaitsForTheEngineLock(t *testing.T) {
 	r, g := gatedRig(t)
-	k := memnode.MakeKey(r.vol.ID, 5)
+	k := pageid.MakeKey(r.vol.ID, 5)
 	g.Hold()
 	r.e.Prefetch(k)
 	r.e.mu.Lock()
@@ -437,8 +438,8 @@ func TestPrefetchAnswerNeverWaitsForTheEngineLock(t *testing.T) {
 		"the reader passed the answer on")
 	r.e.mu.Unlock()
 	require.Eventually(t, func() bool { return r.e.Placed.Load() == 1 }, 5*time.Second, time.Millisecond)
-	dst := make([]byte, memnode.PageSize)
-	assert.Equal(t, memnode.PageSize, r.lz.CheckAndReturn(uint64(k), dst))
+	dst := make([]byte, pageid.Size)
+	assert.Equal(t, pageid.Size, r.lz.CheckAndReturn(uint64(k), dst))
 }
 
 // After Close the answers still in flight touch neither the Loading Zone
@@ -446,11 +447,11 @@ func TestPrefetchAnswerNeverWaitsForTheEngineLock(t *testing.T) {
 // them are told the engine closed.
 func TestAnswersAfterCloseLeaveTheZoneAlone(t *testing.T) {
 	r, g := gatedRig(t)
-	k := memnode.MakeKey(r.vol.ID, 6)
+	k := pageid.MakeKey(r.vol.ID, 6)
 	g.Hold()
 	r.e.Prefetch(k)
 	done := make(chan error, 1)
-	r.e.ReadPageAsync(k, make([]byte, memnode.PageSize), func(err error) { done <- err })
+	r.e.ReadPageAsync(k, make([]byte, pageid.Size), func(err error) { done <- err })
 	r.e.Close()
 	g.Release()
 	require.ErrorIs(t, <-done, errClosed)
@@ -464,14 +465,14 @@ func TestAnswersAfterCloseLeaveTheZoneAlone(t *testing.T) {
 // it, since the zone may be released once Close returns.
 func TestCloseWaitsForCompletionsInProgress(t *testing.T) {
 	r, g := gatedRig(t)
-	k := memnode.MakeKey(r.vol.ID, 8)
+	k := pageid.MakeKey(r.vol.ID, 8)
 	g.Hold()
 	r.e.Prefetch(k)
 	entered, leave := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	release := func() { once.Do(func() { close(leave) }) }
 	t.Cleanup(release) // before the rig's: the node's reader must not stay held
-	r.e.ReadPageAsync(k, make([]byte, memnode.PageSize), func(err error) {
+	r.e.ReadPageAsync(k, make([]byte, pageid.Size), func(err error) {
 		close(entered)
 		<-leave
 	})

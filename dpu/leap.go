@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -125,14 +125,14 @@ var (
 
 // missed shows Leap a run of n missed pages from first and prefetches what
 // it predicts after the last of them.
-func (r LeapRemote) missed(first memnode.Key, n int) {
+func (r LeapRemote) missed(first pageid.Key, n int) {
 	var buf [8]uint64
 	var out []uint64
 	for i := range n {
 		out = r.L.Miss(uint64(first)+uint64(i), buf[:0])
 	}
 	for _, p := range out {
-		pk := memnode.Key(p)
+		pk := pageid.Key(p)
 		if pk.Volume() == first.Volume() { // never run off into another volume
 			r.Engine.Prefetch(pk)
 		}
@@ -140,34 +140,34 @@ func (r LeapRemote) missed(first memnode.Key, n int) {
 }
 
 // ReadPage implements pagestore.Remote.
-func (r LeapRemote) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+func (r LeapRemote) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	r.missed(k, 1)
 	return r.Engine.ReadPage(ctx, k, dst)
 }
 
 // ReadPages implements pagestore.PagesReader.
-func (r LeapRemote) ReadPages(ctx context.Context, first memnode.Key, p []byte) error {
-	r.missed(first, len(p)/memnode.PageSize)
+func (r LeapRemote) ReadPages(ctx context.Context, first pageid.Key, p []byte) error {
+	r.missed(first, len(p)/pageid.Size)
 	return r.Engine.ReadPages(ctx, first, p)
 }
 
 // ReadStreamPages implements pagestore.StreamReader.
-func (r LeapRemote) ReadStreamPages(ctx context.Context, first memnode.Key, p []byte) error {
-	r.missed(first, len(p)/memnode.PageSize)
+func (r LeapRemote) ReadStreamPages(ctx context.Context, first pageid.Key, p []byte) error {
+	r.missed(first, len(p)/pageid.Size)
 	return r.Engine.ReadStreamPages(ctx, first, p)
 }
 
 // StreamTook implements pagestore.StreamReader.
-func (r LeapRemote) StreamTook(k memnode.Key) { r.Engine.StreamTook(k) }
+func (r LeapRemote) StreamTook(k pageid.Key) { r.Engine.StreamTook(k) }
 
 // ReadPageAsync implements pagestore.AsyncReader.
-func (r LeapRemote) ReadPageAsync(k memnode.Key, dst []byte, done func(error)) {
+func (r LeapRemote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 	r.missed(k, 1)
 	r.Engine.ReadPageAsync(k, dst, done)
 }
 
 // WritePages implements pagestore.Remote.
-func (r LeapRemote) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+func (r LeapRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	return r.Engine.WritePages(ctx, keys, pages)
 }
 

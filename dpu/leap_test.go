@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,29 +62,29 @@ func TestLeapRemoteSeesEveryKindOfMiss(t *testing.T) {
 		miss func(t *testing.T, s *pagestore.Store, vol uint16, first uint64)
 	}{
 		{"ReadPage", func(t *testing.T, s *pagestore.Store, vol uint16, first uint64) {
-			buf := make([]byte, memnode.PageSize)
+			buf := make([]byte, pageid.Size)
 			for p := first; p < first+12; p++ {
-				require.NoError(t, s.Get(context.Background(), memnode.MakeKey(vol, p), buf))
+				require.NoError(t, s.Get(context.Background(), pageid.MakeKey(vol, p), buf))
 			}
 		}},
 		{"ReadPageAsync", func(t *testing.T, s *pagestore.Store, vol uint16, first uint64) {
-			buf := make([]byte, memnode.PageSize)
+			buf := make([]byte, pageid.Size)
 			for p := first; p < first+12; p++ {
 				done := make(chan error, 1)
-				finished, err := s.GetAsync(memnode.MakeKey(vol, p), buf, func(err error) { done <- err })
+				finished, err := s.GetAsync(pageid.MakeKey(vol, p), buf, func(err error) { done <- err })
 				require.NoError(t, err)
 				require.False(t, finished, "page %d was a miss", p)
 				require.NoError(t, <-done)
 			}
 		}},
 		{"ReadPages", func(t *testing.T, s *pagestore.Store, vol uint16, first uint64) {
-			require.NoError(t, s.ReadRange(context.Background(), vol, first*memnode.PageSize, make([]byte, 12*memnode.PageSize)))
+			require.NoError(t, s.ReadRange(context.Background(), vol, first*pageid.Size, make([]byte, 12*pageid.Size)))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, 64)
 			leap := NewLeap(func() uint64 { return 0 })
-			s, err := pagestore.New(LeapRemote{Engine: r.e, L: leap}, pagestore.Options{CacheBytes: 64 * memnode.PageSize})
+			s, err := pagestore.New(LeapRemote{Engine: r.e, L: leap}, pagestore.Options{CacheBytes: 64 * pageid.Size})
 			require.NoError(t, err)
 			s.AddVolume(r.vol)
 			tc.miss(t, s, r.vol.ID, 100)

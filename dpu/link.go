@@ -17,6 +17,7 @@ import (
 	"github.com/pd3-go/pd3/internal/shmring"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -54,7 +55,7 @@ type Link struct {
 	stop chan struct{}
 	done chan struct{}
 
-	resident atomic.Pointer[func(yield func(memnode.Key))] // SetResident
+	resident atomic.Pointer[func(yield func(pageid.Key))] // SetResident
 
 	fmu    sync.Mutex
 	fences map[uint16]uint64 // Fence: presented to every agent that attaches
@@ -285,7 +286,7 @@ func (l *Link) send(a *attachment, wait bool, parts ...[]byte) bool {
 	}
 }
 
-func (l *Link) call(ctx context.Context, a *attachment, op msgType, k memnode.Key, dst, page []byte) error {
+func (l *Link) call(ctx context.Context, a *attachment, op msgType, k pageid.Key, dst, page []byte) error {
 	c := l.start(a, op, k, dst, page)
 	if c == nil {
 		return ErrAgentGone
@@ -294,7 +295,7 @@ func (l *Link) call(ctx context.Context, a *attachment, op msgType, k memnode.Ke
 }
 
 // start registers a call and sends its request; nil if the agent is gone.
-func (l *Link) start(a *attachment, op msgType, k memnode.Key, dst, page []byte) *linkCall {
+func (l *Link) start(a *attachment, op msgType, k pageid.Key, dst, page []byte) *linkCall {
 	hdr := encodeKey(msgHeader{typ: op}, k)
 	return l.startMsg(a, hdr[:], dst, page)
 }
@@ -351,7 +352,7 @@ var (
 )
 
 // ReadPage implements pagestore.Remote.
-func (l *Link) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
+func (l *Link) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	if a := l.cur.Load(); a != nil && !a.dead.Load() {
 		err := l.call(ctx, a, msgRead, k, dst, nil)
 		if err == nil {
@@ -368,7 +369,7 @@ func (l *Link) ReadPage(ctx context.Context, k memnode.Key, dst []byte) error {
 
 // WritePages implements pagestore.Remote. Writes are idempotent, so any
 // that the agent did not acknowledge are redone directly.
-func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+func (l *Link) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	a := l.cur.Load()
 	if a == nil || a.dead.Load() {
 		return l.writeDirect(ctx, keys, pages)
@@ -377,7 +378,7 @@ func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byt
 	// batch, no goroutine per page.
 	const batch = 64
 	var calls [batch]*linkCall
-	var redoK []memnode.Key
+	var redoK []pageid.Key
 	var redoP [][]byte
 	for start := 0; start < len(keys); start += batch {
 		n := min(batch, len(keys)-start)
@@ -420,7 +421,7 @@ func (l *Link) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byt
 // connection, and on that of every agent that attaches later; the host's
 // own connection (the direct path) is the caller's to fence. An agent that
 // cannot present it only costs speed: its refused write-backs are redone
-// directly. It fails with memnode.ErrFenced when a newer token is there.
+// directly. It fails with pageid.ErrFenced when a newer token is there.
 func (l *Link) Fence(ctx context.Context, vol uint16, token uint64) error {
 	l.fmu.Lock()
 	if l.fences == nil {
@@ -432,7 +433,7 @@ func (l *Link) Fence(ctx context.Context, vol uint16, token uint64) error {
 	if a == nil || a.dead.Load() {
 		return nil
 	}
-	if err := l.fenceOn(ctx, a, vol, token); errors.Is(err, memnode.ErrFenced) {
+	if err := l.fenceOn(ctx, a, vol, token); errors.Is(err, pageid.ErrFenced) {
 		return err
 	}
 	return nil
@@ -451,7 +452,7 @@ func (l *Link) fenceOn(ctx context.Context, a *attachment, vol uint16, token uin
 // prefetch it issued before (or in flight during) the direct write cannot
 // serve the old copy. If the agent cannot be told, it is declared dead:
 // its Loading Zone is never consulted again.
-func (l *Link) invalidate(ctx context.Context, a *attachment, keys []memnode.Key) {
+func (l *Link) invalidate(ctx context.Context, a *attachment, keys []pageid.Key) {
 	if a.dead.Load() {
 		return
 	}
@@ -475,7 +476,7 @@ func (l *Link) invalidate(ctx context.Context, a *attachment, keys []memnode.Key
 // writeDirect writes back on the host's own connection, holding off any
 // agent attach until the writes are acknowledged. If an agent attached
 // meanwhile, the writes go through it instead.
-func (l *Link) writeDirect(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+func (l *Link) writeDirect(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	l.directMu.RLock()
 	if a := l.cur.Load(); a != nil && !a.dead.Load() {
 		l.directMu.RUnlock()
@@ -512,7 +513,7 @@ var _ pagestore.Trimmer = (*Link)(nil)
 
 // CheckAndReturn implements pagestore.Prefetched: the agent's Loading Zone
 // while it lives, nothing otherwise.
-func (l *Link) CheckAndReturn(k memnode.Key, dst []byte) int {
+func (l *Link) CheckAndReturn(k pageid.Key, dst []byte) int {
 	a := l.cur.Load()
 	if a == nil {
 		return 0
@@ -527,12 +528,12 @@ func (l *Link) CheckAndReturn(k memnode.Key, dst []byte) int {
 
 // SetResident gives the Link a way to list the pages the host cache holds;
 // they are sent to every agent that attaches from then on.
-func (l *Link) SetResident(each func(yield func(memnode.Key))) { l.resident.Store(&each) }
+func (l *Link) SetResident(each func(yield func(pageid.Key))) { l.resident.Store(&each) }
 
 // resync tells a newly attached agent which pages the host cache holds,
 // 512 keys per message. An eviction racing the walk can leave a key the
 // host no longer holds: one skipped prefetch, never a wrong answer.
-func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
+func (l *Link) resync(a *attachment, each func(yield func(pageid.Key))) {
 	const perMsg = 512
 	hdr := encodeHeader(msgHeader{typ: msgResident})
 	buf := make([]byte, 0, perMsg*8)
@@ -548,7 +549,7 @@ func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
 		return ok
 	}
 	alive := true
-	each(func(k memnode.Key) {
+	each(func(k pageid.Key) {
 		if !alive {
 			return
 		}
@@ -565,7 +566,7 @@ func (l *Link) resync(a *attachment, each func(yield func(memnode.Key))) {
 // KernelRange tells the agent the kernel page cache added (or dropped) n
 // pages from first: the host's tracker feeding the agent's kernel Host
 // View. Dropped when no agent is attached or its ring is full (a hint).
-func (l *Link) KernelRange(added bool, first memnode.Key, n int) {
+func (l *Link) KernelRange(added bool, first pageid.Key, n int) {
 	kind := byte(kernelDropped)
 	if added {
 		kind = kernelAdded
@@ -575,17 +576,17 @@ func (l *Link) KernelRange(added bool, first memnode.Key, n int) {
 
 // ReadAhead tells the agent source src read n pages from first, in a file
 // that ends before page end (0: unknown).
-func (l *Link) ReadAhead(src int, first memnode.Key, n int, end uint64) {
+func (l *Link) ReadAhead(src int, first pageid.Key, n int, end uint64) {
 	l.rangeMsg(msgReadAhead, byte(src), first, n, end)
 }
 
 // Written tells the agent a write no parser saw put n pages from first in
 // the host cache (see Agent.Written).
-func (l *Link) Written(first memnode.Key, n int) {
+func (l *Link) Written(first pageid.Key, n int) {
 	l.rangeMsg(msgWritten, 0, first, n, 0)
 }
 
-func (l *Link) rangeMsg(op msgType, arg byte, first memnode.Key, n int, end uint64) {
+func (l *Link) rangeMsg(op msgType, arg byte, first pageid.Key, n int, end uint64) {
 	a := l.cur.Load()
 	if a == nil {
 		return
@@ -598,7 +599,7 @@ func (l *Link) rangeMsg(op msgType, arg byte, first memnode.Key, n int, end uint
 
 // Evicted forwards a host cache eviction to the agent (dropped if the agent
 // is gone or behind: Host View then errs toward prefetching).
-func (l *Link) Evicted(k memnode.Key) {
+func (l *Link) Evicted(k pageid.Key) {
 	a := l.cur.Load()
 	if a == nil {
 		return

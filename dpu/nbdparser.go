@@ -3,8 +3,8 @@ package dpu
 import (
 	"encoding/binary"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // NBDParser follows the client side of an NBD connection: the handshake
@@ -199,13 +199,13 @@ func (p *NBDParser) pages(out []Access, off, n uint64, whole, partial Kind) []Ac
 		return out
 	}
 	end := off + n
-	for pg, i := off/memnode.PageSize, 0; pg*memnode.PageSize < end && i < p.MaxPages; pg, i = pg+1, i+1 {
-		start := pg * memnode.PageSize
+	for pg, i := off/pageid.Size, 0; pg*pageid.Size < end && i < p.MaxPages; pg, i = pg+1, i+1 {
+		start := pg * pageid.Size
 		k := whole
-		if start < off || start+memnode.PageSize > end {
+		if start < off || start+pageid.Size > end {
 			k = partial
 		}
-		out = append(out, Access{memnode.MakeKey(p.vol, pg), k})
+		out = append(out, Access{pageid.MakeKey(p.vol, pg), k})
 	}
 	return out
 }

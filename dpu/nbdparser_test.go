@@ -6,8 +6,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -38,7 +38,7 @@ func nbdSession() ([]byte, []Access) {
 	s = append(s, nbdRequest(4, 0, 1<<20)...) // TRIM: nothing
 	s = append(s, nbdRequest(nbdproto.CmdWrite, 8192, 4096)...)
 	s = append(s, nbdRequest(nbdproto.CmdCache, 40960, 10)...)
-	k := func(p uint64) memnode.Key { return memnode.MakeKey(7, p) }
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(7, p) }
 	want := []Access{{k(1), Read}, {k(2), Read}, {k(0), Read}, {k(1), Read}, {k(2), Write}, {k(10), Read}}
 	return s, want
 }

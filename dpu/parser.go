@@ -3,7 +3,7 @@ package dpu
 import (
 	"errors"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
 
@@ -31,7 +31,7 @@ func (k Kind) String() string {
 
 // Access is one page access parsed from a request stream.
 type Access struct {
-	Key  memnode.Key
+	Key  pageid.Key
 	Kind Kind
 }
 

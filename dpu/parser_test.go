@@ -5,13 +5,13 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func frame(op pageproto.Op, id memnode.Key) []byte {
+func frame(op pageproto.Op, id pageid.Key) []byte {
 	var h [pageproto.HeaderSize]byte
 	(&pageproto.Header{Op: op, ID: id, Tag: 9}).EncodeRequest(h[:])
 	return append(h[:], make([]byte, op.PayloadLen())...)
@@ -21,7 +21,7 @@ func session() ([]byte, []Access) {
 	var stream []byte
 	var want []Access
 	for i := 0; i < 50; i++ {
-		k := memnode.MakeKey(1, uint64(i))
+		k := pageid.MakeKey(1, uint64(i))
 		switch i % 4 {
 		case 0, 1:
 			stream = append(stream, frame(pageproto.OpGet, k)...)

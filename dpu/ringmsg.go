@@ -9,6 +9,7 @@ import (
 	"github.com/pd3-go/pd3/internal/shmring"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Split mode: the agent is its own process (pd3 dpu) and shares one named
@@ -147,7 +148,7 @@ const (
 	writeMsgLen  = keyMsgLen + pageBytes // WRITE
 	trimMsgLen   = msgHeaderLen + 24
 	rangeMsgLen  = msgHeaderLen + 20
-	pageBytes    = memnode.PageSize
+	pageBytes    = pageid.Size
 	// maxRangePages bounds the pages one range message may name, so a
 	// corrupt count cannot make the agent walk billions of keys.
 	maxRangePages = 1 << 12
@@ -176,7 +177,7 @@ func encodeHeader(h msgHeader) (b [msgHeaderLen]byte) {
 
 // encodeKey is a READ or INVALIDATE, or a WRITE's header and key (its page
 // goes as a second part), or one EVICT.
-func encodeKey(h msgHeader, k memnode.Key) (b [keyMsgLen]byte) {
+func encodeKey(h msgHeader, k pageid.Key) (b [keyMsgLen]byte) {
 	h.put(b[:])
 	binary.LittleEndian.PutUint64(b[8:], uint64(k))
 	return b
@@ -195,7 +196,7 @@ func encodeFence(tag uint32, vol uint16, token uint64) (b [keyMsgLen]byte) {
 	return b
 }
 
-func encodeRange(t msgType, arg byte, first memnode.Key, n uint32, end uint64) (b [rangeMsgLen]byte) {
+func encodeRange(t msgType, arg byte, first pageid.Key, n uint32, end uint64) (b [rangeMsgLen]byte) {
 	msgHeader{typ: t, arg: arg}.put(b[:])
 	binary.LittleEndian.PutUint64(b[8:], uint64(first))
 	binary.LittleEndian.PutUint32(b[16:], n)
@@ -207,11 +208,11 @@ func encodeRange(t msgType, arg byte, first memnode.Key, n uint32, end uint64) (
 // until the message is released.
 type ringMsg struct {
 	msgHeader
-	key    memnode.Key // READ, WRITE, INVALIDATE; the first key of a range
-	page   []byte      // WRITE; a READ reply's page
-	off, n uint64      // TRIM bytes; a range's page count (n) and end (off); FENCE's token (off)
-	keys   []byte      // EVICT, RESIDENT: 8 bytes per key
-	data   []byte      // MIRROR
+	key    pageid.Key // READ, WRITE, INVALIDATE; the first key of a range
+	page   []byte     // WRITE; a READ reply's page
+	off, n uint64     // TRIM bytes; a range's page count (n) and end (off); FENCE's token (off)
+	keys   []byte     // EVICT, RESIDENT: 8 bytes per key
+	data   []byte     // MIRROR
 }
 
 // errShortMsg is a message shorter than its type needs; the reader skips
@@ -246,9 +247,9 @@ func decodeRequest(m []byte) (ringMsg, error) {
 	}
 	switch r.typ {
 	case msgRead, msgInvalidate:
-		r.key = memnode.Key(binary.LittleEndian.Uint64(m[8:]))
+		r.key = pageid.Key(binary.LittleEndian.Uint64(m[8:]))
 	case msgWrite:
-		r.key = memnode.Key(binary.LittleEndian.Uint64(m[8:]))
+		r.key = pageid.Key(binary.LittleEndian.Uint64(m[8:]))
 		r.page = m[keyMsgLen:writeMsgLen]
 	case msgTrim:
 		r.off = binary.LittleEndian.Uint64(m[16:])
@@ -256,7 +257,7 @@ func decodeRequest(m []byte) (ringMsg, error) {
 	case msgFence:
 		r.off = binary.LittleEndian.Uint64(m[8:])
 	case msgKernel, msgReadAhead, msgWritten:
-		r.key = memnode.Key(binary.LittleEndian.Uint64(m[8:]))
+		r.key = pageid.Key(binary.LittleEndian.Uint64(m[8:]))
 		r.n = uint64(min(binary.LittleEndian.Uint32(m[16:]), maxRangePages))
 		r.off = binary.LittleEndian.Uint64(m[20:])
 	case msgEvict, msgResident:
@@ -268,8 +269,8 @@ func decodeRequest(m []byte) (ringMsg, error) {
 }
 
 // keyAt returns the i-th key of an EVICT or RESIDENT message.
-func (r *ringMsg) keyAt(i int) memnode.Key {
-	return memnode.Key(binary.LittleEndian.Uint64(r.keys[8*i:]))
+func (r *ringMsg) keyAt(i int) pageid.Key {
+	return pageid.Key(binary.LittleEndian.Uint64(r.keys[8*i:]))
 }
 
 // decodeReply decodes an agent → host reply: its call's tag, the status,

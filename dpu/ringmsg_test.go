@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -49,12 +50,12 @@ func reencode(r ringMsg) []byte {
 // FuzzRingMsg: any bytes in ring A decode or are refused cleanly; what
 // decodes encodes back to the bytes it was read from. Replies likewise.
 func FuzzRingMsg(f *testing.F) {
-	k := memnode.MakeKey(3, 77)
+	k := pageid.MakeKey(3, 77)
 	for _, m := range [][]byte{
 		func() []byte { b := encodeKey(msgHeader{typ: msgRead, tag: 9}, k); return b[:] }(),
 		func() []byte {
 			b := encodeKey(msgHeader{typ: msgWrite, tag: 10}, k)
-			return append(b[:], bytes.Repeat([]byte{7}, memnode.PageSize)...)
+			return append(b[:], bytes.Repeat([]byte{7}, pageid.Size)...)
 		}(),
 		func() []byte { b := encodeTrim(11, 3, 4096, 8192); return b[:] }(),
 		func() []byte { b := encodeFence(12, 3, 1<<40); return b[:] }(),
@@ -73,7 +74,7 @@ func FuzzRingMsg(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if tag, st, page, err := decodeReply(in); err == nil {
 			assert.Equal(t, tag, uint32(in[4])|uint32(in[5])<<8|uint32(in[6])<<16|uint32(in[7])<<24)
-			if page != nil && (st != memnode.StatusOK || len(page) != memnode.PageSize) {
+			if page != nil && (st != memnode.StatusOK || len(page) != pageid.Size) {
 				t.Fatalf("reply with status %v carries %d bytes", st, len(page))
 			}
 		}
@@ -119,14 +120,14 @@ func TestAgentReplyCarriesTheStatus(t *testing.T) {
 	r.startAgent(t, r.c)
 	require.Eventually(t, l.Attached, 5e9, 1e7)
 	a := l.cur.Load()
-	buf := make([]byte, memnode.PageSize)
+	buf := make([]byte, pageid.Size)
 
-	err := l.call(context.Background(), a, msgRead, memnode.MakeKey(r.vol.ID, 1<<30), buf, nil)
+	err := l.call(context.Background(), a, msgRead, pageid.MakeKey(r.vol.ID, 1<<30), buf, nil)
 	assert.ErrorIs(t, err, errAgentFailed)
-	assert.ErrorIs(t, err, memnode.ErrOutOfRange, "the node's answer survives the ring")
-	err = l.call(context.Background(), a, msgRead, memnode.MakeKey(999, 0), buf, nil)
-	assert.ErrorIs(t, err, memnode.ErrNoVolume)
-	require.NoError(t, l.call(context.Background(), a, msgRead, memnode.MakeKey(r.vol.ID, 1), buf, nil))
+	assert.ErrorIs(t, err, pageid.ErrOutOfRange, "the node's answer survives the ring")
+	err = l.call(context.Background(), a, msgRead, pageid.MakeKey(999, 0), buf, nil)
+	assert.ErrorIs(t, err, pageid.ErrNoVolume)
+	require.NoError(t, l.call(context.Background(), a, msgRead, pageid.MakeKey(r.vol.ID, 1), buf, nil))
 
 	assert.Equal(t, statusUnreachable, replyStatus(context.DeadlineExceeded), "no status names a timeout")
 	assert.ErrorIs(t, replyErr(statusUnreachable), errAgentFailed)

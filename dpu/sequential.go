@@ -4,7 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Sequential predicts the next pages of sequential streams and steps
@@ -145,7 +145,7 @@ func (s *Sequential) Stats() *SequentialStats { return &s.stats }
 // Access records a read of n pages from first by source src and appends
 // the pages to prefetch to out, none at or past page end (the file's or
 // volume's end; 0: no bound).
-func (s *Sequential) Access(src int, first memnode.Key, n int, end uint64, out []memnode.Key) []memnode.Key {
+func (s *Sequential) Access(src int, first pageid.Key, n int, end uint64, out []pageid.Key) []pageid.Key {
 	out, _ = s.access(src, first, n, end, out)
 	return out
 }
@@ -153,11 +153,11 @@ func (s *Sequential) Access(src int, first memnode.Key, n int, end uint64, out [
 // AccessCovered is Access that also says whether every page of the read
 // was predicted before (and so is prefetched, or being prefetched,
 // already, unless the host holds it).
-func (s *Sequential) AccessCovered(src int, first memnode.Key, n int, end uint64, out []memnode.Key) ([]memnode.Key, bool) {
+func (s *Sequential) AccessCovered(src int, first pageid.Key, n int, end uint64, out []pageid.Key) ([]pageid.Key, bool) {
 	return s.access(src, first, n, end, out)
 }
 
-func (s *Sequential) access(src int, first memnode.Key, n int, end uint64, out []memnode.Key) (_ []memnode.Key, covered bool) {
+func (s *Sequential) access(src int, first pageid.Key, n int, end uint64, out []pageid.Key) (_ []pageid.Key, covered bool) {
 	if n <= 0 {
 		return out, false
 	}
@@ -215,7 +215,7 @@ func (s *Sequential) access(src int, first memnode.Key, n int, end uint64, out [
 	}
 	st.next, st.used = last, s.tick
 	if end == 0 {
-		end = 1 << memnode.PageBits
+		end = 1 << pageid.PageBits
 	}
 	w := st.window
 	if s.level == governNarrowLevel {
@@ -235,7 +235,7 @@ func (s *Sequential) access(src int, first memnode.Key, n int, end uint64, out [
 	}
 	s.stats.Predicted.Add(to - from)
 	for p := from; p < to; p++ {
-		out = append(out, memnode.MakeKey(first.Volume(), p))
+		out = append(out, pageid.MakeKey(first.Volume(), p))
 	}
 	return out, covered
 }

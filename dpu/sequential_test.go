@@ -7,15 +7,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 func TestSequential(t *testing.T) {
 	var s Sequential
-	k := func(p uint64) memnode.Key { return memnode.MakeKey(3, p) }
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(3, p) }
 	assert.Empty(t, s.Access(0, k(0), 4, 0, nil), "first read: no stream yet")
 	got := s.Access(0, k(4), 4, 0, nil)
-	assert.Equal(t, []memnode.Key{k(8), k(9), k(10), k(11), k(12), k(13), k(14), k(15)}, got, "sequential: window 8 after page 7")
+	assert.Equal(t, []pageid.Key{k(8), k(9), k(10), k(11), k(12), k(13), k(14), k(15)}, got, "sequential: window 8 after page 7")
 	got = s.Access(0, k(8), 4, 0, nil)
 	assert.Equal(t, k(16), got[0], "the window doubles; pages predicted before are not proposed again")
 	assert.Equal(t, k(27), got[len(got)-1])
@@ -27,11 +27,11 @@ func TestSequential(t *testing.T) {
 	last := uint64(104 + 64*63 + 64)
 	assert.Equal(t, k(last+255), got[len(got)-1], "256 pages ahead at most")
 	assert.Len(t, got, 64, "each read proposes only what the window newly covers")
-	assert.Empty(t, s.Access(0, memnode.MakeKey(4, 0), 1, 0, nil), "another volume is another stream")
+	assert.Empty(t, s.Access(0, pageid.MakeKey(4, 0), 1, 0, nil), "another volume is another stream")
 
-	f := func(p uint64) memnode.Key { return memnode.MakeKey(5, p) }
+	f := func(p uint64) pageid.Key { return pageid.MakeKey(5, p) }
 	s.Access(0, f(0), 1, 5, nil)
-	assert.Equal(t, []memnode.Key{f(2), f(3), f(4)}, s.Access(0, f(1), 1, 5, nil), "nothing at or past the file's end (page 5)")
+	assert.Equal(t, []pageid.Key{f(2), f(3), f(4)}, s.Access(0, f(1), 1, 5, nil), "nothing at or past the file's end (page 5)")
 }
 
 // One stream whose requests come over several connections (NBD
@@ -39,8 +39,8 @@ func TestSequential(t *testing.T) {
 // followed, nearly every prediction is used, and none is called wasted.
 func TestSequentialFollowsInterleavedOutOfOrderStreams(t *testing.T) {
 	var s Sequential
-	k := func(p uint64) memnode.Key { return memnode.MakeKey(1, p) }
-	var predicted []memnode.Key
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(1, p) }
+	var predicted []pageid.Key
 	for i := uint64(0); i < 400; i += 2 {
 		// Stream A reads 32 pages at a time, each pair of requests
 		// swapped; stream B, far away, 8 at a time.
@@ -54,7 +54,7 @@ func TestSequentialFollowsInterleavedOutOfOrderStreams(t *testing.T) {
 	assert.Greater(t, st.Useful.Load(), uint64(15000), "both streams' predictions were read (16 000 pages read)")
 	assert.Less(t, st.Wasted.Load(), st.Useful.Load()/100, "nearly nothing predicted was left unread behind its stream")
 	assert.Zero(t, st.Off.Load())
-	seen := map[memnode.Key]bool{}
+	seen := map[pageid.Key]bool{}
 	for _, p := range predicted {
 		assert.False(t, seen[p], "page %v predicted twice", p)
 		seen[p] = true
@@ -67,7 +67,7 @@ func TestSequentialFollowsInterleavedOutOfOrderStreams(t *testing.T) {
 // it back.
 func TestGovernorSwitchesOffOnRandomRunsAndBack(t *testing.T) {
 	var s Sequential
-	k := func(p uint64) memnode.Key { return memnode.MakeKey(1, p) }
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(1, p) }
 	rng := rand.New(rand.NewPCG(1, 2))
 	st := s.Stats()
 	for i := 0; i < 2000 && st.Off.Load() == 0; i++ {

@@ -14,6 +14,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
@@ -24,7 +25,7 @@ type blockingRemote struct {
 	entered, release chan struct{}
 }
 
-func (b *blockingRemote) WritePages(ctx context.Context, keys []memnode.Key, pages [][]byte) error {
+func (b *blockingRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	b.entered <- struct{}{}
 	<-b.release
 	return b.Remote.WritePages(ctx, keys, pages)
@@ -36,7 +37,7 @@ type splitRig struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	c      *memnode.Client
-	vol    memnode.VolumeInfo
+	vol    pageid.VolumeInfo
 	name   string
 }
 
@@ -107,11 +108,11 @@ func TestAttachWaitsForDirectWrites(t *testing.T) {
 	l := OpenLink(r.name, direct)
 	defer l.Close()
 
-	k := memnode.MakeKey(r.vol.ID, 5)
-	page := make([]byte, memnode.PageSize)
+	k := pageid.MakeKey(r.vol.ID, 5)
+	page := make([]byte, pageid.Size)
 	binary.LittleEndian.PutUint64(page, 42)
 	wrote := make(chan error, 1)
-	go func() { wrote <- l.WritePages(ctx, []memnode.Key{k}, [][]byte{page}) }()
+	go func() { wrote <- l.WritePages(ctx, []pageid.Key{k}, [][]byte{page}) }()
 	<-direct.entered // the direct write is in flight
 
 	r.startAgent(t, agentConn)
@@ -130,20 +131,20 @@ func TestAttachWaitsForDirectWrites(t *testing.T) {
 func TestInvalidateDropsOldCopies(t *testing.T) {
 	r := newRig(t, 256)
 	ctx := context.Background()
-	dst := make([]byte, memnode.PageSize)
+	dst := make([]byte, pageid.Size)
 	for i := uint64(0); i < 100; i++ {
-		k := memnode.MakeKey(r.vol.ID, 1+i%100)
-		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i)))
+		k := pageid.MakeKey(r.vol.ID, 1+i%100)
+		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, versioned(2*i)))
 		r.e.Prefetch(k)
 		if i%2 == 0 {
 			require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, time.Millisecond)
 		}
 		// The host writes around the engine, then tells it.
-		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(2*i+1)))
+		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, versioned(2*i+1)))
 		r.e.Invalidate(k)
 		// A prefetch in flight has landed, or been dropped, before the look.
 		require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, 50*time.Microsecond)
-		if r.lz.CheckAndReturn(uint64(k), dst) == memnode.PageSize {
+		if r.lz.CheckAndReturn(uint64(k), dst) == pageid.Size {
 			require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "round %d: old copy served", i)
 		}
 	}
@@ -156,13 +157,13 @@ func TestAttachResyncsHostView(t *testing.T) {
 	vol := r.vol
 	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
 	defer l.Close()
-	held := []memnode.Key{memnode.MakeKey(vol.ID, 3), memnode.MakeKey(vol.ID, 9), memnode.MakeKey(vol.ID, 200)}
+	held := []pageid.Key{pageid.MakeKey(vol.ID, 3), pageid.MakeKey(vol.ID, 9), pageid.MakeKey(vol.ID, 200)}
 	// Enough keys for several 512-key messages; repeats are harmless.
-	var extra []memnode.Key
+	var extra []pageid.Key
 	for p := uint64(0); p < 1000; p++ {
-		extra = append(extra, memnode.MakeKey(vol.ID, 10+p%100))
+		extra = append(extra, pageid.MakeKey(vol.ID, 10+p%100))
 	}
-	l.SetResident(func(yield func(memnode.Key)) {
+	l.SetResident(func(yield func(pageid.Key)) {
 		for _, k := range append(held, extra...) {
 			yield(k)
 		}
@@ -180,7 +181,7 @@ func TestAttachResyncsHostView(t *testing.T) {
 	// The counter moves after each message is sent, so possibly after the
 	// agent already applied it.
 	require.Eventually(t, func() bool { return l.Resynced.Load() == uint64(len(held)+len(extra)) }, 5*time.Second, time.Millisecond)
-	assert.False(t, a.HV.Contains(uint64(memnode.MakeKey(vol.ID, 150))), "a page the host does not hold")
+	assert.False(t, a.HV.Contains(uint64(pageid.MakeKey(vol.ID, 150))), "a page the host does not hold")
 }
 
 // TestEvictionNoticeReachesAgent: eviction notices do not ring the
@@ -191,11 +192,11 @@ func TestEvictionNoticeReachesAgent(t *testing.T) {
 	r := newSplitRig(t)
 	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
 	defer l.Close()
-	held := []memnode.Key{memnode.MakeKey(r.vol.ID, 4), memnode.MakeKey(r.vol.ID, 7)}
+	held := []pageid.Key{pageid.MakeKey(r.vol.ID, 4), pageid.MakeKey(r.vol.ID, 7)}
 	for _, k := range held {
-		require.NoError(t, r.c.WriteAt(r.ctx, k.Volume(), k.Page()*memnode.PageSize, versioned(uint64(k))))
+		require.NoError(t, r.c.WriteAt(r.ctx, k.Volume(), k.Page()*pageid.Size, versioned(uint64(k))))
 	}
-	l.SetResident(func(yield func(memnode.Key)) {
+	l.SetResident(func(yield func(pageid.Key)) {
 		for _, k := range held {
 			yield(k)
 		}
@@ -215,8 +216,8 @@ func TestEvictionNoticeReachesAgent(t *testing.T) {
 		(&pageproto.Header{Op: pageproto.OpGet, ID: k}).EncodeRequest(h[:])
 		s.Observe(h[:])
 	}
-	dst := make([]byte, memnode.PageSize)
-	require.Eventually(t, func() bool { return l.CheckAndReturn(held[0], dst) == memnode.PageSize }, 5*time.Second, time.Millisecond,
+	dst := make([]byte, pageid.Size)
+	require.Eventually(t, func() bool { return l.CheckAndReturn(held[0], dst) == pageid.Size }, 5*time.Second, time.Millisecond,
 		"the evicted page was not prefetched: the notice did not reach the agent before the GET")
 	assert.Equal(t, uint64(held[0]), binary.LittleEndian.Uint64(dst))
 	require.Eventually(t, func() bool { return a.Agent.Skipped.Load() > skipped }, 5*time.Second, time.Millisecond,
@@ -235,7 +236,7 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 	a := r.startAgent(t, r.c)
 	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond)
 
-	k := func(p uint64) memnode.Key { return memnode.MakeKey(vol.ID, p) }
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(vol.ID, p) }
 	l.KernelRange(true, k(10), 4)
 	l.KernelRange(false, k(10), 2)
 	require.Eventually(t, func() bool {
@@ -246,8 +247,8 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 	l.ReadAhead(SourceFUSE, k(100), 8, 0)
 	l.ReadAhead(SourceFUSE, k(108), 8, 0) // sequential: predicts from 116 on
 	require.Eventually(t, func() bool { return a.Engine.Placed.Load() >= 8 }, 5*time.Second, 10*time.Millisecond)
-	dst := make([]byte, memnode.PageSize)
-	assert.Equal(t, memnode.PageSize, a.Zone.CheckAndReturn(uint64(k(116)), dst), "the page after the stream was prefetched")
+	dst := make([]byte, pageid.Size)
+	assert.Equal(t, pageid.Size, a.Zone.CheckAndReturn(uint64(k(116)), dst), "the page after the stream was prefetched")
 
 	// Pages a FUSE WRITE put in the host cache join Host View, so a
 	// stream running into them prefetches none of them.
@@ -302,13 +303,13 @@ func TestSplitAgentPresentsFencingToken(t *testing.T) {
 				r.startAgent(t, agentConn)
 				require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
 			}
-			page := make([]byte, memnode.PageSize)
+			page := make([]byte, pageid.Size)
 			copy(page, "through the agent")
-			require.NoError(t, l.WritePages(ctx, []memnode.Key{memnode.MakeKey(r.vol.ID, 3)}, [][]byte{page}))
+			require.NoError(t, l.WritePages(ctx, []pageid.Key{pageid.MakeKey(r.vol.ID, 3)}, [][]byte{page}))
 			assert.Equal(t, uint64(1), l.AgentWrites.Load())
 			assert.Zero(t, l.Fallbacks.Load(), "the node refused the agent's write")
-			got := make([]byte, memnode.PageSize)
-			require.NoError(t, r.c.ReadAt(ctx, r.vol.ID, 3*memnode.PageSize, got))
+			got := make([]byte, pageid.Size)
+			require.NoError(t, r.c.ReadAt(ctx, r.vol.ID, 3*pageid.Size, got))
 			assert.Equal(t, page, got)
 		})
 	}
@@ -326,14 +327,14 @@ func TestAgentRefusingWritesIsBypassed(t *testing.T) {
 	require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
 	require.NoError(t, r.c.Fence(ctx, r.vol.ID, 5)) // the host's connection only
 
-	page := make([]byte, memnode.PageSize)
+	page := make([]byte, pageid.Size)
 	copy(page, "redone directly")
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	require.NoError(t, l.WritePages(wctx, []memnode.Key{memnode.MakeKey(r.vol.ID, 3)}, [][]byte{page}))
+	require.NoError(t, l.WritePages(wctx, []pageid.Key{pageid.MakeKey(r.vol.ID, 3)}, [][]byte{page}))
 	assert.Equal(t, uint64(1), l.Fallbacks.Load())
-	got := make([]byte, memnode.PageSize)
-	require.NoError(t, r.c.ReadAt(ctx, r.vol.ID, 3*memnode.PageSize, got))
+	got := make([]byte, pageid.Size)
+	require.NoError(t, r.c.ReadAt(ctx, r.vol.ID, 3*pageid.Size, got))
 	assert.Equal(t, page, got)
 	assert.True(t, l.Attached(), "the agent stays: it is only slower")
 }
@@ -349,12 +350,12 @@ func TestSplitAgentTrimsManyGiB(t *testing.T) {
 	l, agentConn := r.agentLink(t)
 	r.startAgent(t, agentConn)
 	require.Eventually(t, l.Attached, 5*time.Second, 5*time.Millisecond)
-	last := memnode.MakeKey(big.ID, 5<<30/memnode.PageSize-1)
-	require.NoError(t, l.WritePages(ctx, []memnode.Key{last}, [][]byte{versioned(7)}))
+	last := pageid.MakeKey(big.ID, 5<<30/pageid.Size-1)
+	require.NoError(t, l.WritePages(ctx, []pageid.Key{last}, [][]byte{versioned(7)}))
 
 	require.NoError(t, l.Trim(ctx, big.ID, 0, 5<<30))
 	assert.Zero(t, l.Fallbacks.Load(), "the trim went around the agent")
-	got := make([]byte, memnode.PageSize)
-	require.NoError(t, r.c.ReadAt(ctx, big.ID, last.Page()*memnode.PageSize, got))
-	assert.Equal(t, make([]byte, memnode.PageSize), got, "the last page trimmed still holds data")
+	got := make([]byte, pageid.Size)
+	require.NoError(t, r.c.ReadAt(ctx, big.ID, last.Page()*pageid.Size, got))
+	assert.Equal(t, make([]byte, pageid.Size), got, "the last page trimmed still holds data")
 }

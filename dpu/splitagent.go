@@ -14,6 +14,7 @@ import (
 	"github.com/pd3-go/pd3/internal/shmring"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // The agent's side of split mode (message format: ringmsg.go). The agent
@@ -127,7 +128,7 @@ func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
 		hs.Ready()
 	}
 	streams := map[uint32]mirror.Stream{}
-	bufs := sync.Pool{New: func() any { return make([]byte, memnode.PageSize) }}
+	bufs := sync.Pool{New: func() any { return make([]byte, pageid.Size) }}
 	for ctx.Err() == nil {
 		m := ra.Next()
 		if m == nil {
@@ -168,7 +169,7 @@ func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
 			a.ReadAhead(int(r.arg), r.key, int(r.n), r.off)
 		case msgKernel:
 			for i := range r.n {
-				k := uint64(memnode.MakeKey(r.key.Volume(), r.key.Page()+i))
+				k := uint64(pageid.MakeKey(r.key.Volume(), r.key.Page()+i))
 				if r.arg == kernelAdded {
 					kv.Add(k)
 				} else {
@@ -215,7 +216,7 @@ func (j job) run(ctx context.Context, e *Engine, r *replier) {
 	case msgFence:
 		err = e.Fence(ctx, j.vol, j.off)
 	case msgWrite:
-		err = e.WritePages(ctx, []memnode.Key{j.key}, [][]byte{j.page})
+		err = e.WritePages(ctx, []pageid.Key{j.key}, [][]byte{j.page})
 		j.free.Put(j.page)
 	case msgRead:
 		page = j.free.Get().([]byte)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/replica"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,12 +41,12 @@ func TestTrimOfManyGiB(t *testing.T) {
 			}
 			rem, err := replica.New(clients, []replica.Volume{v}, nil)
 			require.NoError(t, err)
-			return engineRigOn(t, rem, memnode.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}, 64)
+			return engineRigOn(t, rem, pageid.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}, 64)
 		}},
 	} {
 		// 5 GiB: more pages than the zone has records (one pass over
 		// them); 32 pages: fewer (looked up one by one).
-		for _, trimmed := range []uint64{5 << 30, 32 * memnode.PageSize} {
+		for _, trimmed := range []uint64{5 << 30, 32 * pageid.Size} {
 			t.Run(fmt.Sprintf("%s/%d", tc.name, trimmed), func(t *testing.T) {
 				trimOfManyGiB(t, tc.new(t), trimmed)
 			})
@@ -55,10 +56,10 @@ func TestTrimOfManyGiB(t *testing.T) {
 
 func trimOfManyGiB(t *testing.T, r *rig, trimmed uint64) {
 	ctx := context.Background()
-	first := memnode.MakeKey(r.vol.ID, 0)
-	last := memnode.MakeKey(r.vol.ID, trimmed/memnode.PageSize-1)
-	kept := memnode.MakeKey(r.vol.ID, trimmed/memnode.PageSize)
-	keys := []memnode.Key{first, last, kept}
+	first := pageid.MakeKey(r.vol.ID, 0)
+	last := pageid.MakeKey(r.vol.ID, trimmed/pageid.Size-1)
+	kept := pageid.MakeKey(r.vol.ID, trimmed/pageid.Size)
+	keys := []pageid.Key{first, last, kept}
 	require.NoError(t, r.e.WritePages(ctx, keys, [][]byte{versioned(1), versioned(2), versioned(3)}))
 	for _, k := range keys {
 		r.e.Prefetch(k)
@@ -66,12 +67,12 @@ func trimOfManyGiB(t *testing.T, r *rig, trimmed uint64) {
 	require.Eventually(t, func() bool { return r.e.Placed.Load() >= uint64(len(keys)) }, 5*time.Second, time.Millisecond)
 
 	require.NoError(t, r.e.Trim(ctx, r.vol.ID, 0, trimmed))
-	got := make([]byte, memnode.PageSize)
+	got := make([]byte, pageid.Size)
 	assert.Zero(t, r.lz.CheckAndReturn(uint64(first), got), "the Loading Zone kept a trimmed page")
 	assert.Zero(t, r.lz.CheckAndReturn(uint64(last), got), "the Loading Zone kept a trimmed page")
-	assert.Equal(t, memnode.PageSize, r.lz.CheckAndReturn(uint64(kept), got), "the Loading Zone lost a page after the range")
+	assert.Equal(t, pageid.Size, r.lz.CheckAndReturn(uint64(kept), got), "the Loading Zone lost a page after the range")
 	require.NoError(t, r.e.ReadPage(ctx, last, got))
-	assert.Equal(t, make([]byte, memnode.PageSize), got, "the last page trimmed still holds data")
+	assert.Equal(t, make([]byte, pageid.Size), got, "the last page trimmed still holds data")
 	require.NoError(t, r.e.ReadPage(ctx, kept, got))
 	assert.Equal(t, versioned(3), got, "the page after the range was trimmed")
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/tools/deploy"
 )
@@ -24,7 +25,7 @@ type env struct {
 	st    *pagestore.Store
 	fs    *fs.FS
 	m     *fs.Mounted
-	nbd   []memnode.VolumeInfo
+	nbd   []pageid.VolumeInfo
 	cache int64
 }
 

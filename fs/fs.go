@@ -34,7 +34,7 @@ type Config struct {
 	Store   *pagestore.Store
 	// Volumes appear as files under volumes/ (the NBD exports' pages, read
 	// and written through the same cache).
-	Volumes []memnode.VolumeInfo
+	Volumes []pageid.VolumeInfo
 	// Capacity is what statfs reports as the size (0: 1 PiB; the memory
 	// node does not say how much it holds).
 	Capacity uint64
@@ -73,13 +73,13 @@ type Config struct {
 // also holds the mount lease (memnode.Lease): with any other, the mount
 // must be held elsewhere (Config.Fencing), or Open refuses.
 type Backend interface {
-	OpenOrCreate(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error)
-	Create(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error)
+	OpenOrCreate(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error)
+	Create(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error)
 	Delete(ctx context.Context, name string) error
 	DeleteFenced(ctx context.Context, name string, token uint64) error
 	// List is every volume there (only the filesystem's are looked at),
 	// with the memory each holds.
-	List(ctx context.Context) ([]memnode.VolumeInfo, error)
+	List(ctx context.Context) ([]pageid.VolumeInfo, error)
 	ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error
 	WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error
 }
@@ -117,7 +117,7 @@ type FS struct {
 	// there is none yet, or a write failed and the journal may have
 	// lost a record.
 	snapshotDue bool
-	vols        map[uint16]memnode.VolumeInfo
+	vols        map[uint16]pageid.VolumeInfo
 	byVol       map[uint16]*inode // regular files by data volume id
 
 	storedCache storedCache // st_blocks and statfs
@@ -182,7 +182,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 		inodes:  make(map[uint64]*inode),
 		dirty:   make(map[uint64]struct{}),
 		dents:   make(map[dentKey]struct{}),
-		vols:    make(map[uint16]memnode.VolumeInfo),
+		vols:    make(map[uint16]pageid.VolumeInfo),
 		byVol:   make(map[uint16]*inode),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -242,7 +242,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: listing volumes: %w", err)
 	}
-	byName := make(map[string]memnode.VolumeInfo, len(all))
+	byName := make(map[string]pageid.VolumeInfo, len(all))
 	for _, v := range all {
 		byName[v.Name] = v
 	}
@@ -513,11 +513,11 @@ func (f *FS) syncLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			if f.cfg.Fencing == nil && !f.fenced.Load() && now.Sub(lastRenew) >= f.cfg.LeaseTTL/3 {
 				err := f.lease.Renew(ctx)
-				if errors.Is(err, memnode.ErrClosed) {
+				if errors.Is(err, pageid.ErrClosed) {
 					cancel()
 					return // the host is going away without Close
 				}
-				if errors.Is(err, memnode.ErrLeaseHeld) {
+				if errors.Is(err, pageid.ErrHeld) {
 					f.fenced.Store(true)
 					f.cfg.Log.Error("fs: another host took the filesystem over; refusing further changes", "err", err)
 				} else if err != nil {
@@ -614,14 +614,14 @@ func (f *FS) Written(vol uint16, each func(off, n uint64)) {
 // (pool.go), or else one made now, named after the inode. A volume left by
 // a crashed run under that name (its inode number was handed out but
 // never saved) is replaced.
-func (f *FS) newVolume(ctx context.Context, ino uint64) (memnode.VolumeInfo, error) {
+func (f *FS) newVolume(ctx context.Context, ino uint64) (pageid.VolumeInfo, error) {
 	if v, ok := f.takeVolume(); ok {
 		f.cfg.Store.AddVolume(v)
 		return v, nil
 	}
 	name := "fs." + f.cfg.Name + "." + strconv.FormatUint(ino, 10)
 	v, err := f.cfg.Backend.Create(ctx, name, MaxFileSize)
-	if errors.Is(err, memnode.ErrExists) {
+	if errors.Is(err, pageid.ErrExists) {
 		if err = f.deleteVolume(ctx, name); err == nil {
 			v, err = f.cfg.Backend.Create(ctx, name, MaxFileSize)
 		}
@@ -748,7 +748,7 @@ func (f *FS) errno(op string, err error) syscall.Errno {
 		return 0
 	case errors.As(err, &e):
 		return e
-	case errors.Is(err, memnode.ErrNoMemory), errors.Is(err, memnode.ErrNoSpace):
+	case errors.Is(err, pageid.ErrNoMemory), errors.Is(err, pageid.ErrNoSpace):
 		return syscall.ENOSPC
 	case errors.Is(err, pageid.ErrOutOfRange):
 		return syscall.EFBIG

@@ -6,9 +6,10 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // TestSmallFileMovesUnderConcurrentWriters: a write into a small file's
@@ -18,7 +19,7 @@ import (
 // cache would drive them. No write is lost across the move and no read
 // sees bytes never written. Run under -race.
 func TestSmallFileMovesUnderConcurrentWriters(t *testing.T) {
-	b := &slowDeletes{vols: map[string]memnode.VolumeInfo{}, release: make(chan struct{}), started: make(chan struct{}, 1)}
+	b := &slowDeletes{vols: map[string]pageid.VolumeInfo{}, release: make(chan struct{}), started: make(chan struct{}, 1)}
 	close(b.release)
 	ctx := context.Background()
 	f := openOn(t, b)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
 
@@ -17,7 +16,7 @@ const leaseOff = pageid.Size
 
 // mountErr names a lease conflict as the filesystem's.
 func mountErr(err error) error {
-	if errors.Is(err, memnode.ErrLeaseHeld) {
+	if errors.Is(err, pageid.ErrHeld) {
 		return fmt.Errorf("fs: %w: %w", ErrMounted, err)
 	}
 	return fmt.Errorf("fs: %w", err)

@@ -11,9 +11,10 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // pagesBackend is a metadata volume in memory: sparse pages, zero where
@@ -259,13 +260,13 @@ func TestSnapshotVersions(t *testing.T) {
 // metaOnly is a Backend holding nothing but the metadata volume (id 1).
 type metaOnly struct{ *pagesBackend }
 
-func (b metaOnly) OpenOrCreate(context.Context, string, uint64) (memnode.VolumeInfo, error) {
-	return memnode.VolumeInfo{ID: 1, Name: "fs.pd3.meta", Size: metaVolSize}, nil
+func (b metaOnly) OpenOrCreate(context.Context, string, uint64) (pageid.VolumeInfo, error) {
+	return pageid.VolumeInfo{ID: 1, Name: "fs.pd3.meta", Size: metaVolSize}, nil
 }
 
-func (b metaOnly) List(ctx context.Context) ([]memnode.VolumeInfo, error) {
+func (b metaOnly) List(ctx context.Context) ([]pageid.VolumeInfo, error) {
 	v, _ := b.OpenOrCreate(ctx, "", 0)
-	return []memnode.VolumeInfo{v}, nil
+	return []pageid.VolumeInfo{v}, nil
 }
 
 // TestOldSnapshotIsReplacedFirst: a tree saved by a pd3 before the

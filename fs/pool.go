@@ -8,7 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // poolSize is how many empty file volumes a mount makes ahead of the
@@ -21,7 +21,7 @@ const poolSize = 32
 // are deleted at unmount, and a crash leaves them as orphans the next
 // mount deletes.
 type volumePool struct {
-	ready chan memnode.VolumeInfo // made and fenced, not a file's yet
+	ready chan pageid.VolumeInfo // made and fenced, not a file's yet
 	kick  chan struct{}
 	seq   atomic.Uint64 // the next name's number
 	done  chan struct{} // closed once the filler has stopped
@@ -29,7 +29,7 @@ type volumePool struct {
 
 func newVolumePool(next uint64) *volumePool {
 	p := &volumePool{
-		ready: make(chan memnode.VolumeInfo, poolSize),
+		ready: make(chan pageid.VolumeInfo, poolSize),
 		kick:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
 	}
@@ -62,7 +62,7 @@ func (f *FS) VolumesMadeAhead() int { return len(f.pool.ready) }
 
 // takeVolume is a made-ahead volume if one is ready; either way it asks
 // for the pool to be topped up.
-func (f *FS) takeVolume() (memnode.VolumeInfo, bool) {
+func (f *FS) takeVolume() (pageid.VolumeInfo, bool) {
 	select {
 	case f.pool.kick <- struct{}{}:
 	default:
@@ -71,7 +71,7 @@ func (f *FS) takeVolume() (memnode.VolumeInfo, bool) {
 	case v := <-f.pool.ready:
 		return v, true
 	default:
-		return memnode.VolumeInfo{}, false
+		return pageid.VolumeInfo{}, false
 	}
 }
 
@@ -80,7 +80,7 @@ func (f *FS) takeVolume() (memnode.VolumeInfo, bool) {
 func (f *FS) fillPool() {
 	defer close(f.pool.done)
 	ctx := context.Background()
-	var made [poolBatch]memnode.VolumeInfo
+	var made [poolBatch]pageid.VolumeInfo
 	var errs [poolBatch]error
 	for {
 		select {
@@ -112,11 +112,11 @@ func (f *FS) fillPool() {
 
 // makePoolVolume creates the next pool volume and presents the mount's
 // token for it.
-func (f *FS) makePoolVolume(ctx context.Context) (memnode.VolumeInfo, error) {
+func (f *FS) makePoolVolume(ctx context.Context) (pageid.VolumeInfo, error) {
 	for {
 		name := "fs." + f.cfg.Name + ".v" + strconv.FormatUint(f.pool.seq.Add(1)-1, 10)
 		v, err := f.cfg.Backend.Create(ctx, name, MaxFileSize)
-		if errors.Is(err, memnode.ErrExists) {
+		if errors.Is(err, pageid.ErrExists) {
 			continue // not this mount's (Open deleted its orphans): the next name
 		}
 		if err != nil {
@@ -134,5 +134,5 @@ func (f *FS) makePoolVolume(ctx context.Context) (memnode.VolumeInfo, error) {
 // has stopped.
 func (f *FS) emptyPool(ctx context.Context) {
 	<-f.pool.done
-	drain(f.pool.ready, func(v memnode.VolumeInfo) { f.freeVolume(ctx, v.Name) })
+	drain(f.pool.ready, func(v pageid.VolumeInfo) { f.freeVolume(ctx, v.Name) })
 }

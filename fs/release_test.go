@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,14 +17,14 @@ import (
 // context, as a memory-node request does), counting those cut short.
 type slowDeletes struct {
 	mu       sync.Mutex
-	vols     map[string]memnode.VolumeInfo
+	vols     map[string]pageid.VolumeInfo
 	next     uint16
 	release  chan struct{}
 	started  chan struct{}
 	canceled int
 }
 
-func (b *slowDeletes) OpenOrCreate(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error) {
+func (b *slowDeletes) OpenOrCreate(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	b.mu.Lock()
 	v, ok := b.vols[name]
 	b.mu.Unlock()
@@ -34,11 +34,11 @@ func (b *slowDeletes) OpenOrCreate(ctx context.Context, name string, size uint64
 	return b.Create(ctx, name, size)
 }
 
-func (b *slowDeletes) Create(_ context.Context, name string, size uint64) (memnode.VolumeInfo, error) {
+func (b *slowDeletes) Create(_ context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.next++
-	v := memnode.VolumeInfo{ID: b.next, Name: name, Size: size}
+	v := pageid.VolumeInfo{ID: b.next, Name: name, Size: size}
 	b.vols[name] = v
 	return v, nil
 }
@@ -66,10 +66,10 @@ func (b *slowDeletes) DeleteFenced(ctx context.Context, name string, _ uint64) e
 	return b.Delete(ctx, name)
 }
 
-func (b *slowDeletes) List(context.Context) ([]memnode.VolumeInfo, error) {
+func (b *slowDeletes) List(context.Context) ([]pageid.VolumeInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []memnode.VolumeInfo
+	var out []pageid.VolumeInfo
 	for _, v := range b.vols {
 		out = append(out, v)
 	}
@@ -102,7 +102,7 @@ func openOn(t *testing.T, b Backend) *FS {
 // DELETE short: the inode is gone either way, and its volume would stay
 // at the node until the next mount.
 func TestReleaseWhenTheDeleterIsBehind(t *testing.T) {
-	b := &slowDeletes{vols: map[string]memnode.VolumeInfo{}, release: make(chan struct{}), started: make(chan struct{}, 1)}
+	b := &slowDeletes{vols: map[string]pageid.VolumeInfo{}, release: make(chan struct{}), started: make(chan struct{}, 1)}
 	ctx := context.Background()
 	f := openOn(t, b)
 	file := func(i int) *inode {

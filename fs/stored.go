@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // storedTTL bounds how old the st_blocks the host answers may be. The
@@ -74,7 +74,7 @@ func (f *FS) storedOf(vol uint16) (bytes, total uint64) {
 // node's OPEN). Absent (a replica group, whose volumes are no one node's):
 // after an fsync the next stat asks for every volume (LIST).
 type volumeOpener interface {
-	Open(ctx context.Context, name string) (memnode.VolumeInfo, error)
+	Open(ctx context.Context, name string) (pageid.VolumeInfo, error)
 }
 
 // storedChanged refreshes what volume vol (named name) stores, after an

@@ -6,7 +6,6 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +23,7 @@ type volumesDir struct {
 type volumeFile struct {
 	gofs.Inode
 	f *FS
-	v memnode.VolumeInfo
+	v pageid.VolumeInfo
 }
 
 func (n *node) volumesDir(ctx context.Context, out *fuse.EntryOut) *gofs.Inode {
@@ -89,7 +88,7 @@ func (d *volumesDir) Rename(ctx context.Context, name string, newParent gofs.Ino
 
 // volumeAttr is the attributes of volume v's file; the caller refreshes
 // what is stored.
-func (f *FS) volumeAttr(v memnode.VolumeInfo) fuse.Attr {
+func (f *FS) volumeAttr(v pageid.VolumeInfo) fuse.Attr {
 	stored, _ := f.storedOf(v.ID)
 	return fuse.Attr{
 		Ino: volumeInoBase + uint64(v.ID), Mode: syscall.S_IFREG | 0o600, Nlink: 1,

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Layout of the shared region (all words little-endian, 8-aligned):
@@ -36,9 +37,7 @@ const (
 	magic      = 0x5044334c5a4f4e45 // "PD3LZONE"
 	headerSize = 4096
 	recHeader  = 64
-	// PageSize is the size of every record's data.
-	PageSize = 4096
-	recSize  = recHeader + PageSize
+	recSize    = recHeader + pageid.Size
 
 	offMagic     = 0
 	offRecords   = 8
@@ -148,7 +147,7 @@ func (z *Zone) state(slot uint64) *atomic.Uint64 { return shm.U64(z.b, z.recBase
 func (z *Zone) key(slot uint64) *atomic.Uint64   { return shm.U64(z.b, z.recBase+int(slot)*recSize+8) }
 func (z *Zone) data(slot uint64) []byte {
 	o := z.recBase + int(slot)*recSize + recHeader
-	return z.b[o : o+PageSize : o+PageSize]
+	return z.b[o : o+pageid.Size : o+pageid.Size]
 }
 func (z *Zone) idx(i uint64) *atomic.Uint64 { return shm.U64(z.b, z.idxBase+int(i)*8) }
 
@@ -203,8 +202,8 @@ func (z *Zone) each(k uint64, f func(i, tag uint64) bool) {
 	}
 }
 
-// CheckAndReturn copies the prefetched page k into dst (PageSize bytes) and
-// returns PageSize, consuming the record; it returns 0 if the zone does not
+// CheckAndReturn copies the prefetched page k into dst (pageid.Size bytes) and
+// returns pageid.Size, consuming the record; it returns 0 if the zone does not
 // hold k. It never blocks and never returns a torn or reclaimed page.
 func (z *Zone) CheckAndReturn(k uint64, dst []byte) int {
 	b1, b2, tag := z.candidates(k)
@@ -218,10 +217,10 @@ func (z *Zone) CheckAndReturn(k uint64, dst []byte) int {
 			if !ok || z.key(slot).Load() != k {
 				continue
 			}
-			copy(dst[:PageSize], z.data(slot))
+			copy(dst[:pageid.Size], z.data(slot))
 			if z.state(slot).CompareAndSwap(st, st&^0xff|stConsumed) {
 				z.Hits.Add(1)
-				return PageSize
+				return pageid.Size
 			}
 		}
 	}
@@ -258,7 +257,7 @@ func (z *Zone) Place(k uint64, page []byte) {
 	gen := st>>8 + 1
 	sw.Store(gen<<8 | stWriting)
 	z.key(slot).Store(k)
-	copy(z.data(slot), page[:PageSize])
+	copy(z.data(slot), page[:pageid.Size])
 	sw.Store(gen<<8 | stProduced)
 
 	// Publish. An older record of the same key is superseded silently

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/shm"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -26,8 +27,8 @@ func newZone(t testing.TB, n int) *Zone {
 
 // page fills a page with (key, seq) repeated, so a torn copy is visible.
 func page(k, seq uint64) []byte {
-	p := make([]byte, PageSize)
-	for i := 0; i < PageSize; i += 16 {
+	p := make([]byte, pageid.Size)
+	for i := 0; i < pageid.Size; i += 16 {
 		binary.LittleEndian.PutUint64(p[i:], k)
 		binary.LittleEndian.PutUint64(p[i+8:], seq)
 	}
@@ -36,7 +37,7 @@ func page(k, seq uint64) []byte {
 
 func intact(p []byte) (k, seq uint64, ok bool) {
 	k, seq = binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[8:])
-	for i := 0; i < PageSize; i += 16 {
+	for i := 0; i < pageid.Size; i += 16 {
 		if binary.LittleEndian.Uint64(p[i:]) != k || binary.LittleEndian.Uint64(p[i+8:]) != seq {
 			return k, seq, false
 		}
@@ -46,10 +47,10 @@ func intact(p []byte) (k, seq uint64, ok bool) {
 
 func TestPlaceConsumeOnce(t *testing.T) {
 	z := newZone(t, 8)
-	dst := make([]byte, PageSize)
+	dst := make([]byte, pageid.Size)
 	assert.Zero(t, z.CheckAndReturn(5, dst))
 	z.Place(5, page(5, 1))
-	assert.Equal(t, PageSize, z.CheckAndReturn(5, dst))
+	assert.Equal(t, pageid.Size, z.CheckAndReturn(5, dst))
 	assert.Equal(t, page(5, 1), dst)
 	assert.Zero(t, z.CheckAndReturn(5, dst), "a record is consumed once")
 	z.Place(6, page(6, 1))
@@ -58,7 +59,7 @@ func TestPlaceConsumeOnce(t *testing.T) {
 	// Placing a key twice supersedes the first copy.
 	z.Place(7, page(7, 1))
 	z.Place(7, page(7, 2))
-	assert.Equal(t, PageSize, z.CheckAndReturn(7, dst))
+	assert.Equal(t, pageid.Size, z.CheckAndReturn(7, dst))
 	assert.Equal(t, page(7, 2), dst)
 	assert.Zero(t, z.CheckAndReturn(7, dst))
 }
@@ -70,13 +71,13 @@ func TestWrapDropsOldestAndReports(t *testing.T) {
 	for k := uint64(1); k <= 48; k++ {
 		z.Place(k, page(k, 0))
 	}
-	dst := make([]byte, PageSize)
+	dst := make([]byte, pageid.Size)
 	for k := uint64(1); k <= 32; k++ {
 		assert.Zero(t, z.CheckAndReturn(k, dst), "key %d should have been reclaimed", k)
 	}
 	found := 0
 	for k := uint64(33); k <= 48; k++ {
-		if z.CheckAndReturn(k, dst) == PageSize {
+		if z.CheckAndReturn(k, dst) == pageid.Size {
 			found++
 			_, seq, ok := intact(dst)
 			assert.True(t, ok)
@@ -116,7 +117,7 @@ func TestStress(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(c), 1))
-			dst := make([]byte, PageSize)
+			dst := make([]byte, pageid.Size)
 			for {
 				select {
 				case <-stop:
@@ -124,7 +125,7 @@ func TestStress(t *testing.T) {
 				default:
 				}
 				k := uint64(rng.IntN(keys)) + 1
-				if z.CheckAndReturn(k, dst) != PageSize {
+				if z.CheckAndReturn(k, dst) != pageid.Size {
 					// A spinning consumer would hold a lone P for a whole
 					// preemption slice.
 					runtime.Gosched()
@@ -177,7 +178,7 @@ func TestIndexHoldsOnlyCurrentRecords(t *testing.T) {
 	const n = 64
 	z := newZone(t, n)
 	rng := rand.New(rand.NewPCG(3, 4))
-	dst := make([]byte, PageSize)
+	dst := make([]byte, pageid.Size)
 	for i := range 20 * n {
 		k := rng.Uint64N(3 * n)
 		z.Place(k, page(k, uint64(i)))
@@ -206,8 +207,8 @@ func TestInvalidateRange(t *testing.T) {
 	for _, k := range []uint64{9, 10, 11, 15, 19, 20} {
 		z.Place(k, page(k, 1))
 	}
-	dst := make([]byte, PageSize)
-	require.Equal(t, PageSize, z.CheckAndReturn(11, dst)) // consumed: not dropped again
+	dst := make([]byte, pageid.Size)
+	require.Equal(t, pageid.Size, z.CheckAndReturn(11, dst)) // consumed: not dropped again
 	var dropped []uint64
 	z.InvalidateRange(10, 20, func(k uint64) { dropped = append(dropped, k) })
 	assert.ElementsMatch(t, []uint64{10, 15, 19}, dropped)
@@ -215,6 +216,6 @@ func TestInvalidateRange(t *testing.T) {
 		assert.Zero(t, z.CheckAndReturn(k, dst), "key %d", k)
 	}
 	for _, k := range []uint64{9, 20} {
-		assert.Equal(t, PageSize, z.CheckAndReturn(k, dst), "key %d outside the range", k)
+		assert.Equal(t, pageid.Size, z.CheckAndReturn(k, dst), "key %d outside the range", k)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"testing"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // BenchmarkRead4K keeps 256 4 KiB READs in flight on one connection to an
@@ -29,10 +31,10 @@ func BenchmarkRead4K(b *testing.B) {
 	calls := make([]Call, depth)
 	rng := rand.New(rand.NewPCG(1, 1))
 	for i := range bufs {
-		bufs[i] = make([]byte, PageSize)
-		calls[i] = c.ReadAsync(ctx, v.ID, rng.Uint64N(region/PageSize)*PageSize, bufs[i])
+		bufs[i] = make([]byte, pageid.Size)
+		calls[i] = c.ReadAsync(ctx, v.ID, rng.Uint64N(region/pageid.Size)*pageid.Size, bufs[i])
 	}
-	b.SetBytes(PageSize)
+	b.SetBytes(pageid.Size)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -40,7 +42,7 @@ func BenchmarkRead4K(b *testing.B) {
 		if err := calls[s].Wait(ctx); err != nil {
 			b.Fatal(err)
 		}
-		calls[s] = c.ReadAsync(ctx, v.ID, rng.Uint64N(region/PageSize)*PageSize, bufs[s])
+		calls[s] = c.ReadAsync(ctx, v.ID, rng.Uint64N(region/pageid.Size)*pageid.Size, bufs[s])
 	}
 	for i := range calls {
 		calls[i].Wait(ctx)
@@ -59,11 +61,11 @@ func BenchmarkReadLatency(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := c.ReadAt(ctx, v.ID, uint64(i%256)*PageSize, buf); err != nil {
+		if err := c.ReadAt(ctx, v.ID, uint64(i%256)*pageid.Size, buf); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -96,19 +98,19 @@ func BenchmarkWrite4K(b *testing.B) {
 				b.Fatal(err)
 			}
 			const depth = 256
-			page := make([]byte, PageSize)
+			page := make([]byte, pageid.Size)
 			calls := make([]Call, depth)
 			for i := range calls {
-				calls[i] = c.WriteAsync(ctx, v.ID, uint64(i)*PageSize, page)
+				calls[i] = c.WriteAsync(ctx, v.ID, uint64(i)*pageid.Size, page)
 			}
-			b.SetBytes(PageSize)
+			b.SetBytes(pageid.Size)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				s := i % depth
 				if err := calls[s].Wait(ctx); err != nil {
 					b.Fatal(err)
 				}
-				calls[s] = c.WriteAsync(ctx, v.ID, uint64(i%16384)*PageSize, page)
+				calls[s] = c.WriteAsync(ctx, v.ID, uint64(i%16384)*pageid.Size, page)
 			}
 			for i := range calls {
 				calls[i].Wait(ctx)
@@ -129,7 +131,7 @@ func BenchmarkTrimSparse(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if err := s.WriteAt(v.ID, 0, make([]byte, PageSize)); err != nil {
+		if err := s.WriteAt(v.ID, 0, make([]byte, pageid.Size)); err != nil {
 			b.Fatal(err)
 		}
 		for off := uint64(ChunkSize); off < 4<<40; off += MaxTrim {

@@ -18,6 +18,7 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // ClientOptions configure a Client.
@@ -49,7 +50,7 @@ type ClientOptions struct {
 
 // Client talks to one memory node. It is safe for concurrent use: requests
 // from all goroutines are pipelined on one connection. When the connection
-// breaks, requests in flight fail with ErrConnLost and the next request
+// breaks, requests in flight fail with pageid.ErrUnavailable and the next request
 // redials.
 type Client struct {
 	addr string
@@ -145,7 +146,7 @@ func (s *session) bind(pc *pipeline.Call, vol uint16, k uint32) error {
 // and presents it to the node before it returns: from then on the node
 // refuses writes to vol from any holder of an older token. Tokens must
 // grow with each new holder of the volume (the lease's epoch). It fails
-// with ErrFenced if a newer token was presented already.
+// with pageid.ErrFenced if a newer token was presented already.
 func (c *Client) Fence(ctx context.Context, vol uint16, token uint64) error {
 	c.fences.set(vol, token)
 	s, err := c.session(ctx)
@@ -173,7 +174,7 @@ func (s *session) stamp(h *ReqHeader) {
 	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA:
 		h.Window = s.window(h.Volume)
 	case OpPrefetch:
-		h.Window = s.window(Key(h.Offset).Volume())
+		h.Window = s.window(pageid.Key(h.Offset).Volume())
 	}
 }
 
@@ -233,7 +234,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, network, a)
 	if err != nil {
-		return nil, fmt.Errorf("dialling memory node %s: %w: %w", c.addr, ErrConnLost, err)
+		return nil, fmt.Errorf("dialling memory node %s: %w: %w", c.addr, pageid.ErrUnavailable, err)
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
@@ -257,7 +258,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 	}
 	err = call.WaitFn(ctx, statusCheck)
 	if err != nil {
-		s.Close(ErrClosed)
+		s.Close(pageid.ErrClosed)
 		return nil, fmt.Errorf("HELLO to %s: %w", c.addr, err)
 	}
 	return &session{Session: s, fences: c.fences}, nil
@@ -286,7 +287,7 @@ func (c *Client) startTLS(ctx context.Context, nc net.Conn, network, addr string
 	}
 	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
 		// Only a transient failure is worth the callers' retries.
-		return nil, fmt.Errorf("TLS handshake with memory node %s: %w: %w", c.addr, ErrConnLost, err)
+		return nil, fmt.Errorf("TLS handshake with memory node %s: %w: %w", c.addr, pageid.ErrUnavailable, err)
 	}
 	return nil, fmt.Errorf("TLS handshake with memory node %s: %w", c.addr, err)
 }
@@ -298,13 +299,13 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, ErrClosed
+		return nil, pageid.ErrClosed
 	}
 	if c.sess != nil && c.sess.Err() == nil {
 		return c.sess, nil
 	}
 	if c.sess != nil {
-		c.sess.Close(ErrConnLost)
+		c.sess.Close(pageid.ErrUnavailable)
 		c.sess = nil
 	}
 	s, err := c.dial(ctx)
@@ -315,7 +316,7 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// Close closes the connection; requests in flight fail with ErrClosed.
+// Close closes the connection; requests in flight fail with pageid.ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -326,9 +327,9 @@ func (c *Client) Close() error {
 	sess := c.sess
 	c.mu.Unlock()
 	// Not under c.mu: failing the calls runs their completion functions,
-	// which may start requests of their own (they fail with ErrClosed).
+	// which may start requests of their own (they fail with pageid.ErrClosed).
 	if sess != nil {
-		sess.Close(ErrClosed)
+		sess.Close(pageid.ErrClosed)
 	}
 	return nil
 }
@@ -354,17 +355,17 @@ func (c Call) Wait(ctx context.Context) error {
 	return wrapErr(c.what, c.pc.WaitFn(ctx, statusCheck))
 }
 
-// wrapErr names the op and marks transport failures with ErrConnLost, so
+// wrapErr names the op and marks transport failures with pageid.ErrUnavailable, so
 // callers can tell "the node said no" from "the node could not be reached".
 func wrapErr(op Op, err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case isNodeErr(err), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, ErrClosed), errors.Is(err, ErrConnLost), errors.Is(err, ErrProtocol):
+		errors.Is(err, pageid.ErrClosed), errors.Is(err, pageid.ErrUnavailable), errors.Is(err, ErrProtocol):
 		return fmt.Errorf("memnode %v: %w", op, err)
 	default:
-		return fmt.Errorf("memnode %v: %w: %w", op, ErrConnLost, err)
+		return fmt.Errorf("memnode %v: %w: %w", op, pageid.ErrUnavailable, err)
 	}
 }
 
@@ -420,9 +421,9 @@ func (c *Client) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 }
 
 // PrefetchFn is PREFETCH by key with a completion function, as ReadFn.
-func (c *Client) PrefetchFn(k Key, page []byte, done func(error)) {
-	h := ReqHeader{Op: OpPrefetch, Offset: uint64(k), Count: PageSize}
-	c.startFn(&h, done, prefetchDone, func(pc *pipeline.Call) { pc.HeadLen, pc.Dst = 8, page[:PageSize] })
+func (c *Client) PrefetchFn(k pageid.Key, page []byte, done func(error)) {
+	h := ReqHeader{Op: OpPrefetch, Offset: uint64(k), Count: pageid.Size}
+	c.startFn(&h, done, prefetchDone, func(pc *pipeline.Call) { pc.HeadLen, pc.Dst = 8, page[:pageid.Size] })
 }
 
 // Static completion functions: no closure is allocated per request; the
@@ -476,14 +477,14 @@ func (c *Client) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) 
 	return c.WriteAsync(ctx, vol, off, p).Wait(ctx)
 }
 
-// PrefetchAsync starts reading the page with key k into page (PageSize bytes).
-func (c *Client) PrefetchAsync(ctx context.Context, k Key, page []byte) Call {
-	h := ReqHeader{Op: OpPrefetch, Offset: uint64(k), Count: PageSize}
-	return c.start(ctx, &h, nil, func(pc *pipeline.Call) { pc.HeadLen, pc.Dst = 8, page[:PageSize] })
+// PrefetchAsync starts reading the page with key k into page (pageid.Size bytes).
+func (c *Client) PrefetchAsync(ctx context.Context, k pageid.Key, page []byte) Call {
+	h := ReqHeader{Op: OpPrefetch, Offset: uint64(k), Count: pageid.Size}
+	return c.start(ctx, &h, nil, func(pc *pipeline.Call) { pc.HeadLen, pc.Dst = 8, page[:pageid.Size] })
 }
 
 // Prefetch reads the page with key k into page.
-func (c *Client) Prefetch(ctx context.Context, k Key, page []byte) error {
+func (c *Client) Prefetch(ctx context.Context, k pageid.Key, page []byte) error {
 	return c.PrefetchAsync(ctx, k, page).Wait(ctx)
 }
 
@@ -588,40 +589,40 @@ func (c *Client) control(ctx context.Context, h *ReqHeader, payload []byte) ([]b
 	return out, wrapErr(h.Op, err)
 }
 
-func (c *Client) info(ctx context.Context, op Op, name string, size uint64) (VolumeInfo, error) {
+func (c *Client) info(ctx context.Context, op Op, name string, size uint64) (pageid.VolumeInfo, error) {
 	if err := validName(name); err != nil {
-		return VolumeInfo{}, err
+		return pageid.VolumeInfo{}, err
 	}
 	b, err := c.control(ctx, &ReqHeader{Op: op, Offset: size}, []byte(name))
 	if err != nil {
-		return VolumeInfo{}, fmt.Errorf("volume %q: %w", name, err)
+		return pageid.VolumeInfo{}, fmt.Errorf("volume %q: %w", name, err)
 	}
 	v, _, err := decodeVolumeInfo(b)
 	return v, err
 }
 
 // Create makes volume name of size bytes.
-func (c *Client) Create(ctx context.Context, name string, size uint64) (VolumeInfo, error) {
+func (c *Client) Create(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	return c.info(ctx, OpCreate, name, size)
 }
 
 // Resize grows volume name to size bytes. A node older than RESIZE
 // answers ErrUnknownOp.
-func (c *Client) Resize(ctx context.Context, name string, size uint64) (VolumeInfo, error) {
+func (c *Client) Resize(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	return c.info(ctx, OpResize, name, size)
 }
 
 // Open looks up volume name.
-func (c *Client) Open(ctx context.Context, name string) (VolumeInfo, error) {
+func (c *Client) Open(ctx context.Context, name string) (pageid.VolumeInfo, error) {
 	return c.info(ctx, OpOpen, name, 0)
 }
 
 // OpenOrCreate opens name, creating it with size bytes when missing.
-func (c *Client) OpenOrCreate(ctx context.Context, name string, size uint64) (VolumeInfo, error) {
+func (c *Client) OpenOrCreate(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	v, err := c.Open(ctx, name)
-	if errors.Is(err, ErrNoVolume) {
+	if errors.Is(err, pageid.ErrNoVolume) {
 		v, err = c.Create(ctx, name, size)
-		if errors.Is(err, ErrExists) {
+		if errors.Is(err, pageid.ErrExists) {
 			return c.Open(ctx, name)
 		}
 	}
@@ -629,14 +630,14 @@ func (c *Client) OpenOrCreate(ctx context.Context, name string, size uint64) (Vo
 }
 
 // List returns all volumes.
-func (c *Client) List(ctx context.Context) ([]VolumeInfo, error) {
+func (c *Client) List(ctx context.Context) ([]pageid.VolumeInfo, error) {
 	b, err := c.control(ctx, &ReqHeader{Op: OpList}, nil)
 	if err != nil {
 		return nil, err
 	}
-	var out []VolumeInfo
+	var out []pageid.VolumeInfo
 	for len(b) > 0 {
-		var v VolumeInfo
+		var v pageid.VolumeInfo
 		if v, b, err = decodeVolumeInfo(b); err != nil {
 			return nil, err
 		}
@@ -651,7 +652,7 @@ func (c *Client) Delete(ctx context.Context, name string) error {
 }
 
 // DeleteFenced removes volume name unless a holder newer than token has
-// presented its token for it (ErrFenced). A node older than fencing of
+// presented its token for it (pageid.ErrFenced). A node older than fencing of
 // DELETE ignores the token.
 func (c *Client) DeleteFenced(ctx context.Context, name string, token uint64) error {
 	if _, err := c.control(ctx, &ReqHeader{Op: OpDelete, Offset: token}, []byte(name)); err != nil {

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Crash-point testing of the persistent store, after CrashMonkey and ALICE:
@@ -386,7 +388,7 @@ func (w *crashWorkload) do(t *testing.T, e *crashEvent, op func() error) {
 
 // crashPage is the content of the nth write of the workload.
 func crashPage(n int) []byte {
-	p := pattern(byte(n), PageSize)
+	p := pattern(byte(n), pageid.Size)
 	binary.LittleEndian.PutUint64(p, uint64(n)+1)
 	return p
 }
@@ -417,7 +419,7 @@ func (w *crashWorkload) run(t *testing.T, s *Store, steps int) {
 	var token uint64
 	for step := range steps {
 		name := vols[rng.IntN(len(vols))]
-		page := rng.Uint64N(sizes[name] / PageSize)
+		page := rng.Uint64N(sizes[name] / pageid.Size)
 		switch x := rng.IntN(100); {
 		case step == steps/3: // b goes, c takes its id
 			w.do(t, &crashEvent{kind: evDelete, vol: "b"}, func() error { return s.Delete("b") })
@@ -437,9 +439,9 @@ func (w *crashWorkload) run(t *testing.T, s *Store, steps int) {
 			go func() { done <- s.Checkpoint() }()
 			for j := range 6 {
 				data := crashPage(len(w.events))
-				p := (page + uint64(j)) % (sizes[name] / PageSize)
+				p := (page + uint64(j)) % (sizes[name] / pageid.Size)
 				w.do(t, &crashEvent{kind: evWrite, vol: name, page: p, data: data}, func() error {
-					return s.WriteAt(id(name), p*PageSize, data)
+					return s.WriteAt(id(name), p*pageid.Size, data)
 				})
 			}
 			require.NoError(t, <-done)
@@ -454,12 +456,12 @@ func (w *crashWorkload) run(t *testing.T, s *Store, steps int) {
 			})
 		case x < 16:
 			w.do(t, &crashEvent{kind: evWrite, vol: name, page: page}, func() error {
-				return s.Trim(id(name), page*PageSize, PageSize)
+				return s.Trim(id(name), page*pageid.Size, pageid.Size)
 			})
 		default:
 			data := crashPage(len(w.events))
 			w.do(t, &crashEvent{kind: evWrite, vol: name, page: page, data: data}, func() error {
-				return s.WriteAt(id(name), page*PageSize, data)
+				return s.WriteAt(id(name), page*pageid.Size, data)
 			})
 		}
 	}
@@ -510,7 +512,7 @@ func (w *crashWorkload) check(s *Store, at int) error {
 			v.pages[e.page] = append(v.pages[e.page], e)
 		}
 	}
-	got := map[string]VolumeInfo{}
+	got := map[string]pageid.VolumeInfo{}
 	for _, info := range s.List() {
 		got[info.Name] = info
 	}
@@ -525,10 +527,10 @@ func (w *crashWorkload) check(s *Store, at int) error {
 		if tok, err := s.Fence(info.ID); err != nil || tok < v.token {
 			return fmt.Errorf("volume %q: fencing token %d (%v), %d acknowledged", name, tok, err, v.token)
 		}
-		buf := make([]byte, PageSize)
-		zero := make([]byte, PageSize)
-		for page := range info.Size / PageSize {
-			if err := s.ReadAt(info.ID, page*PageSize, buf); err != nil {
+		buf := make([]byte, pageid.Size)
+		zero := make([]byte, pageid.Size)
+		for page := range info.Size / pageid.Size {
+			if err := s.ReadAt(info.ID, page*pageid.Size, buf); err != nil {
 				return err
 			}
 			hist := v.pages[page]

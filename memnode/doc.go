@@ -41,11 +41,11 @@
 // Client pipelines requests from any number of goroutines on one
 // connection (internal/pipeline). When the connection breaks or stays
 // silent past OpTimeout with requests outstanding, every request in flight
-// fails with ErrConnLost, and the next request redials. Nothing hangs.
+// fails with pageid.ErrUnavailable, and the next request redials. Nothing hangs.
 //
 // # Errors
 //
-// Per-request errors (ErrOutOfRange, ErrNoVolume, ErrNoMemory, ...) travel
+// Per-request errors (pageid.ErrOutOfRange, pageid.ErrNoVolume, pageid.ErrNoMemory, ...) travel
 // as a status byte and come back as the same sentinel on the client; test
 // with errors.Is. Framing violations (bad magic, payload over MaxPayload)
 // and failed HELLOs close only the offending connection, after a
@@ -55,7 +55,7 @@
 //
 // By default none: the node's memory is volatile, like RAM, and stopping
 // or restarting it loses every volume (a host that reconnects finds
-// ErrNoVolume). With a persistence directory (OpenPersistent; pd3 memnode
+// pageid.ErrNoVolume). With a persistence directory (OpenPersistent; pd3 memnode
 // --persist DIR) every mutation is logged and acknowledged only once the
 // log entry is on stable storage, with group commit; checkpoints keep the
 // log bounded and recovery replays it up to the first torn entry (see

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Fencing: once a newer holder presents its token, the older holder's
@@ -19,24 +21,24 @@ func TestFencing(t *testing.T) {
 	old, next, plain := dialT(t, addr, ""), dialT(t, addr, ""), dialT(t, addr, "")
 	v, err := old.Create(ctx, "disk0", ChunkSize)
 	require.NoError(t, err)
-	page := make([]byte, PageSize)
+	page := make([]byte, pageid.Size)
 
 	require.NoError(t, plain.WriteAt(ctx, v.ID, 0, page), "no token presented yet: no fence")
 	require.NoError(t, old.Fence(ctx, v.ID, 1))
 	copy(page, "old holder")
 	require.NoError(t, old.WriteAt(ctx, v.ID, 0, page))
-	assert.ErrorIs(t, plain.WriteAt(ctx, v.ID, 0, page), ErrFenced, "a writer without a token, once the volume has one")
+	assert.ErrorIs(t, plain.WriteAt(ctx, v.ID, 0, page), pageid.ErrFenced, "a writer without a token, once the volume has one")
 
 	require.NoError(t, next.Fence(ctx, v.ID, 2))
 	copy(page, "late write")
-	assert.ErrorIs(t, old.WriteAt(ctx, v.ID, 0, page), ErrFenced)
-	assert.ErrorIs(t, old.Trim(ctx, v.ID, 0, PageSize), ErrFenced)
+	assert.ErrorIs(t, old.WriteAt(ctx, v.ID, 0, page), pageid.ErrFenced)
+	assert.ErrorIs(t, old.Trim(ctx, v.ID, 0, pageid.Size), pageid.ErrFenced)
 	_, err = old.CompareAndSwap(ctx, v.ID, 0, 0, 1)
-	assert.ErrorIs(t, err, ErrFenced)
-	got := make([]byte, PageSize)
+	assert.ErrorIs(t, err, pageid.ErrFenced)
+	got := make([]byte, pageid.Size)
 	require.NoError(t, old.ReadAt(ctx, v.ID, 0, got), "reads are never fenced")
 	assert.Equal(t, "old holder", string(got[:10]))
-	assert.ErrorIs(t, old.Fence(ctx, v.ID, 1), ErrFenced, "a superseded token is not taken back")
+	assert.ErrorIs(t, old.Fence(ctx, v.ID, 1), pageid.ErrFenced, "a superseded token is not taken back")
 
 	copy(page, "new holder")
 	require.NoError(t, next.WriteAt(ctx, v.ID, 0, page))
@@ -47,7 +49,7 @@ func TestFencing(t *testing.T) {
 
 	// The superseded holder's DELETE does not free the new holder's volume;
 	// the holder's own does, and an operator's (token 0) is not fenced.
-	assert.ErrorIs(t, old.DeleteFenced(ctx, "disk0", 1), ErrFenced)
+	assert.ErrorIs(t, old.DeleteFenced(ctx, "disk0", 1), pageid.ErrFenced)
 	_, err = plain.Open(ctx, "disk0")
 	require.NoError(t, err, "still there")
 	require.NoError(t, next.DeleteFenced(ctx, "disk0", 2))
@@ -83,8 +85,8 @@ func TestFencePersists(t *testing.T) {
 	// The superseded holder comes back with its token: refused.
 	srv = &Server{Store: s}
 	stale := dialT(t, serveT(t, srv), "")
-	require.ErrorIs(t, stale.Fence(ctx, v.ID, 6), ErrFenced)
-	assert.ErrorIs(t, stale.WriteAt(ctx, v.ID, 0, make([]byte, PageSize)), ErrFenced)
+	require.ErrorIs(t, stale.Fence(ctx, v.ID, 6), pageid.ErrFenced)
+	assert.ErrorIs(t, stale.WriteAt(ctx, v.ID, 0, make([]byte, pageid.Size)), pageid.ErrFenced)
 }
 
 // A fence raised while a write of the superseded token is between its
@@ -113,7 +115,7 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 		}
 	}
 
-	page := make([]byte, PageSize)
+	page := make([]byte, pageid.Size)
 	copy(page, "old holder")
 	wrote := make(chan error, 1)
 	go func() { wrote <- old.WriteAt(ctx, v.ID, 0, page) }()
@@ -123,7 +125,7 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 	<-raising
 
 	read := func() string {
-		got := make([]byte, PageSize)
+		got := make([]byte, pageid.Size)
 		require.NoError(t, next.ReadAt(ctx, v.ID, 0, got))
 		return string(got[:10])
 	}
@@ -157,6 +159,6 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 	require.NoError(t, <-bound)
 	assert.Equal(t, "old holder", read())
 	copy(page, "late write")
-	assert.ErrorIs(t, old.WriteAt(ctx, v.ID, 0, page), ErrFenced)
+	assert.ErrorIs(t, old.WriteAt(ctx, v.ID, 0, page), pageid.ErrFenced)
 	assert.Equal(t, "old holder", read(), "nothing of the old holder lands after the raise")
 }

@@ -2,15 +2,12 @@ package memnode
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
-)
 
-// ErrLeaseHeld means another holder's lease has not run out (or, on
-// renewal, that another holder took the lease over).
-var ErrLeaseHeld = errors.New("lease held by another host")
+	"github.com/pd3-go/pd3/pageid"
+)
 
 // Lease is a time-limited claim on one 8-byte word of a volume, taken and
 // renewed with the node's CAS alone — a one-sided verb, no lock service on
@@ -54,7 +51,7 @@ func (l *Lease) Acquire(ctx context.Context, wait time.Duration) error {
 		exp := time.Unix(int64(cur>>32), 0)
 		if holder := uint32(cur); holder != 0 && holder != l.id && time.Now().Before(exp) {
 			if exp.After(deadline) {
-				return fmt.Errorf("%w (until %s)", ErrLeaseHeld, exp.Format(time.RFC3339))
+				return fmt.Errorf("%w (until %s)", pageid.ErrHeld, exp.Format(time.RFC3339))
 			}
 			select {
 			case <-ctx.Done():
@@ -75,7 +72,7 @@ func (l *Lease) Acquire(ctx context.Context, wait time.Duration) error {
 	}
 }
 
-// Renew extends the lease; it fails with ErrLeaseHeld if another holder
+// Renew extends the lease; it fails with pageid.ErrHeld if another holder
 // took it. A word that holds an older lease of ours (a restarted node
 // that lost its last writes) is still ours.
 func (l *Lease) Renew(ctx context.Context) error {
@@ -90,7 +87,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 			return nil
 		}
 		if uint32(prev) != l.id {
-			return fmt.Errorf("%w: the lease was taken over", ErrLeaseHeld)
+			return fmt.Errorf("%w: the lease was taken over", pageid.ErrHeld)
 		}
 		l.cur = prev
 	}

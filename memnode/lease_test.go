@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 func TestLease(t *testing.T) {
@@ -21,7 +23,7 @@ func TestLease(t *testing.T) {
 
 	require.NoError(t, a.Acquire(ctx, 0))
 	require.NoError(t, other.Acquire(ctx, 0), "another word is another lease")
-	assert.ErrorIs(t, b.Acquire(ctx, 0), ErrLeaseHeld, "held, and no time to wait")
+	assert.ErrorIs(t, b.Acquire(ctx, 0), pageid.ErrHeld, "held, and no time to wait")
 	require.NoError(t, a.Renew(ctx))
 
 	// A node that lost its last writes shows an older lease of a's: still a's.
@@ -35,9 +37,9 @@ func TestLease(t *testing.T) {
 	start := time.Now()
 	require.NoError(t, b.Acquire(ctx, 5*time.Second))
 	assert.Greater(t, time.Since(start), 500*time.Millisecond, "b waited for a's lease to run out")
-	assert.ErrorIs(t, a.Renew(ctx), ErrLeaseHeld)
+	assert.ErrorIs(t, a.Renew(ctx), pageid.ErrHeld)
 	require.NoError(t, a.Release(ctx), "releasing a lost lease changes nothing")
-	assert.ErrorIs(t, (&Lease{C: c, Vol: v.ID, Off: 64, TTL: time.Second}).Acquire(ctx, 0), ErrLeaseHeld, "b still holds it")
+	assert.ErrorIs(t, (&Lease{C: c, Vol: v.ID, Off: 64, TTL: time.Second}).Acquire(ctx, 0), pageid.ErrHeld, "b still holds it")
 	require.NoError(t, b.Release(ctx))
 	require.NoError(t, (&Lease{C: c, Vol: v.ID, Off: 64, TTL: time.Second}).Acquire(ctx, 0), "free after release")
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -55,24 +56,24 @@ func TestReadWriteZeroesAndVolumes(t *testing.T) {
 
 	v, err := c.Create(ctx, "disk0", 3*ChunkSize+100)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(3*ChunkSize+PageSize), v.Size, "size rounds up to a page")
+	assert.Equal(t, uint64(3*ChunkSize+pageid.Size), v.Size, "size rounds up to a page")
 	_, err = c.Create(ctx, "disk0", 1)
-	assert.ErrorIs(t, err, ErrExists)
+	assert.ErrorIs(t, err, pageid.ErrExists)
 
-	page := make([]byte, PageSize)
+	page := make([]byte, pageid.Size)
 	require.NoError(t, c.ReadAt(ctx, v.ID, 0, page))
-	assert.Equal(t, make([]byte, PageSize), page, "unwritten pages read as zeroes")
+	assert.Equal(t, make([]byte, pageid.Size), page, "unwritten pages read as zeroes")
 
 	// A write that straddles a chunk boundary.
-	data := bytes.Repeat([]byte{0xab}, 3*PageSize)
-	off := uint64(ChunkSize - PageSize)
+	data := bytes.Repeat([]byte{0xab}, 3*pageid.Size)
+	off := uint64(ChunkSize - pageid.Size)
 	require.NoError(t, c.WriteAt(ctx, v.ID, off, data))
 	got := make([]byte, len(data))
 	require.NoError(t, c.ReadAt(ctx, v.ID, off, got))
 	assert.Equal(t, data, got)
 
-	require.NoError(t, c.Prefetch(ctx, MakeKey(v.ID, off/PageSize), page))
-	assert.Equal(t, data[:PageSize], page)
+	require.NoError(t, c.Prefetch(ctx, pageid.MakeKey(v.ID, off/pageid.Size), page))
+	assert.Equal(t, data[:pageid.Size], page)
 
 	o, err := c.Open(ctx, "disk0")
 	require.NoError(t, err)
@@ -81,8 +82,8 @@ func TestReadWriteZeroesAndVolumes(t *testing.T) {
 	// Trim of a whole chunk frees it; a partial trim zeroes.
 	require.NoError(t, c.Trim(ctx, v.ID, ChunkSize, ChunkSize))
 	require.NoError(t, c.ReadAt(ctx, v.ID, off, got))
-	assert.Equal(t, data[:PageSize], got[:PageSize])
-	assert.Equal(t, make([]byte, 2*PageSize), got[PageSize:])
+	assert.Equal(t, data[:pageid.Size], got[:pageid.Size])
+	assert.Equal(t, make([]byte, 2*pageid.Size), got[pageid.Size:])
 
 	old, err := c.FetchAndAdd(ctx, v.ID, 64, 5)
 	require.NoError(t, err)
@@ -105,7 +106,7 @@ func TestReadWriteZeroesAndVolumes(t *testing.T) {
 	assert.Equal(t, v, o)
 	require.NoError(t, c.Delete(ctx, "disk0"))
 	_, err = c.Open(ctx, "disk0")
-	assert.ErrorIs(t, err, ErrNoVolume)
+	assert.ErrorIs(t, err, pageid.ErrNoVolume)
 }
 
 func TestTypedErrors(t *testing.T) {
@@ -114,20 +115,20 @@ func TestTypedErrors(t *testing.T) {
 	ctx := context.Background()
 	v, err := c.Create(ctx, "small", 8*ChunkSize)
 	require.NoError(t, err)
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	tests := []struct {
 		name string
 		err  error
 		run  func() error
 	}{
-		{"read past end", ErrOutOfRange, func() error { return c.ReadAt(ctx, v.ID, v.Size-10, buf) }},
-		{"write past end", ErrOutOfRange, func() error { return c.WriteAt(ctx, v.ID, v.Size, buf) }},
-		{"offset overflow", ErrOutOfRange, func() error { return c.ReadAt(ctx, v.ID, ^uint64(0)-10, buf) }},
-		{"no volume", ErrNoVolume, func() error { return c.ReadAt(ctx, 999, 0, buf) }},
+		{"read past end", pageid.ErrOutOfRange, func() error { return c.ReadAt(ctx, v.ID, v.Size-10, buf) }},
+		{"write past end", pageid.ErrOutOfRange, func() error { return c.WriteAt(ctx, v.ID, v.Size, buf) }},
+		{"offset overflow", pageid.ErrOutOfRange, func() error { return c.ReadAt(ctx, v.ID, ^uint64(0)-10, buf) }},
+		{"no volume", pageid.ErrNoVolume, func() error { return c.ReadAt(ctx, 999, 0, buf) }},
 		{"too large", ErrTooLarge, func() error { return c.ReadAt(ctx, v.ID, 0, make([]byte, MaxIO+1)) }},
 		{"misaligned", ErrMisaligned, func() error { _, err := c.FetchAndAdd(ctx, v.ID, 3, 1); return err }},
 		{"bad name", ErrBadRequest, func() error { _, err := c.Create(ctx, "a/b", 10); return err }},
-		{"no memory", ErrNoMemory, func() error {
+		{"no memory", pageid.ErrNoMemory, func() error {
 			for i := uint64(0); i < 3; i++ {
 				if err := c.WriteAt(ctx, v.ID, i*ChunkSize, buf); err != nil {
 					return err
@@ -282,7 +283,7 @@ func TestBadFramesIsolated(t *testing.T) {
 }
 
 // TestRestartFailsCleanly kills the node under a client with requests in
-// flight: they fail with ErrConnLost promptly, and the client redials once a
+// flight: they fail with pageid.ErrUnavailable promptly, and the client redials once a
 // node listens again.
 func TestRestartFailsCleanly(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -303,14 +304,14 @@ func TestRestartFailsCleanly(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, PageSize)
+			buf := make([]byte, pageid.Size)
 			for {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				if err := c.WriteAt(ctx, v.ID, uint64(i)*PageSize, buf); err != nil {
+				if err := c.WriteAt(ctx, v.ID, uint64(i)*pageid.Size, buf); err != nil {
 					errs <- err
 					return
 				}
@@ -332,7 +333,7 @@ func TestRestartFailsCleanly(t *testing.T) {
 	n := 0
 	for err := range errs {
 		n++
-		assert.ErrorIs(t, err, ErrConnLost)
+		assert.ErrorIs(t, err, pageid.ErrUnavailable)
 	}
 	assert.Equal(t, 8, n)
 
@@ -344,7 +345,7 @@ func TestRestartFailsCleanly(t *testing.T) {
 	go srv2.Serve(context.Background(), ln2)
 	defer srv2.Close()
 	err = c.ReadAt(ctx, v.ID, 0, make([]byte, 8))
-	assert.ErrorIs(t, err, ErrNoVolume)
+	assert.ErrorIs(t, err, pageid.ErrNoVolume)
 }
 
 // TestSilentNodeTimesOut: a node that accepts but never answers makes
@@ -375,7 +376,7 @@ func TestSilentNodeTimesOut(t *testing.T) {
 	defer c.Close()
 	start := time.Now()
 	err = c.ReadAt(context.Background(), 1, 0, make([]byte, 8))
-	assert.ErrorIs(t, err, ErrConnLost)
+	assert.ErrorIs(t, err, pageid.ErrUnavailable)
 	assert.ErrorIs(t, err, pipeline.ErrTimeout)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
@@ -388,8 +389,8 @@ func TestResize(t *testing.T) {
 		name     string
 		from, to uint64
 	}{
-		{"within a chunk", 2 * PageSize, 8 * PageSize},
-		{"more chunks", 3 * ChunkSize, 7*ChunkSize + PageSize},
+		{"within a chunk", 2 * pageid.Size, 8 * pageid.Size},
+		{"more chunks", 3 * ChunkSize, 7*ChunkSize + pageid.Size},
 		{"dense to sparse", 2 * ChunkSize, denseChunks*ChunkSize + 5*ChunkSize},
 		{"sparse", (denseChunks + 1) * ChunkSize, 1 << 40},
 	} {
@@ -399,7 +400,7 @@ func TestResize(t *testing.T) {
 			ctx := context.Background()
 			v, err := c.Create(ctx, "v", tc.from)
 			require.NoError(t, err)
-			first := pattern(1, PageSize)
+			first := pattern(1, pageid.Size)
 			require.NoError(t, c.WriteAt(ctx, v.ID, 0, first))
 
 			// Reads and writes of the old range go on through the resize.
@@ -408,14 +409,14 @@ func TestResize(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got := make([]byte, PageSize)
+				got := make([]byte, pageid.Size)
 				for i := 0; ; i++ {
 					select {
 					case <-stop:
 						return
 					default:
 					}
-					if err := busy.WriteAt(ctx, v.ID, tc.from-PageSize, pattern(byte(i), PageSize)); err != nil {
+					if err := busy.WriteAt(ctx, v.ID, tc.from-pageid.Size, pattern(byte(i), pageid.Size)); err != nil {
 						t.Error(err)
 						return
 					}
@@ -425,7 +426,7 @@ func TestResize(t *testing.T) {
 					}
 				}
 			}()
-			_, err = c.Resize(ctx, "v", tc.from-PageSize)
+			_, err = c.Resize(ctx, "v", tc.from-pageid.Size)
 			assert.ErrorIs(t, err, ErrBadRequest, "shrinking")
 			info, err := c.Resize(ctx, "v", tc.to)
 			close(stop)
@@ -436,23 +437,23 @@ func TestResize(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.to, o.Size)
 
-			got := make([]byte, PageSize)
+			got := make([]byte, pageid.Size)
 			require.NoError(t, c.ReadAt(ctx, v.ID, 0, got))
 			assert.Equal(t, first, got)
-			last := tc.to - PageSize
+			last := tc.to - pageid.Size
 			require.NoError(t, c.ReadAt(ctx, v.ID, tc.from, got))
-			assert.Equal(t, make([]byte, PageSize), got, "the new bytes")
-			require.NoError(t, c.WriteAt(ctx, v.ID, last, pattern(9, PageSize)))
+			assert.Equal(t, make([]byte, pageid.Size), got, "the new bytes")
+			require.NoError(t, c.WriteAt(ctx, v.ID, last, pattern(9, pageid.Size)))
 			require.NoError(t, c.ReadAt(ctx, v.ID, last, got))
-			assert.Equal(t, pattern(9, PageSize), got)
-			assert.ErrorIs(t, c.ReadAt(ctx, v.ID, tc.to, got), ErrOutOfRange)
+			assert.Equal(t, pattern(9, pageid.Size), got)
+			assert.ErrorIs(t, c.ReadAt(ctx, v.ID, tc.to, got), pageid.ErrOutOfRange)
 			_, err = c.Resize(ctx, "v", tc.to) // the same size: nothing to do
 			require.NoError(t, err)
 		})
 	}
 	t.Run("no such volume", func(t *testing.T) {
 		_, addr := startNode(t, "", 0)
-		_, err := dialT(t, addr, "").Resize(context.Background(), "nope", PageSize)
-		assert.ErrorIs(t, err, ErrNoVolume)
+		_, err := dialT(t, addr, "").Resize(context.Background(), "nope", pageid.Size)
+		assert.ErrorIs(t, err, pageid.ErrNoVolume)
 	})
 }

@@ -6,12 +6,13 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/testutil"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // TestPersistFullDisk: a persistent node whose disk fills answers writes
-// with ErrNoSpace, goes on serving reads and small atomics (a lease's
+// with pageid.ErrNoSpace, goes on serving reads and small atomics (a lease's
 // renewal), takes writes again by itself once there is room, and loses
 // nothing it acknowledged.
 func TestPersistFullDisk(t *testing.T) {
@@ -23,26 +24,26 @@ func TestPersistFullDisk(t *testing.T) {
 
 	acked := map[uint64][]byte{}
 	page := func(i uint64) []byte {
-		p := pattern(byte(i), PageSize)
+		p := pattern(byte(i), pageid.Size)
 		binary.LittleEndian.PutUint64(p, i+1)
 		return p
 	}
 	var full error
 	for i := uint64(1); i < 4096; i++ { // 16 MiB: far more than the disk holds
-		if err := s.WriteAt(v.ID, i*PageSize, page(i)); err != nil {
+		if err := s.WriteAt(v.ID, i*pageid.Size, page(i)); err != nil {
 			full = err
 			break
 		}
 		acked[i] = page(i)
 	}
-	require.ErrorIs(t, full, ErrNoSpace, "after %d pages", len(acked))
+	require.ErrorIs(t, full, pageid.ErrNoSpace, "after %d pages", len(acked))
 	assert.Greater(t, len(acked), 64, "the reserve is not the whole disk")
 	assert.Contains(t, full.Error(), "free room there")
 
 	check := func() {
-		got := make([]byte, PageSize)
+		got := make([]byte, pageid.Size)
 		for i, want := range acked {
-			require.NoError(t, s.ReadAt(v.ID, i*PageSize, got))
+			require.NoError(t, s.ReadAt(v.ID, i*pageid.Size, got))
 			require.Equal(t, want, got, "page %d", i)
 		}
 	}
@@ -56,20 +57,20 @@ func TestPersistFullDisk(t *testing.T) {
 		word = i + 1
 	}
 	for _, op := range []func() error{
-		func() error { return s.WriteAt(v.ID, 5000*PageSize, page(5000)) },
-		func() error { return s.Trim(v.ID, PageSize, PageSize) },
+		func() error { return s.WriteAt(v.ID, 5000*pageid.Size, page(5000)) },
+		func() error { return s.Trim(v.ID, pageid.Size, pageid.Size) },
 		func() error { _, err := s.Create("w", 1<<20); return err },
 	} {
-		assert.ErrorIs(t, op(), ErrNoSpace)
+		assert.ErrorIs(t, op(), pageid.ErrNoSpace)
 	}
 	check()
 
 	resize("64m")
-	require.Eventually(t, func() bool { return s.WriteAt(v.ID, 5000*PageSize, page(5000)) == nil },
+	require.Eventually(t, func() bool { return s.WriteAt(v.ID, 5000*pageid.Size, page(5000)) == nil },
 		10*time.Second, 5*time.Millisecond, "writes resume once there is room, with no restart")
 	acked[5000] = page(5000)
 	for i := uint64(5001); i < 5100; i++ {
-		require.NoError(t, s.WriteAt(v.ID, i*PageSize, page(i)))
+		require.NoError(t, s.WriteAt(v.ID, i*pageid.Size, page(i)))
 		acked[i] = page(i)
 	}
 	crash(s)

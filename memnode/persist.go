@@ -86,9 +86,6 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli) // read-only after init
 
-// ErrCorrupt is returned when persistent state cannot be read back.
-var ErrCorrupt = pageid.ErrCorrupt
-
 // plog is the write-ahead log with group commit.
 type plog struct {
 	dir  string
@@ -110,7 +107,7 @@ type plog struct {
 	// A full disk is a condition, not a failure (docs/decisions.md, 7).
 	// full: the disk had no room; data mutations are refused (admit)
 	// until the reserve is back. stalled: the last write of the log found
-	// no room, so waiters are answered ErrNoSpace; their entries stay
+	// no room, so waiters are answered pageid.ErrNoSpace; their entries stay
 	// pending and are written once there is room.
 	full, stalled error
 	isFull        atomic.Bool // full != nil, read without mu by admit
@@ -175,7 +172,7 @@ func (l *plog) append(op byte, vol uint16, off, count uint64, payload []byte) (u
 
 // waitDurable blocks until the entry with durability token t (and every
 // earlier one) is on stable storage, the log failed, or the disk has no
-// room for it (ErrNoSpace: the entry stays queued and may still become
+// room for it (pageid.ErrNoSpace: the entry stays queued and may still become
 // durable). durable counts the entries synced, so token t is durable once
 // durable ≥ t.
 func (l *plog) waitDurable(t uint64) error {
@@ -270,7 +267,7 @@ func (l *plog) syncOnce() bool {
 		// so that the entries in hand (a lease renewal among them) need
 		// not fail.
 		l.reserved = false
-		l.full = fmt.Errorf("%w: %v", ErrNoSpace, err)
+		l.full = fmt.Errorf("%w: %v", pageid.ErrNoSpace, err)
 		l.isFull.Store(true)
 		if rerr := l.disk.Remove(l.reservePath()); rerr == nil {
 			err = l.writeOut(f, buf, at)
@@ -296,7 +293,7 @@ func (l *plog) syncOnce() bool {
 	case isNoSpace(err):
 		// Keep the entries, in order, ahead of those appended since.
 		l.pending = append(buf, l.pending...)
-		l.full = fmt.Errorf("%w: %v", ErrNoSpace, err)
+		l.full = fmt.Errorf("%w: %v", pageid.ErrNoSpace, err)
 		l.stalled = l.full
 		l.isFull.Store(true)
 	case l.err == nil:
@@ -349,7 +346,7 @@ func (l *plog) roll() (uint64, uint64, error) {
 	if len(l.pending) > 0 {
 		if err := l.writeOut(l.f, l.pending, l.wpos); err != nil {
 			if isNoSpace(err) {
-				return 0, 0, fmt.Errorf("%w: %v", ErrNoSpace, err)
+				return 0, 0, fmt.Errorf("%w: %v", pageid.ErrNoSpace, err)
 			}
 			l.err = fmt.Errorf("memnode: writing the log: %w", err)
 			l.cond.Broadcast()
@@ -441,7 +438,7 @@ func (p *persister) pageFile(id uint16) (diskFile, error) {
 // volumes.json): what the wire says of a volume, and its fencing token
 // (absent in tables written before fencing, which read as 0).
 type volumeRecord struct {
-	VolumeInfo
+	pageid.VolumeInfo
 	Fence uint64 `json:",omitempty"`
 }
 
@@ -481,14 +478,14 @@ func openPersistent(d disk, dir string, capacity uint64, progress Progress) (*St
 	var cp checkpoint
 	if b, err := d.ReadFile(filepath.Join(dir, "checkpoint")); err == nil {
 		if err := json.Unmarshal(b, &cp); err != nil {
-			return nil, fmt.Errorf("%w: checkpoint: %v", ErrCorrupt, err)
+			return nil, fmt.Errorf("%w: checkpoint: %v", pageid.ErrCorrupt, err)
 		}
 	}
 	vs := cp.Volumes
 	if vs == nil {
 		if b, err := d.ReadFile(filepath.Join(dir, "volumes.json")); err == nil {
 			if err := json.Unmarshal(b, &vs); err != nil {
-				return nil, fmt.Errorf("%w: volumes.json: %v", ErrCorrupt, err)
+				return nil, fmt.Errorf("%w: volumes.json: %v", pageid.ErrCorrupt, err)
 			}
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("memnode: %w", err)
@@ -591,7 +588,7 @@ func openPersistent(d disk, dir string, capacity uint64, progress Progress) (*St
 	l.f = f
 	if l.reserved = l.fillReserve(); !l.reserved {
 		// Opened on a full disk: data waits for room (the syncer retries).
-		l.full = fmt.Errorf("%w: no room for the reserve of %d bytes", ErrNoSpace, reserveBytes)
+		l.full = fmt.Errorf("%w: no room for the reserve of %d bytes", pageid.ErrNoSpace, reserveBytes)
 		l.isFull.Store(true)
 		l.retry = time.AfterFunc(fullRetry, l.poke)
 	}
@@ -657,7 +654,7 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report 
 		case opLogTrim:
 			err = s.applyTrim(vol, at, binary.LittleEndian.Uint64(e[40:]))
 		case opLogCreate:
-			err = s.restoreVolume(volumeRecord{VolumeInfo: VolumeInfo{ID: vol, Size: at, Name: string(payload)}})
+			err = s.restoreVolume(volumeRecord{VolumeInfo: pageid.VolumeInfo{ID: vol, Size: at, Name: string(payload)}})
 		case opLogDelete:
 			err = s.replayDelete(vol, string(payload))
 		case opLogFence:
@@ -667,8 +664,8 @@ func (s *Store) replay(path string, gen uint64, start int64, seq uint64, report 
 		default:
 			return off, seq, true, nil
 		}
-		if err != nil && !errors.Is(err, ErrNoVolume) {
-			return 0, 0, false, fmt.Errorf("%w: replaying entry %d: %v", ErrCorrupt, seq, err)
+		if err != nil && !errors.Is(err, pageid.ErrNoVolume) {
+			return 0, 0, false, fmt.Errorf("%w: replaying entry %d: %v", pageid.ErrCorrupt, seq, err)
 		}
 		seq++
 		off += int64(pad16(entryHeader + n))
@@ -721,7 +718,7 @@ func (s *Store) replayFence(id uint16, name string, token uint64) error {
 func (s *Store) loggedLocked(id uint16, name, doing string) (*volume, error) {
 	v, ok := s.byID[id]
 	if !ok {
-		return nil, fmt.Errorf("%s volume %d %q: %w", doing, id, name, ErrNoVolume)
+		return nil, fmt.Errorf("%s volume %d %q: %w", doing, id, name, pageid.ErrNoVolume)
 	}
 	if v.info.Name != name {
 		return nil, fmt.Errorf("%s volume %d %q: the table has %q", doing, id, name, v.info.Name)
@@ -764,7 +761,7 @@ func (s *Store) loadPages(id uint16, size uint64, f diskFile, report func(int64)
 		}
 		if n > 0 {
 			if err := s.apply(id, uint64(chunkStart), buf[:n], false); err != nil {
-				return fmt.Errorf("%w: loading volume %d: %v", ErrCorrupt, id, err)
+				return fmt.Errorf("%w: loading volume %d: %v", pageid.ErrCorrupt, id, err)
 			}
 			report(int64(n))
 		}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // crash abandons a persistent store the way a killed process would: no
@@ -38,23 +40,23 @@ func TestPersistSurvivesCrash(t *testing.T) {
 	dir := t.TempDir()
 	s, err := OpenPersistent(dir, 0)
 	require.NoError(t, err)
-	v, err := s.Create("vol", 4*ChunkSize+PageSize)
+	v, err := s.Create("vol", 4*ChunkSize+pageid.Size)
 	require.NoError(t, err)
 	model := make([]byte, v.Size)
 	write := func(s *Store, off uint64, p []byte) {
 		require.NoError(t, s.WriteAt(v.ID, off, p))
 		copy(model[off:], p)
 	}
-	write(s, 100, pattern(1, 3*PageSize))
+	write(s, 100, pattern(1, 3*pageid.Size))
 	write(s, ChunkSize-7, pattern(2, 100)) // across a chunk boundary
-	write(s, 4*ChunkSize, pattern(3, PageSize))
+	write(s, 4*ChunkSize, pattern(3, pageid.Size))
 	require.NoError(t, s.Trim(v.ID, 2*ChunkSize, ChunkSize)) // frees nothing written, still logged
 	write(s, 3*ChunkSize, pattern(4, 5000))
 	require.NoError(t, s.Trim(v.ID, 3*ChunkSize+1000, 1000))
 	clear(model[3*ChunkSize+1000 : 3*ChunkSize+2000])
-	_, err = s.FetchAndAdd(v.ID, 8*PageSize, 41)
+	_, err = s.FetchAndAdd(v.ID, 8*pageid.Size, 41)
 	require.NoError(t, err)
-	binary.LittleEndian.PutUint64(model[8*PageSize:], 41)
+	binary.LittleEndian.PutUint64(model[8*pageid.Size:], 41)
 
 	check := func(s *Store) {
 		t.Helper()
@@ -64,7 +66,7 @@ func TestPersistSurvivesCrash(t *testing.T) {
 		}
 		for i := range model {
 			if model[i] != got[i] {
-				t.Fatalf("recovered byte %d (chunk %d, page %d) is %d, acknowledged %d", i, i/ChunkSize, i/PageSize, got[i], model[i])
+				t.Fatalf("recovered byte %d (chunk %d, page %d) is %d, acknowledged %d", i, i/ChunkSize, i/pageid.Size, got[i], model[i])
 			}
 		}
 		require.NoError(t, s.Check())
@@ -111,7 +113,7 @@ func TestPersistSurvivesCrash(t *testing.T) {
 	s, err = OpenPersistent(dir, 0)
 	require.NoError(t, err)
 	_, err = s.Open("vol")
-	assert.ErrorIs(t, err, ErrNoVolume)
+	assert.ErrorIs(t, err, pageid.ErrNoVolume)
 	crash(s)
 }
 
@@ -155,10 +157,10 @@ func TestPersistTornTail(t *testing.T) {
 			b, _ := os.ReadFile(path)
 			// Rewrite the last entry's generation and fix its checksum:
 			// only the generation check can reject it.
-			last := len(b) - pad16(entryHeader+PageSize)
+			last := len(b) - pad16(entryHeader+pageid.Size)
 			e := b[last:]
 			binary.LittleEndian.PutUint64(e[8:], 999)
-			binary.LittleEndian.PutUint32(e[4:], crc32c(e[8:entryHeader+PageSize]))
+			binary.LittleEndian.PutUint32(e[4:], crc32c(e[8:entryHeader+pageid.Size]))
 			require.NoError(t, os.WriteFile(path, b, 0o600))
 		}},
 	} {
@@ -169,30 +171,30 @@ func TestPersistTornTail(t *testing.T) {
 			v, err := s.Create("vol", ChunkSize)
 			require.NoError(t, err)
 			for i := 0; i < 10; i++ {
-				require.NoError(t, s.WriteAt(v.ID, uint64(i)*PageSize, pattern(byte(i), PageSize)))
+				require.NoError(t, s.WriteAt(v.ID, uint64(i)*pageid.Size, pattern(byte(i), pageid.Size)))
 			}
 			crash(s)
 			damage.do(t, lastSegment(t, dir))
 			s, err = OpenPersistent(dir, 0)
 			require.NoError(t, err)
-			got := make([]byte, PageSize)
+			got := make([]byte, pageid.Size)
 			for i := 0; i < 9; i++ {
-				require.NoError(t, s.ReadAt(v.ID, uint64(i)*PageSize, got))
-				require.Equal(t, pattern(byte(i), PageSize), got, "entry %d before the damage", i)
+				require.NoError(t, s.ReadAt(v.ID, uint64(i)*pageid.Size, got))
+				require.Equal(t, pattern(byte(i), pageid.Size), got, "entry %d before the damage", i)
 			}
-			require.NoError(t, s.ReadAt(v.ID, 9*PageSize, got))
+			require.NoError(t, s.ReadAt(v.ID, 9*pageid.Size, got))
 			if damage.name != "garbage appended" {
-				assert.Equal(t, make([]byte, PageSize), got, "the damaged last entry is not replayed")
+				assert.Equal(t, make([]byte, pageid.Size), got, "the damaged last entry is not replayed")
 			}
 			// The store goes on, and a second crash recovers the new writes.
-			require.NoError(t, s.WriteAt(v.ID, 20*PageSize, pattern(99, PageSize)))
+			require.NoError(t, s.WriteAt(v.ID, 20*pageid.Size, pattern(99, pageid.Size)))
 			crash(s)
 			s, err = OpenPersistent(dir, 0)
 			require.NoError(t, err)
-			require.NoError(t, s.ReadAt(v.ID, 20*PageSize, got))
-			assert.Equal(t, pattern(99, PageSize), got)
+			require.NoError(t, s.ReadAt(v.ID, 20*pageid.Size, got))
+			assert.Equal(t, pattern(99, pageid.Size), got)
 			require.NoError(t, s.ReadAt(v.ID, 0, got))
-			assert.Equal(t, pattern(0, PageSize), got)
+			assert.Equal(t, pattern(0, pageid.Size), got)
 			crash(s)
 		})
 	}
@@ -212,8 +214,8 @@ func TestPersistLogStaysBounded(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	model := make([]byte, v.Size)
 	for i := 0; i < 6000; i++ {
-		off := rng.Uint64N(v.Size/PageSize) * PageSize
-		p := pattern(byte(i), PageSize)
+		off := rng.Uint64N(v.Size/pageid.Size) * pageid.Size
+		p := pattern(byte(i), pageid.Size)
 		require.NoError(t, s.WriteAt(v.ID, off, p))
 		copy(model[off:], p)
 	}
@@ -259,8 +261,8 @@ func TestGroupCommit(t *testing.T) {
 			calls := make([]Call, 32)
 			for round := 0; round < 20; round++ {
 				for i := range calls {
-					off := uint64((w*640+round*32+i)%4096) * PageSize
-					calls[i] = c.WriteAsync(ctx, v.ID, off, pattern(byte(w), PageSize))
+					off := uint64((w*640+round*32+i)%4096) * pageid.Size
+					calls[i] = c.WriteAsync(ctx, v.ID, off, pattern(byte(w), pageid.Size))
 				}
 				for _, call := range calls {
 					assert.NoError(t, call.Wait(ctx))
@@ -276,9 +278,9 @@ func TestGroupCommit(t *testing.T) {
 	crash(st)
 	st, err = OpenPersistent(dir, 0)
 	require.NoError(t, err)
-	got := make([]byte, PageSize)
+	got := make([]byte, pageid.Size)
 	require.NoError(t, st.ReadAt(v.ID, 0, got))
-	assert.NotEqual(t, make([]byte, PageSize), got)
+	assert.NotEqual(t, make([]byte, pageid.Size), got)
 	crash(st)
 }
 
@@ -291,8 +293,8 @@ func TestSparseVolume(t *testing.T) {
 	require.NoError(t, err)
 	v, err := s.Create("sparse", 4<<40)
 	require.NoError(t, err)
-	far := uint64(3<<40 + 5*PageSize)
-	data := pattern(7, 2*PageSize)
+	far := uint64(3<<40 + 5*pageid.Size)
+	data := pattern(7, 2*pageid.Size)
 	require.NoError(t, s.WriteAt(v.ID, far, data))
 	require.NoError(t, s.WriteAt(v.ID, 0, data))
 	assert.Equal(t, uint64(2*ChunkSize), s.Used())
@@ -331,11 +333,11 @@ func TestPersistManyVolumes(t *testing.T) {
 	dir := t.TempDir()
 	s, err := OpenPersistent(dir, 0)
 	require.NoError(t, err)
-	var last VolumeInfo
+	var last pageid.VolumeInfo
 	for i := range 300 {
 		last, err = s.Create(fmt.Sprintf("f%d", i), 1<<20)
 		require.NoError(t, err)
-		require.NoError(t, s.WriteAt(last.ID, 0, pattern(byte(i), PageSize)))
+		require.NoError(t, s.WriteAt(last.ID, 0, pattern(byte(i), pageid.Size)))
 	}
 	require.NoError(t, s.Checkpoint())
 	fds, err := os.ReadDir("/proc/self/fd")
@@ -354,17 +356,17 @@ func TestPersistManyVolumes(t *testing.T) {
 	v, err := s.Create("new", 1<<20)
 	require.NoError(t, err)
 	require.Equal(t, last.ID+1, v.ID)
-	got := make([]byte, PageSize)
+	got := make([]byte, pageid.Size)
 	require.NoError(t, s.ReadAt(v.ID, 0, got))
-	assert.Equal(t, make([]byte, PageSize), got)
+	assert.Equal(t, make([]byte, pageid.Size), got)
 	require.NoError(t, s.Checkpoint())
 	require.NoError(t, s.Close())
 	s, err = OpenPersistent(dir, 0)
 	require.NoError(t, err)
 	require.NoError(t, s.ReadAt(v.ID, 0, got))
-	assert.Equal(t, make([]byte, PageSize), got, "a stale page file showed through")
+	assert.Equal(t, make([]byte, pageid.Size), got, "a stale page file showed through")
 	require.NoError(t, s.ReadAt(last.ID, 0, got))
-	assert.Equal(t, pattern(byte(299%256), PageSize), got)
+	assert.Equal(t, pattern(byte(299%256), pageid.Size), got)
 	require.NoError(t, s.Close())
 }
 
@@ -419,13 +421,13 @@ func TestPersistVolumeTableJournal(t *testing.T) {
 			require.NoError(t, err)
 			a, err := s.Create("a", 4*ChunkSize)
 			require.NoError(t, err)
-			require.NoError(t, s.WriteAt(a.ID, ChunkSize, pattern(1, PageSize)))
+			require.NoError(t, s.WriteAt(a.ID, ChunkSize, pattern(1, pageid.Size)))
 			if cpAt == "after the first create" {
 				require.NoError(t, s.Checkpoint())
 			}
 			keep, err := s.Create("keep", ChunkSize)
 			require.NoError(t, err)
-			require.NoError(t, s.WriteAt(keep.ID, 0, pattern(2, PageSize)))
+			require.NoError(t, s.WriteAt(keep.ID, 0, pattern(2, pageid.Size)))
 			_, err = s.raiseFence(s.byID[keep.ID], 7)
 			require.NoError(t, err)
 			require.NoError(t, s.Delete("a"))
@@ -435,7 +437,7 @@ func TestPersistVolumeTableJournal(t *testing.T) {
 			b, err := s.Create("b", 4*ChunkSize)
 			require.NoError(t, err)
 			require.Equal(t, a.ID, b.ID, "the id is re-used")
-			require.NoError(t, s.WriteAt(b.ID, 0, pattern(3, PageSize)))
+			require.NoError(t, s.WriteAt(b.ID, 0, pattern(3, pageid.Size)))
 			if cpAt == "at the end" {
 				require.NoError(t, s.Checkpoint())
 			}
@@ -450,13 +452,13 @@ func TestPersistVolumeTableJournal(t *testing.T) {
 				names[v.Name] = v.ID
 			}
 			assert.Equal(t, map[string]uint16{"keep": keep.ID, "b": b.ID}, names)
-			got := make([]byte, PageSize)
+			got := make([]byte, pageid.Size)
 			require.NoError(t, s.ReadAt(b.ID, ChunkSize, got))
-			assert.Equal(t, make([]byte, PageSize), got, "the deleted volume's bytes showed through")
+			assert.Equal(t, make([]byte, pageid.Size), got, "the deleted volume's bytes showed through")
 			require.NoError(t, s.ReadAt(b.ID, 0, got))
-			assert.Equal(t, pattern(3, PageSize), got)
+			assert.Equal(t, pattern(3, pageid.Size), got)
 			require.NoError(t, s.ReadAt(keep.ID, 0, got))
-			assert.Equal(t, pattern(2, PageSize), got)
+			assert.Equal(t, pattern(2, pageid.Size), got)
 			tok, err := s.Fence(keep.ID)
 			require.NoError(t, err)
 			assert.Equal(t, uint64(7), tok)
@@ -489,7 +491,7 @@ func TestPersistTornCreate(t *testing.T) {
 	_, err = s.Open("first")
 	require.NoError(t, err)
 	_, err = s.Open("torn")
-	assert.ErrorIs(t, err, ErrNoVolume)
+	assert.ErrorIs(t, err, pageid.ErrNoVolume)
 }
 
 // A store written before the table was journaled (volumes.json, a
@@ -501,7 +503,7 @@ func TestPersistOlderLayout(t *testing.T) {
 	require.NoError(t, err)
 	v, err := s.Create("old", ChunkSize)
 	require.NoError(t, err)
-	require.NoError(t, s.WriteAt(v.ID, 0, pattern(5, PageSize)))
+	require.NoError(t, s.WriteAt(v.ID, 0, pattern(5, pageid.Size)))
 	require.NoError(t, s.Close())
 	var cp checkpoint
 	b, err := os.ReadFile(filepath.Join(dir, "checkpoint"))
@@ -517,9 +519,9 @@ func TestPersistOlderLayout(t *testing.T) {
 
 	s, err = OpenPersistent(dir, 0)
 	require.NoError(t, err)
-	got := make([]byte, PageSize)
+	got := make([]byte, pageid.Size)
 	require.NoError(t, s.ReadAt(v.ID, 0, got))
-	assert.Equal(t, pattern(5, PageSize), got)
+	assert.Equal(t, pattern(5, pageid.Size), got)
 	require.NoError(t, s.Close())
 	assert.NoFileExists(t, filepath.Join(dir, "volumes.json"), "superseded by the checkpoint's table")
 	s, err = OpenPersistent(dir, 0)
@@ -535,9 +537,9 @@ func TestPersistOlderLayout(t *testing.T) {
 // and the chunks) keeps the new bytes in the log until a checkpoint whose
 // table has the new size writes them.
 func TestPersistResize(t *testing.T) {
-	old, grown := uint64(PageSize), uint64(3*ChunkSize)
+	old, grown := uint64(pageid.Size), uint64(3*ChunkSize)
 	// in the first chunk past the old end, in the next chunk
-	near, far := uint64(2*PageSize), uint64(ChunkSize+PageSize)
+	near, far := uint64(2*pageid.Size), uint64(ChunkSize+pageid.Size)
 	for _, cpAt := range []string{"never", "after the resize", "after the writes", "during the checkpoint", "cut short"} {
 		t.Run(cpAt, func(t *testing.T) {
 			dir := t.TempDir()
@@ -545,13 +547,13 @@ func TestPersistResize(t *testing.T) {
 			require.NoError(t, err)
 			v, err := s.Create("v", old)
 			require.NoError(t, err)
-			require.NoError(t, s.WriteAt(v.ID, 0, pattern(1, PageSize)))
+			require.NoError(t, s.WriteAt(v.ID, 0, pattern(1, pageid.Size)))
 			grow := func() {
 				info, err := s.Resize("v", grown)
 				require.NoError(t, err)
 				require.Equal(t, grown, info.Size)
-				require.NoError(t, s.WriteAt(v.ID, near, pattern(2, PageSize)))
-				require.NoError(t, s.WriteAt(v.ID, far, pattern(3, PageSize)))
+				require.NoError(t, s.WriteAt(v.ID, near, pattern(2, pageid.Size)))
+				require.NoError(t, s.WriteAt(v.ID, far, pattern(3, pageid.Size)))
 			}
 			switch cpAt {
 			case "during the checkpoint":
@@ -569,7 +571,7 @@ func TestPersistResize(t *testing.T) {
 				grow()
 				f, err := os.OpenFile(s.persist.pagePath(v.ID), os.O_RDWR, 0)
 				require.NoError(t, err)
-				_, err = f.WriteAt(pattern(3, PageSize), int64(far))
+				_, err = f.WriteAt(pattern(3, pageid.Size), int64(far))
 				require.NoError(t, err)
 				require.NoError(t, f.Close())
 			case "after the resize":
@@ -591,9 +593,9 @@ func TestPersistResize(t *testing.T) {
 			info, err := s.Open("v")
 			require.NoError(t, err)
 			assert.Equal(t, grown, info.Size)
-			got := make([]byte, PageSize)
-			for at, want := range map[uint64][]byte{0: pattern(1, PageSize), near: pattern(2, PageSize),
-				far: pattern(3, PageSize), 2 * ChunkSize: make([]byte, PageSize)} {
+			got := make([]byte, pageid.Size)
+			for at, want := range map[uint64][]byte{0: pattern(1, pageid.Size), near: pattern(2, pageid.Size),
+				far: pattern(3, pageid.Size), 2 * ChunkSize: make([]byte, pageid.Size)} {
 				require.NoError(t, s.ReadAt(v.ID, at, got))
 				assert.Equal(t, want, got, "at %d", at)
 			}
@@ -609,22 +611,22 @@ func TestTrimAcrossSparseSegments(t *testing.T) {
 	s := NewStore(0)
 	v, err := s.Create("sparse", 4<<40)
 	require.NoError(t, err)
-	data := pattern(3, PageSize)
-	at := []uint64{0, 1<<30 + 5*ChunkSize + 7*PageSize, 3<<40 + ChunkSize/2, 4<<40 - PageSize}
+	data := pattern(3, pageid.Size)
+	at := []uint64{0, 1<<30 + 5*ChunkSize + 7*pageid.Size, 3<<40 + ChunkSize/2, 4<<40 - pageid.Size}
 	for _, off := range at {
 		require.NoError(t, s.WriteAt(v.ID, off, data))
 	}
 	require.Equal(t, uint64(len(at)*ChunkSize), s.Used())
 
-	require.NoError(t, s.Trim(v.ID, PageSize, 4<<40-2*PageSize))
-	got := make([]byte, PageSize)
+	require.NoError(t, s.Trim(v.ID, pageid.Size, 4<<40-2*pageid.Size))
+	got := make([]byte, pageid.Size)
 	require.NoError(t, s.ReadAt(v.ID, 0, got))
 	assert.Equal(t, data, got, "the page before the trim")
 	require.NoError(t, s.ReadAt(v.ID, at[3], got))
 	assert.Equal(t, data, got, "the page after the trim")
 	for _, off := range at[1:3] {
 		require.NoError(t, s.ReadAt(v.ID, off, got))
-		assert.Equal(t, make([]byte, PageSize), got, "byte %d survived the trim", off)
+		assert.Equal(t, make([]byte, pageid.Size), got, "byte %d survived the trim", off)
 	}
 	assert.Equal(t, uint64(2*ChunkSize), s.Used(), "only the first and last chunks hold data")
 	require.NoError(t, s.Check())

@@ -17,6 +17,7 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Server serves a Store over the memnode protocol. One goroutine owns each
@@ -85,7 +86,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		netsrv.LogEnd(s.log(), "memnode", nc, s.serveConn(nc))
 	})
 	if errors.Is(err, netsrv.ErrClosed) {
-		return ErrClosed
+		return pageid.ErrClosed
 	}
 	return err
 }
@@ -307,11 +308,11 @@ func (c *conn) execute(h *ReqHeader) error {
 		}
 		return c.respondData(h, 0, int(h.Count), func(p []byte) error { return st.ReadAt(h.Volume, h.Offset, p) })
 	case OpPrefetch:
-		k := Key(h.Offset)
-		if s := c.authorise(h, k.Volume(), k.Page()*PageSize, PageSize, AccessRead); s != StatusOK {
+		k := pageid.Key(h.Offset)
+		if s := c.authorise(h, k.Volume(), k.Page()*pageid.Size, pageid.Size, AccessRead); s != StatusOK {
 			return c.respond(h, s, nil)
 		}
-		return c.respondData(h, uint64(k), PageSize, func(p []byte) error { return st.ReadAt(k.Volume(), k.Page()*PageSize, p) })
+		return c.respondData(h, uint64(k), pageid.Size, func(p []byte) error { return st.ReadAt(k.Volume(), k.Page()*pageid.Size, p) })
 	case OpWrite:
 		if s := c.authorise(h, h.Volume, h.Offset, uint64(len(p)), AccessWrite); s != StatusOK {
 			return c.respond(h, s, nil)
@@ -464,7 +465,7 @@ func (c *conn) respondWord(h *ReqHeader, w uint64, err error) error {
 	return c.respond(h, StatusOK, b[:])
 }
 
-func (c *conn) respondInfo(h *ReqHeader, info VolumeInfo, err error) error {
+func (c *conn) respondInfo(h *ReqHeader, info pageid.VolumeInfo, err error) error {
 	if err != nil {
 		return c.respondErr(h, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Store is the memory of a node: named volumes of lazily allocated chunks.
@@ -31,7 +33,7 @@ type Store struct {
 }
 
 type volume struct {
-	info   VolumeInfo // ID and Name; Size is in size
+	info   pageid.VolumeInfo // ID and Name; Size is in size
 	chunks *chunkTable
 	// size is the volume's size in bytes; RESIZE grows it after the
 	// chunk table, so a request checked against it indexes the table.
@@ -78,32 +80,32 @@ func NewStore(capacity uint64) *Store {
 func (s *Store) Used() uint64 { return s.used.Load() }
 
 // Create makes a new volume of size bytes (rounded up to a page).
-func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
+func (s *Store) Create(name string, size uint64) (pageid.VolumeInfo, error) {
 	if err := validName(name); err != nil {
-		return VolumeInfo{}, err
+		return pageid.VolumeInfo{}, err
 	}
-	size = (size + PageSize - 1) &^ (PageSize - 1)
-	if size == 0 || size/PageSize >= 1<<PageBits {
-		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
+	size = (size + pageid.Size - 1) &^ (pageid.Size - 1)
+	if size == 0 || size/pageid.Size >= 1<<pageid.PageBits {
+		return pageid.VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
 	}
 	if err := s.admit(); err != nil {
-		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, err)
+		return pageid.VolumeInfo{}, fmt.Errorf("creating %q: %w", name, err)
 	}
 	s.mu.Lock()
 	if _, ok := s.byName[name]; ok {
 		s.mu.Unlock()
-		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, ErrExists)
+		return pageid.VolumeInfo{}, fmt.Errorf("creating %q: %w", name, pageid.ErrExists)
 	}
 	id, ok := s.freeID()
 	if !ok {
 		s.mu.Unlock()
-		return VolumeInfo{}, fmt.Errorf("creating %q: %w: all volume ids in use", name, ErrNoMemory)
+		return pageid.VolumeInfo{}, fmt.Errorf("creating %q: %w: all volume ids in use", name, pageid.ErrNoMemory)
 	}
-	v := newVolume(VolumeInfo{ID: id, Size: size, Name: name})
+	v := newVolume(pageid.VolumeInfo{ID: id, Size: size, Name: name})
 	tok, err := s.logTableLocked(opLogCreate, id, size, 0, name)
 	if err != nil {
 		s.mu.Unlock()
-		return VolumeInfo{}, err
+		return pageid.VolumeInfo{}, err
 	}
 	s.byName[name] = v
 	s.byID[id] = v
@@ -111,7 +113,7 @@ func (s *Store) Create(name string, size uint64) (VolumeInfo, error) {
 	// Like a write, the new volume is visible before it is durable; what
 	// is written to it is logged after it, so never durable before it.
 	if err := s.Durable(tok); err != nil {
-		return VolumeInfo{}, fmt.Errorf("creating %q: %w", name, err)
+		return pageid.VolumeInfo{}, fmt.Errorf("creating %q: %w", name, err)
 	}
 	return v.current(), nil
 }
@@ -150,7 +152,7 @@ func (s *Store) restoreVolume(rec volumeRecord) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.byID[info.ID]; ok || info.ID == 0 || validName(info.Name) != nil {
-		return fmt.Errorf("%w: volume table entry %+v", ErrCorrupt, info)
+		return fmt.Errorf("%w: volume table entry %+v", pageid.ErrCorrupt, info)
 	}
 	v := newVolume(info)
 	v.fence.Store(rec.Fence)
@@ -193,56 +195,56 @@ func validName(name string) error {
 // bytes read as zeroes. Shrinking is refused: it would drop data a host
 // may still hold in its cache, and no client of a volume learns of it.
 // A size equal to the current one changes nothing.
-func (s *Store) Resize(name string, size uint64) (VolumeInfo, error) {
-	size = (size + PageSize - 1) &^ (PageSize - 1)
-	if size == 0 || size/PageSize >= 1<<PageBits {
-		return VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
+func (s *Store) Resize(name string, size uint64) (pageid.VolumeInfo, error) {
+	size = (size + pageid.Size - 1) &^ (pageid.Size - 1)
+	if size == 0 || size/pageid.Size >= 1<<pageid.PageBits {
+		return pageid.VolumeInfo{}, fmt.Errorf("%w: volume size %d", ErrBadRequest, size)
 	}
 	if err := s.admit(); err != nil {
-		return VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, err)
+		return pageid.VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, err)
 	}
 	s.mu.Lock()
 	v, ok := s.byName[name]
 	if !ok {
 		s.mu.Unlock()
-		return VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, ErrNoVolume)
+		return pageid.VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, pageid.ErrNoVolume)
 	}
 	cur := v.size.Load()
 	if size < cur {
 		s.mu.Unlock()
-		return VolumeInfo{}, fmt.Errorf("resizing %q: %w: %d bytes is smaller than its %d (volumes only grow)", name, ErrBadRequest, size, cur)
+		return pageid.VolumeInfo{}, fmt.Errorf("resizing %q: %w: %d bytes is smaller than its %d (volumes only grow)", name, ErrBadRequest, size, cur)
 	}
 	var tok uint64
 	if size > cur {
 		var err error
 		if tok, err = s.logTableLocked(opLogResize, v.info.ID, size, 0, name); err != nil {
 			s.mu.Unlock()
-			return VolumeInfo{}, err
+			return pageid.VolumeInfo{}, err
 		}
 		v.grow(size)
 	}
 	s.mu.Unlock()
 	if err := s.Durable(tok); err != nil {
-		return VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, err)
+		return pageid.VolumeInfo{}, fmt.Errorf("resizing %q: %w", name, err)
 	}
 	return v.current(), nil
 }
 
 // Open returns the volume called name.
-func (s *Store) Open(name string) (VolumeInfo, error) {
+func (s *Store) Open(name string) (pageid.VolumeInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	v, ok := s.byName[name]
 	if !ok {
-		return VolumeInfo{}, fmt.Errorf("opening %q: %w", name, ErrNoVolume)
+		return pageid.VolumeInfo{}, fmt.Errorf("opening %q: %w", name, pageid.ErrNoVolume)
 	}
 	return v.current(), nil
 }
 
 // List returns all volumes ordered by id.
-func (s *Store) List() []VolumeInfo {
+func (s *Store) List() []pageid.VolumeInfo {
 	s.mu.RLock()
-	out := make([]VolumeInfo, 0, len(s.byID))
+	out := make([]pageid.VolumeInfo, 0, len(s.byID))
 	for _, v := range s.byID {
 		out = append(out, v.current())
 	}
@@ -255,7 +257,7 @@ func (s *Store) List() []VolumeInfo {
 func (s *Store) Delete(name string) error { return s.DeleteFenced(name, 0) }
 
 // DeleteFenced removes a volume unless token is older than the newest
-// fencing token presented for it (ErrFenced): a holder superseded while
+// fencing token presented for it (pageid.ErrFenced): a holder superseded while
 // its DELETE was on the way cannot free the volume of the one that
 // replaced it. Token 0 is an operator's delete, which the control plane
 // allows only for volumes no host holds.
@@ -271,7 +273,7 @@ func (s *Store) DeleteFenced(name string, token uint64) error {
 	var tok uint64
 	if ok && token != 0 && token < v.fence.Load() {
 		s.mu.Unlock()
-		return fmt.Errorf("deleting %q with token %d: %w", name, token, ErrFenced)
+		return fmt.Errorf("deleting %q with token %d: %w", name, token, pageid.ErrFenced)
 	}
 	if ok {
 		var err error
@@ -284,7 +286,7 @@ func (s *Store) DeleteFenced(name string, token uint64) error {
 	}
 	s.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("deleting %q: %w", name, ErrNoVolume)
+		return fmt.Errorf("deleting %q: %w", name, pageid.ErrNoVolume)
 	}
 	if err := s.Durable(tok); err != nil {
 		return fmt.Errorf("deleting %q: %w", name, err)
@@ -308,12 +310,12 @@ func (s *Store) volume(id uint16) (*volume, error) {
 	v, ok := s.byID[id]
 	s.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("volume %d: %w", id, ErrNoVolume)
+		return nil, fmt.Errorf("volume %d: %w", id, pageid.ErrNoVolume)
 	}
 	return v, nil
 }
 
-func newVolume(info VolumeInfo) *volume {
+func newVolume(info pageid.VolumeInfo) *volume {
 	v := &volume{info: info, chunks: newChunkTable(info.Size)}
 	v.size.Store(info.Size)
 	return v
@@ -337,7 +339,7 @@ func (v *volume) check(off, n uint64) error {
 
 func (v *volume) checkRange(off, n uint64) error {
 	if size := v.size.Load(); off > size || n > size-off {
-		return fmt.Errorf("%w: %d+%d past volume %q of %d bytes", ErrOutOfRange, off, n, v.info.Name, size)
+		return fmt.Errorf("%w: %d+%d past volume %q of %d bytes", pageid.ErrOutOfRange, off, n, v.info.Name, size)
 	}
 	return nil
 }
@@ -395,7 +397,7 @@ func (s *Store) WriteAt(id uint16, off uint64, p []byte) error {
 }
 
 // admit refuses a mutation that carries data while a persistent store's
-// disk is full (ErrNoSpace), before it changes anything.
+// disk is full (pageid.ErrNoSpace), before it changes anything.
 func (s *Store) admit() error {
 	if s.persist == nil || s.persist.log == nil {
 		return nil
@@ -465,12 +467,12 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 		return nil
 	}
 	if v.deleted.Load() {
-		return ErrNoVolume
+		return pageid.ErrNoVolume
 	}
 	for {
 		u := s.used.Load()
 		if s.capacity != 0 && u+ChunkSize > s.capacity {
-			return ErrNoMemory
+			return pageid.ErrNoMemory
 		}
 		if s.used.CompareAndSwap(u, u+ChunkSize) {
 			break
@@ -517,7 +519,7 @@ func (s *Store) fenced(v *volume, token uint64, write func() error) error {
 	v.fenceMu.RLock()
 	defer v.fenceMu.RUnlock()
 	if token < v.fence.Load() {
-		return fmt.Errorf("volume %q: token %d: %w", v.info.Name, token, ErrFenced)
+		return fmt.Errorf("volume %q: token %d: %w", v.info.Name, token, pageid.ErrFenced)
 	}
 	if s.afterFenceCheck != nil {
 		s.afterFenceCheck()
@@ -535,7 +537,7 @@ func (s *Store) Fence(id uint16) (uint64, error) {
 }
 
 // current is v's info with the memory it holds now.
-func (v *volume) current() VolumeInfo {
+func (v *volume) current() pageid.VolumeInfo {
 	info := v.info
 	info.Size = v.size.Load()
 	info.Stored = v.stored.Load()

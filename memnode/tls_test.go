@@ -7,6 +7,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -42,11 +43,11 @@ func TestMutualTLS(t *testing.T) {
 	require.NoError(t, err)
 	v, err := c.Create(ctx, "disk0", ChunkSize)
 	require.NoError(t, err)
-	page := make([]byte, PageSize)
+	page := make([]byte, pageid.Size)
 	copy(page, "over mutual TLS")
-	require.NoError(t, c.WriteAt(ctx, v.ID, 3*PageSize, page))
-	got := make([]byte, PageSize)
-	require.NoError(t, c.ReadAt(ctx, v.ID, 3*PageSize, got))
+	require.NoError(t, c.WriteAt(ctx, v.ID, 3*pageid.Size, page))
+	got := make([]byte, pageid.Size)
+	require.NoError(t, c.ReadAt(ctx, v.ID, 3*pageid.Size, got))
 	assert.Equal(t, page, got)
 
 	_, err = dial(addr, ClientOptions{})
@@ -65,5 +66,5 @@ func TestMutualTLS(t *testing.T) {
 	assert.Contains(t, err.Error(), "certificate")
 
 	assert.Len(t, srv.Store.List(), 1, "the node survived every refused client")
-	require.NoError(t, c.ReadAt(ctx, v.ID, 3*PageSize, got), "and so did the good connection")
+	require.NoError(t, c.ReadAt(ctx, v.ID, 3*pageid.Size, got), "and so did the good connection")
 }

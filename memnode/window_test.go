@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // rawConn is a hand-driven connection for checking what the node answers
@@ -73,7 +75,7 @@ func TestWindowKeysArePerConnection(t *testing.T) {
 	require.NoError(t, err)
 	w, err := c.Create(ctx, "w", ChunkSize)
 	require.NoError(t, err)
-	page := bytes.Repeat([]byte{0xab}, PageSize)
+	page := bytes.Repeat([]byte{0xab}, pageid.Size)
 	// The client's first request bound window 1 on its own connection.
 	require.NoError(t, c.WriteAt(ctx, v.ID, 0, page))
 
@@ -85,8 +87,8 @@ func TestWindowKeysArePerConnection(t *testing.T) {
 	assert.Equal(t, StatusNoWindow, read(v.ID, 1, 0, 8), "the client's key on another connection")
 	assert.Equal(t, StatusNoWindow, read(v.ID, 0, 0, 8), "no key")
 
-	require.Equal(t, StatusOK, r.bind(v.ID, 1, 0, PageSize, AccessRead))
-	st, got := r.do(ReqHeader{Op: OpRead, Volume: v.ID, Count: PageSize, Window: 1}, nil)
+	require.Equal(t, StatusOK, r.bind(v.ID, 1, 0, pageid.Size, AccessRead))
+	st, got := r.do(ReqHeader{Op: OpRead, Volume: v.ID, Count: pageid.Size, Window: 1}, nil)
 	require.Equal(t, StatusOK, st)
 	assert.Equal(t, page, got)
 
@@ -97,15 +99,15 @@ func TestWindowKeysArePerConnection(t *testing.T) {
 		p    []byte
 		want Status
 	}{
-		{"read past the window", ReqHeader{Op: OpRead, Volume: v.ID, Offset: PageSize, Count: 8, Window: 1}, nil, StatusNoWindow},
-		{"read straddling its end", ReqHeader{Op: OpRead, Volume: v.ID, Offset: PageSize - 4, Count: 8, Window: 1}, nil, StatusNoWindow},
+		{"read past the window", ReqHeader{Op: OpRead, Volume: v.ID, Offset: pageid.Size, Count: 8, Window: 1}, nil, StatusNoWindow},
+		{"read straddling its end", ReqHeader{Op: OpRead, Volume: v.ID, Offset: pageid.Size - 4, Count: 8, Window: 1}, nil, StatusNoWindow},
 		{"read of another volume", ReqHeader{Op: OpRead, Volume: w.ID, Count: 8, Window: 1}, nil, StatusNoWindow},
 		{"write through a read window", ReqHeader{Op: OpWrite, Volume: v.ID, Window: 1}, []byte{1}, StatusNoWindow},
-		{"trim through a read window", ReqHeader{Op: OpTrim, Volume: v.ID, Count: PageSize, Window: 1}, nil, StatusNoWindow},
+		{"trim through a read window", ReqHeader{Op: OpTrim, Volume: v.ID, Count: pageid.Size, Window: 1}, nil, StatusNoWindow},
 		{"CAS through a read window", ReqHeader{Op: OpCAS, Volume: v.ID, Window: 1}, word[:], StatusNoWindow},
 		{"FAA through a read window", ReqHeader{Op: OpFAA, Volume: v.ID, Window: 1}, word[:8], StatusNoWindow},
-		{"prefetch inside", ReqHeader{Op: OpPrefetch, Offset: uint64(MakeKey(v.ID, 0)), Count: PageSize, Window: 1}, nil, StatusOK},
-		{"prefetch outside", ReqHeader{Op: OpPrefetch, Offset: uint64(MakeKey(v.ID, 1)), Count: PageSize, Window: 1}, nil, StatusNoWindow},
+		{"prefetch inside", ReqHeader{Op: OpPrefetch, Offset: uint64(pageid.MakeKey(v.ID, 0)), Count: pageid.Size, Window: 1}, nil, StatusOK},
+		{"prefetch outside", ReqHeader{Op: OpPrefetch, Offset: uint64(pageid.MakeKey(v.ID, 1)), Count: pageid.Size, Window: 1}, nil, StatusNoWindow},
 		{"an unknown key", ReqHeader{Op: OpRead, Volume: v.ID, Count: 8, Window: 2}, nil, StatusNoWindow},
 	}
 	for _, tt := range tests {
@@ -128,10 +130,10 @@ func TestWindowKeysArePerConnection(t *testing.T) {
 
 	// Every refusal above was per request: the connection still serves.
 	require.Equal(t, StatusOK, r.bind(v.ID, 9, 0, 0, AccessAll))
-	st, _ = r.do(ReqHeader{Op: OpWrite, Volume: v.ID, Offset: PageSize, Window: 9}, []byte{7})
+	st, _ = r.do(ReqHeader{Op: OpWrite, Volume: v.ID, Offset: pageid.Size, Window: 9}, []byte{7})
 	assert.Equal(t, StatusOK, st)
 	got = make([]byte, 1)
-	require.NoError(t, c.ReadAt(ctx, v.ID, PageSize, got))
+	require.NoError(t, c.ReadAt(ctx, v.ID, pageid.Size, got))
 	assert.Equal(t, []byte{7}, got)
 }
 
@@ -158,7 +160,7 @@ func TestGrantLimitsVolumes(t *testing.T) {
 	assert.ErrorIs(t, t1.WriteAt(ctx, theirs.ID, 0, []byte("mine!!")), ErrUnauthorised)
 	_, err = t1.CompareAndSwap(ctx, theirs.ID, 0, 0, 1)
 	assert.ErrorIs(t, err, ErrUnauthorised)
-	assert.ErrorIs(t, t1.Prefetch(ctx, MakeKey(theirs.ID, 0), make([]byte, PageSize)), ErrUnauthorised)
+	assert.ErrorIs(t, t1.Prefetch(ctx, pageid.MakeKey(theirs.ID, 0), make([]byte, pageid.Size)), ErrUnauthorised)
 	_, err = t1.Open(ctx, "t2.a")
 	assert.ErrorIs(t, err, ErrUnauthorised)
 	_, err = t1.Create(ctx, "t2.b", ChunkSize)
@@ -166,7 +168,7 @@ func TestGrantLimitsVolumes(t *testing.T) {
 	assert.ErrorIs(t, t1.Delete(ctx, "t2.a"), ErrUnauthorised)
 	list, err := t1.List(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, []VolumeInfo{mine}, list)
+	assert.Equal(t, []pageid.VolumeInfo{mine}, list)
 
 	require.NoError(t, t1.WriteAt(ctx, mine.ID, 0, []byte("hello!")))
 	require.NoError(t, t1.ReadAt(ctx, mine.ID, 0, buf))
@@ -178,13 +180,13 @@ func TestGrantLimitsVolumes(t *testing.T) {
 	// the id now. Bound before the volume exists, it works once a granted
 	// volume takes the id, and fails once that volume is gone.
 	next := theirs.ID + 1
-	assert.ErrorIs(t, t1.ReadAt(ctx, next, 0, buf), ErrNoVolume)
+	assert.ErrorIs(t, t1.ReadAt(ctx, next, 0, buf), pageid.ErrNoVolume)
 	later, err := admin.Create(ctx, "t1.later", ChunkSize)
 	require.NoError(t, err)
 	require.Equal(t, next, later.ID)
 	require.NoError(t, t1.ReadAt(ctx, next, 0, buf))
 	require.NoError(t, admin.Delete(ctx, "t1.later"))
-	assert.ErrorIs(t, t1.ReadAt(ctx, next, 0, buf), ErrNoVolume)
+	assert.ErrorIs(t, t1.ReadAt(ctx, next, 0, buf), pageid.ErrNoVolume)
 
 	// Ids are reused once they wrap: a volume outside the grant that
 	// inherits the id is out of reach through the old window.
@@ -223,7 +225,7 @@ func TestFirstTouchFromManyGoroutines(t *testing.T) {
 					if g%2 == 0 {
 						errs <- c.ReadAt(ctx, v, 0, buf)
 					} else {
-						errs <- c.Prefetch(ctx, MakeKey(v, 1), make([]byte, PageSize))
+						errs <- c.Prefetch(ctx, pageid.MakeKey(v, 1), make([]byte, pageid.Size))
 					}
 				}
 			}()

@@ -82,8 +82,6 @@ const (
 	// Version is the protocol version exchanged in HELLO (2: memory
 	// windows; 3: fencing tokens in BIND).
 	Version = 3
-	// PageSize is the unit of PREFETCH-by-key.
-	PageSize = pageid.Size
 	// ChunkSize is the allocation unit of volume memory: chunks are allocated
 	// on first write and freed when a TRIM covers them entirely.
 	ChunkSize = 1 << 20
@@ -254,23 +252,14 @@ func (h *RespHeader) Decode(b []byte) error {
 	return nil
 }
 
-// VolumeInfo describes a volume. On the wire (CREATE/OPEN response payload and
-// each LIST entry): u16 id, u16 name length, u32 stored chunks, u64 size,
-// name. (The stored chunks were a reserved zero before: an older node
-// reports nothing stored.)
-type VolumeInfo struct {
-	ID   uint16
-	Size uint64
-	Name string
-	// Stored is the memory the volume holds at the node, in whole chunks
-	// (ChunkSize): pages never written, and whole chunks trimmed, cost
-	// nothing. It is a snapshot, as of the reply.
-	Stored uint64
-}
+// A pageid.VolumeInfo on the wire (CREATE/OPEN response payload and each
+// LIST entry): u16 id, u16 name length, u32 stored chunks (ChunkSize), u64
+// size, name. (The stored chunks were a reserved zero before: an older
+// node reports nothing stored.)
 
 const volumeInfoFixed = 16
 
-func appendVolumeInfo(b []byte, v VolumeInfo) []byte {
+func appendVolumeInfo(b []byte, v pageid.VolumeInfo) []byte {
 	var f [volumeInfoFixed]byte
 	binary.LittleEndian.PutUint16(f[0:], v.ID)
 	binary.LittleEndian.PutUint16(f[2:], uint16(len(v.Name)))
@@ -281,15 +270,15 @@ func appendVolumeInfo(b []byte, v VolumeInfo) []byte {
 }
 
 // decodeVolumeInfo parses one entry and returns the rest of b.
-func decodeVolumeInfo(b []byte) (VolumeInfo, []byte, error) {
+func decodeVolumeInfo(b []byte) (pageid.VolumeInfo, []byte, error) {
 	if len(b) < volumeInfoFixed {
-		return VolumeInfo{}, nil, fmt.Errorf("%w: short volume entry", ErrProtocol)
+		return pageid.VolumeInfo{}, nil, fmt.Errorf("%w: short volume entry", ErrProtocol)
 	}
 	n := int(binary.LittleEndian.Uint16(b[2:]))
 	if len(b) < volumeInfoFixed+n {
-		return VolumeInfo{}, nil, fmt.Errorf("%w: volume name overruns entry", ErrProtocol)
+		return pageid.VolumeInfo{}, nil, fmt.Errorf("%w: volume name overruns entry", ErrProtocol)
 	}
-	v := VolumeInfo{
+	v := pageid.VolumeInfo{
 		ID:     binary.LittleEndian.Uint16(b[0:]),
 		Size:   binary.LittleEndian.Uint64(b[8:]),
 		Name:   string(b[volumeInfoFixed : volumeInfoFixed+n]),
@@ -297,13 +286,3 @@ func decodeVolumeInfo(b []byte) (VolumeInfo, []byte, error) {
 	}
 	return v, b[volumeInfoFixed+n:], nil
 }
-
-// Key is a page key (pageid.Key): volume id in the top 16 bits, page
-// number in the low 48.
-type Key = pageid.Key
-
-// PageBits is the width of the page-number part of a Key.
-const PageBits = pageid.PageBits
-
-// MakeKey builds the key of page pageNo of volume vol.
-func MakeKey(vol uint16, pageNo uint64) Key { return pageid.MakeKey(vol, pageNo) }

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/testnet"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
@@ -58,7 +57,7 @@ func FuzzServerStream(f *testing.F) {
 	}
 	srv := &Server{Backend: st, MaxRequest: 1 << 20, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for i, name := range []string{"disk0", "ro"} {
-		v := memnode.VolumeInfo{ID: uint16(i + 1), Name: name, Size: 1 << 20}
+		v := pageid.VolumeInfo{ID: uint16(i + 1), Name: name, Size: 1 << 20}
 		st.AddVolume(v)
 		srv.Exports = append(srv.Exports, Export{Name: name, Volume: v.ID, Size: v.Size, ReadOnly: name == "ro"})
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
@@ -387,7 +386,7 @@ func errnoOf(err error) nbdproto.Errno {
 	case errors.Is(err, pageid.ErrOutOfRange),
 		errors.Is(err, pageid.ErrNoVolume):
 		return nbdproto.EINVAL
-	case errors.Is(err, memnode.ErrNoMemory), errors.Is(err, memnode.ErrNoSpace):
+	case errors.Is(err, pageid.ErrNoMemory), errors.Is(err, pageid.ErrNoSpace):
 		return nbdproto.ENOSPC
 	case errors.Is(err, context.Canceled):
 		return nbdproto.ESHUTDOWN

@@ -28,6 +28,18 @@ func (k Key) Page() uint64 { return uint64(k) & (1<<PageBits - 1) }
 
 func (k Key) String() string { return fmt.Sprintf("%d:%d", k.Volume(), k.Page()) }
 
+// VolumeInfo describes a volume where its pages live: its id (the top
+// bits of its keys), its size in bytes and its name.
+type VolumeInfo struct {
+	ID   uint16
+	Size uint64
+	Name string
+	// Stored is the memory the volume holds at its memory node, in whole
+	// allocation chunks: pages never written, and whole chunks trimmed,
+	// cost nothing. It is a snapshot, as of the answer that carried it.
+	Stored uint64
+}
+
 // Errors callers branch on, whichever layer returns them (wrapped with
 // the details).
 var (
@@ -38,4 +50,23 @@ var (
 	// ErrCorrupt: stored state (a memory node's files, a filesystem's
 	// metadata) cannot be read back.
 	ErrCorrupt = errors.New("stored state is corrupt")
+	// ErrExists: a volume of that name exists already.
+	ErrExists = errors.New("volume exists")
+	// ErrHeld: another host holds the volume (its lease, its record in the
+	// cluster): that host must let it go, or its lease run out, first.
+	ErrHeld = errors.New("held by another host")
+	// ErrFenced: another host has taken the volume over (it presented a
+	// newer fencing token), so this host's writes are refused.
+	ErrFenced = errors.New("fenced: the volume was taken over by another host")
+	// ErrNoMemory: the memory node has no room for the pages.
+	ErrNoMemory = errors.New("out of memory at the memory node")
+	// ErrNoSpace: a persistent memory node has no disk room to log a
+	// write. Reads go on; writes are taken again once room returns.
+	ErrNoSpace = errors.New("no space left on the memory node's disk (--persist); free room there and writes resume")
+	// ErrUnavailable: the memory node could not be reached, or the
+	// connection to it broke with the request in flight. Retrying
+	// (a new connection, another replica) may succeed.
+	ErrUnavailable = errors.New("memory node unavailable")
+	// ErrClosed: the client or store was used after Close.
+	ErrClosed = errors.New("closed")
 )

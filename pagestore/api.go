@@ -1,6 +1,9 @@
 package pagestore
 
-import "context"
+import (
+	"context"
+	"github.com/pd3-go/pd3/pageid"
+)
 
 // This file is the whole contract between the Store and where its pages
 // live. A Remote must implement Remote; each other interface here is an
@@ -21,13 +24,13 @@ import "context"
 // as zeroes.
 type Remote interface {
 	// ReadPage fills dst (one page) with page k.
-	ReadPage(ctx context.Context, k Key, dst []byte) error
+	ReadPage(ctx context.Context, k pageid.Key, dst []byte) error
 	// WritePages stores pages[i] as keys[i] and returns once all of them
 	// are at the remote: a later ReadPage from any reader sees them. The
 	// keys of one call are distinct and no two calls write the same key
 	// at once (the Store writes each dirty frame once, under its lock),
 	// so a Remote may land the pages of a call in any order.
-	WritePages(ctx context.Context, keys []Key, pages [][]byte) error
+	WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error
 }
 
 // PagesReader reads consecutive pages of a volume with one request.
@@ -37,7 +40,7 @@ type Remote interface {
 type PagesReader interface {
 	// ReadPages fills p (a whole number of pages) with the pages from
 	// first on.
-	ReadPages(ctx context.Context, first Key, p []byte) error
+	ReadPages(ctx context.Context, first pageid.Key, p []byte) error
 }
 
 // StreamReader reads consecutive pages for ReadStream, which does not
@@ -49,8 +52,8 @@ type PagesReader interface {
 //
 // Absent: ReadStream reads them with ReadPages (or a ReadPage each).
 type StreamReader interface {
-	ReadStreamPages(ctx context.Context, first Key, p []byte) error
-	StreamTook(k Key)
+	ReadStreamPages(ctx context.Context, first pageid.Key, p []byte) error
+	StreamTook(k pageid.Key)
 }
 
 // AsyncReader reads a page without blocking the caller. done is called
@@ -61,7 +64,7 @@ type StreamReader interface {
 // Absent: GetAsync answers every miss with ErrWouldBlock, and the caller
 // takes the blocking path (Get from a goroutine that may wait).
 type AsyncReader interface {
-	ReadPageAsync(k Key, dst []byte, done func(error))
+	ReadPageAsync(k pageid.Key, dst []byte, done func(error))
 }
 
 // Trimmer drops pages: TRIM frees whole memory-node chunks.
@@ -77,10 +80,10 @@ type Trimmer interface {
 
 // Prefetched is the Loading Zone as the miss path sees it: pages fetched
 // ahead of need. CheckAndReturn copies page k into dst and returns
-// PageSize on a hit, 0 on a miss; it never blocks. It is an Option, not a
+// pageid.Size on a hit, 0 on a miss; it never blocks. It is an Option, not a
 // Remote capability, because it is consulted before the Remote.
 //
 // Absent (Options.Prefetched nil): every miss reads the Remote.
 type Prefetched interface {
-	CheckAndReturn(k Key, dst []byte) int
+	CheckAndReturn(k pageid.Key, dst []byte) int
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // ErrWouldBlock is GetAsync's answer when it cannot go on without waiting
@@ -29,8 +31,8 @@ func (s *Store) maxAsync() int64 { return int64(max(1, len(s.frames)/4)) }
 // It is the read path of a connection reader that runs requests to
 // completion without a worker: hits cost no hand-off at all, misses one
 // callback from the remote's reader instead of two goroutine wake-ups.
-func (s *Store) GetAsync(k Key, dst []byte, done func(error)) (finished bool, err error) {
-	if len(dst) != PageSize {
+func (s *Store) GetAsync(k pageid.Key, dst []byte, done func(error)) (finished bool, err error) {
+	if len(dst) != pageid.Size {
 		return true, ErrBadPage
 	}
 	if err := s.CheckKey(k); err != nil {
@@ -70,7 +72,7 @@ func (s *Store) GetAsync(k Key, dst []byte, done func(error)) (finished bool, er
 	}
 	s.misses.Add(1)
 	page := s.page(f)
-	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, page) == PageSize {
+	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, page) == pageid.Size {
 		s.lzHits.Add(1)
 		s.async.Add(-1)
 		s.loaded(k, f, dst)
@@ -86,7 +88,7 @@ func (s *Store) GetAsync(k Key, dst []byte, done func(error)) (finished bool, er
 
 // loaded makes a freshly filled, write-locked frame valid, copies it to dst
 // and hands it to the eviction policy.
-func (s *Store) loaded(k Key, f int32, dst []byte) {
+func (s *Store) loaded(k pageid.Key, f int32, dst []byte) {
 	s.frames[f].valid = true
 	copy(dst, s.page(f))
 	s.frames[f].mu.Unlock()
@@ -97,7 +99,7 @@ func (s *Store) loaded(k Key, f int32, dst []byte) {
 // once when the load is made, so a miss allocates nothing.
 type asyncLoad struct {
 	s    *Store
-	k    Key
+	k    pageid.Key
 	f    int32
 	dst  []byte
 	done func(error)
@@ -127,8 +129,8 @@ func (l *asyncLoad) finish(err error) {
 //
 // It is the write path of a connection reader that runs one-page writes
 // to completion without a worker, as GetAsync is its read path.
-func (s *Store) PutNow(k Key, src []byte) error {
-	if len(src) != PageSize {
+func (s *Store) PutNow(k pageid.Key, src []byte) error {
+	if len(src) != pageid.Size {
 		return ErrBadPage
 	}
 	if err := s.CheckKey(k); err != nil {
@@ -225,8 +227,8 @@ type asyncState struct {
 }
 
 // ReadPageAsync implements AsyncReader.
-func (r MemnodeRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
-	r.C.ReadFn(k.Volume(), k.Page()*PageSize, dst, done)
+func (r MemnodeRemote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
+	r.C.ReadFn(k.Volume(), k.Page()*pageid.Size, dst, done)
 }
 
 var _ AsyncReader = MemnodeRemote{}

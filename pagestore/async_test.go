@@ -30,7 +30,7 @@ func newAsyncRemote(maxDelay time.Duration) *asyncRemote {
 	return &asyncRemote{Faults: NewFaults(mem), mem: mem, maxDelay: maxDelay}
 }
 
-func (a *asyncRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
+func (a *asyncRemote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 	a.started.Add(1)
 	d := time.Duration(rand.Int64N(int64(a.maxDelay) + 1))
 	go func() {
@@ -40,7 +40,7 @@ func (a *asyncRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
 }
 
 // getAsync is GetAsync as the NBD reader uses it: Get when it would block.
-func getAsync(ctx context.Context, s *Store, k Key, dst []byte) error {
+func getAsync(ctx context.Context, s *Store, k pageid.Key, dst []byte) error {
 	ch := make(chan error, 1)
 	finished, err := s.GetAsync(k, dst, func(err error) { ch <- err })
 	switch {
@@ -69,8 +69,8 @@ func TestAsyncModel(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(seed, uint64(w)))
-			model := map[Key][]byte{}
-			buf := make([]byte, PageSize)
+			model := map[pageid.Key][]byte{}
+			buf := make([]byte, pageid.Size)
 			for i := 0; i < 3000; i++ {
 				k := pageid.MakeKey(1, uint64(r.IntN(volPages/workers)*workers+w))
 				switch op := r.IntN(10); {
@@ -106,7 +106,7 @@ func TestAsyncModel(t *testing.T) {
 					}
 					want, ok := model[k]
 					if !ok {
-						want = make([]byte, PageSize)
+						want = make([]byte, pageid.Size)
 					}
 					if !assert.Equal(t, want, buf, fmt.Sprintf("worker %d step %d page %v", w, i, k)) {
 						return
@@ -127,19 +127,19 @@ func TestAsyncModel(t *testing.T) {
 func TestAsyncMissBlocksWriters(t *testing.T) {
 	rem := newAsyncRemote(0)
 	k := pageid.MakeKey(1, 3)
-	require.NoError(t, rem.WritePages(context.Background(), []Key{k}, [][]byte{fill(k, 1)}))
+	require.NoError(t, rem.WritePages(context.Background(), []pageid.Key{k}, [][]byte{fill(k, 1)}))
 	release := make(chan struct{})
 	gated := &gatedRemote{asyncRemote: rem, release: release}
 	s := newTestStore(t, gated, 4, "", 16)
 	ctx := context.Background()
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	done := make(chan error, 1)
 	finished, err := s.GetAsync(k, buf, func(err error) { done <- err })
 	require.NoError(t, err)
 	require.False(t, finished)
 
 	// A second GetAsync of the same page cannot take it while it loads.
-	other := make([]byte, PageSize)
+	other := make([]byte, pageid.Size)
 	_, err = s.GetAsync(k, other, func(error) { t.Error("second load started") })
 	assert.ErrorIs(t, err, ErrWouldBlock)
 
@@ -169,7 +169,7 @@ type gatedRemote struct {
 	release chan struct{}
 }
 
-func (g *gatedRemote) ReadPageAsync(k Key, dst []byte, done func(error)) {
+func (g *gatedRemote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 	g.asyncRemote.ReadPageAsync(k, dst, func(err error) {
 		<-g.release
 		done(err)
@@ -185,7 +185,7 @@ func TestAsyncNeverEvictsDirty(t *testing.T) {
 	for p := uint64(0); p < 4; p++ {
 		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
 	}
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	_, err := s.GetAsync(pageid.MakeKey(1, 9), buf, func(error) { t.Error("load started") })
 	assert.ErrorIs(t, err, ErrWouldBlock)
 	assert.Zero(t, rem.mem.Writes.Load(), "nothing written back")
@@ -199,7 +199,7 @@ func TestAsyncNeverEvictsDirty(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInjected)
 	rem.Fail.Store(false)
 	require.NoError(t, getAsync(ctx, s, pageid.MakeKey(1, 10), buf))
-	assert.Equal(t, make([]byte, PageSize), buf)
+	assert.Equal(t, make([]byte, pageid.Size), buf)
 	assert.Zero(t, s.async.Load())
 }
 
@@ -216,7 +216,7 @@ func TestAsyncLeavesAMostlyDirtyCacheToBlockingPaths(t *testing.T) {
 			s := newTestStore(t, rem, 64, pol, 1024)
 			ctx := context.Background()
 			dirtyThenClean(t, s, 52, 12) // of 64 frames
-			buf := make([]byte, PageSize)
+			buf := make([]byte, pageid.Size)
 			_, err := s.GetAsync(pageid.MakeKey(1, 200), buf, func(error) { t.Error("load started") })
 			assert.ErrorIs(t, err, ErrWouldBlock)
 			assert.ErrorIs(t, s.PutNow(pageid.MakeKey(1, 201), fill(pageid.MakeKey(1, 201), 1)), ErrWouldBlock)
@@ -241,7 +241,7 @@ func TestNonBlockingClaimsStopAfterCleanTries(t *testing.T) {
 	s := newTestStore(t, rem, 64, "s3fifo", 1024)
 	ctx := context.Background()
 	dirtyThenClean(t, s, 40, 24)
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	claim, asked := s.claimClean, 0
 	s.claimClean = func(f int32) bool { asked++; return claim(f) }
 	err := s.PutNow(pageid.MakeKey(1, 200), fill(pageid.MakeKey(1, 200), 1))
@@ -262,7 +262,7 @@ func dirtyThenClean(t *testing.T, s *Store, dirty, clean uint64) {
 	for p := range dirty {
 		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
 	}
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	for p := range clean {
 		require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 100+p), buf))
 	}
@@ -275,8 +275,8 @@ func TestPutNow(t *testing.T) {
 	rem := newAsyncRemote(0)
 	s := newTestStore(t, rem, 4, "", 16)
 	ctx := context.Background()
-	k := func(p uint64) Key { return pageid.MakeKey(1, p) }
-	buf := make([]byte, PageSize)
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(1, p) }
+	buf := make([]byte, pageid.Size)
 
 	require.NoError(t, s.PutNow(k(0), fill(k(0), 1)), "a free frame")
 	require.NoError(t, s.Get(ctx, k(1), buf))
@@ -299,7 +299,7 @@ func TestPutNow(t *testing.T) {
 
 	require.NoError(t, s.Flush(ctx))
 	for p, v := range map[uint64]uint64{0: 2, 1: 1, 5: 1} {
-		got := make([]byte, PageSize)
+		got := make([]byte, pageid.Size)
 		require.NoError(t, rem.mem.ReadPage(ctx, k(p), got))
 		assert.Equal(t, fill(k(p), v), got, "page %d at the remote", p)
 	}

@@ -64,7 +64,7 @@ func (f *Faults) writeFault(ctx context.Context) error {
 }
 
 // ReadPage implements Remote.
-func (f *Faults) ReadPage(ctx context.Context, k Key, dst []byte) error {
+func (f *Faults) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	if err := f.fault(ctx); err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func (f *Faults) ReadPage(ctx context.Context, k Key, dst []byte) error {
 }
 
 // WritePages implements Remote.
-func (f *Faults) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
+func (f *Faults) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	if err := f.writeFault(ctx); err != nil {
 		return err
 	}
@@ -80,15 +80,15 @@ func (f *Faults) WritePages(ctx context.Context, keys []Key, pages [][]byte) err
 }
 
 // ReadPages implements PagesReader.
-func (f *Faults) ReadPages(ctx context.Context, first Key, p []byte) error {
+func (f *Faults) ReadPages(ctx context.Context, first pageid.Key, p []byte) error {
 	if err := f.fault(ctx); err != nil {
 		return err
 	}
 	if pr, ok := f.R.(PagesReader); ok {
 		return pr.ReadPages(ctx, first, p)
 	}
-	for i := range len(p) / PageSize {
-		if err := f.R.ReadPage(ctx, pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), p[i*PageSize:(i+1)*PageSize]); err != nil {
+	for i := range len(p) / pageid.Size {
+		if err := f.R.ReadPage(ctx, pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), p[i*pageid.Size:(i+1)*pageid.Size]); err != nil {
 			return err
 		}
 	}
@@ -103,9 +103,9 @@ func (f *Faults) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	if tr, ok := f.R.(Trimmer); ok {
 		return tr.Trim(ctx, vol, off, n)
 	}
-	var zero [PageSize]byte
-	for p := off / PageSize; p < (off+n)/PageSize; p++ {
-		if err := f.R.WritePages(ctx, []Key{pageid.MakeKey(vol, p)}, [][]byte{zero[:]}); err != nil {
+	var zero [pageid.Size]byte
+	for p := off / pageid.Size; p < (off+n)/pageid.Size; p++ {
+		if err := f.R.WritePages(ctx, []pageid.Key{pageid.MakeKey(vol, p)}, [][]byte{zero[:]}); err != nil {
 			return err
 		}
 	}

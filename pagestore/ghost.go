@@ -1,6 +1,10 @@
 package pagestore
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/pd3-go/pd3/pageid"
+)
 
 // ghost is S3-FIFO's ghost queue: the keys most recently evicted from the
 // small queue, asked "was k evicted lately?" when k comes back. A key is
@@ -46,7 +50,7 @@ func newGhost(span int) ghost {
 const ghostBucketShare = 4
 
 // where returns k's bucket and the 32 bits of its hash a slot keeps.
-func (g *ghost) where(k Key) ([]ghostSlot, uint32) {
+func (g *ghost) where(k pageid.Key) ([]ghostSlot, uint32) {
 	h := uint64(k) * 0x9E3779B97F4A7C15
 	b := h >> g.shift
 	return g.slots[b*ghostWays : b*ghostWays+ghostWays : b*ghostWays+ghostWays], uint32(h)
@@ -57,7 +61,7 @@ func (g *ghost) where(k Key) ([]ghostSlot, uint32) {
 func (g *ghost) live(s *ghostSlot) bool { return s.seq != 0 && g.seq-s.seq < g.span }
 
 // remember records that k was evicted from the small queue.
-func (g *ghost) remember(k Key) {
+func (g *ghost) remember(k pageid.Key) {
 	if g.seq++; g.seq == 0 {
 		g.seq = 1
 	}
@@ -85,7 +89,7 @@ func (g *ghost) remember(k Key) {
 
 // take reports whether k was remembered within the last span remembers,
 // and forgets it.
-func (g *ghost) take(k Key) bool {
+func (g *ghost) take(k pageid.Key) bool {
 	b, fp := g.where(k)
 	for i := range b {
 		if b[i].fp == fp && g.live(&b[i]) {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 func TestGhostRemembersForSpan(t *testing.T) {
@@ -13,14 +15,14 @@ func TestGhostRemembersForSpan(t *testing.T) {
 		g := newGhost(span)
 		g.remember(7)
 		for i := range span - 1 {
-			g.remember(Key(1000 + i))
+			g.remember(pageid.Key(1000 + i))
 		}
 		assert.True(t, g.take(7), "span %d: remembered %d remembers ago", span, span-1)
 		assert.False(t, g.take(7), "span %d: a take forgets", span)
 
 		g.remember(8)
 		for i := range span {
-			g.remember(Key(5000 + i))
+			g.remember(pageid.Key(5000 + i))
 		}
 		assert.False(t, g.take(8), "span %d: remembered %d remembers ago", span, span)
 
@@ -36,13 +38,13 @@ func TestGhostAcrossTheSequenceWrap(t *testing.T) {
 	g.seq = 1<<32 - 3
 	g.remember(1)
 	for i := range 6 { // past 2^32, where 0 is skipped: a life one shorter
-		g.remember(Key(100 + i))
+		g.remember(pageid.Key(100 + i))
 	}
 	assert.True(t, g.take(1), "remembered 6 remembers ago, across the wrap")
 	assert.True(t, g.take(101), "remembered where the sequence wrapped")
 	g.remember(2)
 	for i := range 8 {
-		g.remember(Key(200 + i))
+		g.remember(pageid.Key(200 + i))
 	}
 	assert.False(t, g.take(2), "remembered 8 remembers ago, across the wrap")
 }
@@ -53,9 +55,9 @@ func TestGhostForgetsFewEarlyAndInventsNone(t *testing.T) {
 	const span = 16384
 	g := newGhost(span)
 	r := rand.New(rand.NewPCG(1, 2))
-	keys := make([]Key, 0, 10*span)
+	keys := make([]pageid.Key, 0, 10*span)
 	for range 10 * span {
-		k := Key(r.Uint64())
+		k := pageid.Key(r.Uint64())
 		keys = append(keys, k)
 		g.remember(k)
 	}
@@ -72,6 +74,6 @@ func TestGhostForgetsFewEarlyAndInventsNone(t *testing.T) {
 		require.False(t, g.take(k), "key %v expired", k)
 	}
 	for range span {
-		require.False(t, g.take(Key(r.Uint64())), "never remembered")
+		require.False(t, g.take(pageid.Key(r.Uint64())), "never remembered")
 	}
 }

@@ -3,6 +3,8 @@ package pagestore
 import (
 	"iter"
 	"math/bits"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // index maps the page keys of one shard to their frames. It is an
@@ -26,7 +28,7 @@ type index struct {
 }
 
 type indexSlot struct {
-	k  Key
+	k  pageid.Key
 	f1 int32 // frame + 1; 0 marks a free slot
 }
 
@@ -44,7 +46,7 @@ func (x *index) alloc(n int) {
 	x.n = 0
 }
 
-func (x *index) home(k Key) uint64 {
+func (x *index) home(k pageid.Key) uint64 {
 	// Not the shard's multiplier: the shard took that hash's top bits,
 	// which are therefore the same for every key here.
 	return uint64(k) * 0xFF51AFD7ED558CCD >> x.shift
@@ -53,7 +55,7 @@ func (x *index) home(k Key) uint64 {
 func (x *index) len() int { return x.n }
 
 // get returns k's frame.
-func (x *index) get(k Key) (int32, bool) {
+func (x *index) get(k pageid.Key) (int32, bool) {
 	mask := uint64(len(x.slots) - 1)
 	for i := x.home(k); ; i = (i + 1) & mask {
 		s := &x.slots[i]
@@ -67,7 +69,7 @@ func (x *index) get(k Key) (int32, bool) {
 }
 
 // add maps k to f unless k is present; it reports whether it did.
-func (x *index) add(k Key, f int32) bool {
+func (x *index) add(k pageid.Key, f int32) bool {
 	if (x.n+1)*4 > len(x.slots)*3 {
 		x.grow()
 	}
@@ -96,7 +98,7 @@ func (x *index) grow() {
 }
 
 // remove unmaps k if it maps to f, and reports whether it did.
-func (x *index) remove(k Key, f int32) bool {
+func (x *index) remove(k pageid.Key, f int32) bool {
 	mask := uint64(len(x.slots) - 1)
 	i := x.home(k)
 	for ; ; i = (i + 1) & mask {
@@ -127,8 +129,8 @@ func (x *index) remove(k Key, f int32) bool {
 }
 
 // all yields every key and its frame.
-func (x *index) all() iter.Seq2[Key, int32] {
-	return func(yield func(Key, int32) bool) {
+func (x *index) all() iter.Seq2[pageid.Key, int32] {
+	return func(yield func(pageid.Key, int32) bool) {
 		for _, s := range x.slots {
 			if s.f1 != 0 && !yield(s.k, s.f1-1) {
 				return

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // TestIndexAgreesWithAMap drives the index and a Go map with the same
@@ -23,8 +25,8 @@ func TestIndexAgreesWithAMap(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(tc.keys), 9))
 			x := newIndex(tc.hint)
-			want := map[Key]int32{}
-			keyOf := func() Key { return Key(r.Uint64N(uint64(tc.keys)) * 0x10001) }
+			want := map[pageid.Key]int32{}
+			keyOf := func() pageid.Key { return pageid.Key(r.Uint64N(uint64(tc.keys)) * 0x10001) }
 			for i := range tc.ops {
 				k := keyOf()
 				f := int32(r.IntN(1000))
@@ -48,14 +50,14 @@ func TestIndexAgreesWithAMap(t *testing.T) {
 				require.Equal(t, len(want), x.len())
 				if i%97 == 0 {
 					for k := range tc.keys {
-						g, ok := x.get(Key(uint64(k) * 0x10001))
-						w, wok := want[Key(uint64(k)*0x10001)]
+						g, ok := x.get(pageid.Key(uint64(k) * 0x10001))
+						w, wok := want[pageid.Key(uint64(k)*0x10001)]
 						require.Equal(t, wok, ok, "op %d: key %d present", i, k)
 						require.Equal(t, w, g, "op %d: key %d's frame", i, k)
 					}
 				}
 			}
-			got := map[Key]int32{}
+			got := map[pageid.Key]int32{}
 			for k, f := range x.all() {
 				got[k] = f
 			}
@@ -69,10 +71,10 @@ func TestIndexAgreesWithAMap(t *testing.T) {
 // of a 64 MiB cache's shard share, beside a Go map doing the same.
 func BenchmarkIndexRandom(b *testing.B) {
 	const n = 16384
-	keys := make([]Key, 4*n)
+	keys := make([]pageid.Key, 4*n)
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := range keys {
-		keys[i] = Key(r.Uint64N(1 << 18))
+		keys[i] = pageid.Key(r.Uint64N(1 << 18))
 	}
 	b.Run("index", func(b *testing.B) {
 		x := newIndex(2 * n)
@@ -91,7 +93,7 @@ func BenchmarkIndexRandom(b *testing.B) {
 		}
 	})
 	b.Run("map", func(b *testing.B) {
-		m := make(map[Key]int32, 2*n)
+		m := make(map[pageid.Key]int32, 2*n)
 		for i := range n {
 			m[keys[i]] = int32(i)
 		}

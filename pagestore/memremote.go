@@ -13,17 +13,17 @@ import (
 // Remote) to inject failures and delays.
 type MemRemote struct {
 	mu    sync.RWMutex
-	pages map[Key][]byte
+	pages map[pageid.Key][]byte
 
 	// Reads and Writes count pages moved.
 	Reads, Writes atomic.Uint64
 }
 
 // NewMemRemote returns an empty MemRemote; missing pages read as zeroes.
-func NewMemRemote() *MemRemote { return &MemRemote{pages: make(map[Key][]byte)} }
+func NewMemRemote() *MemRemote { return &MemRemote{pages: make(map[pageid.Key][]byte)} }
 
 // ReadPage implements Remote.
-func (m *MemRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
+func (m *MemRemote) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	m.Reads.Add(1)
 	m.mu.RLock()
 	p, ok := m.pages[k]
@@ -38,10 +38,10 @@ func (m *MemRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
 }
 
 // ReadPages implements PagesReader.
-func (m *MemRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
-	for i := 0; i < len(p)/PageSize; i++ {
+func (m *MemRemote) ReadPages(ctx context.Context, first pageid.Key, p []byte) error {
+	for i := 0; i < len(p)/pageid.Size; i++ {
 		k := pageid.MakeKey(first.Volume(), first.Page()+uint64(i))
-		if err := m.ReadPage(ctx, k, p[i*PageSize:(i+1)*PageSize]); err != nil {
+		if err := m.ReadPage(ctx, k, p[i*pageid.Size:(i+1)*pageid.Size]); err != nil {
 			return err
 		}
 	}
@@ -49,14 +49,14 @@ func (m *MemRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
 }
 
 // WritePages implements Remote.
-func (m *MemRemote) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
+func (m *MemRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	m.Writes.Add(uint64(len(keys)))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, k := range keys {
 		p, ok := m.pages[k]
 		if !ok {
-			p = make([]byte, PageSize)
+			p = make([]byte, pageid.Size)
 			m.pages[k] = p
 		}
 		copy(p, pages[i])
@@ -65,8 +65,8 @@ func (m *MemRemote) WritePages(ctx context.Context, keys []Key, pages [][]byte) 
 }
 
 // Page returns a copy of page k as the remote holds it.
-func (m *MemRemote) Page(k Key) []byte {
-	out := make([]byte, PageSize)
+func (m *MemRemote) Page(k pageid.Key) []byte {
+	out := make([]byte, pageid.Size)
 	m.mu.RLock()
 	copy(out, m.pages[k])
 	m.mu.RUnlock()
@@ -77,7 +77,7 @@ func (m *MemRemote) Page(k Key) []byte {
 func (m *MemRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	first, end := off/PageSize, (off+n)/PageSize
+	first, end := off/pageid.Size, (off+n)/pageid.Size
 	if end-first > uint64(len(m.pages)) { // a file's volume past its size
 		for k := range m.pages {
 			if k.Volume() == vol && k.Page() >= first && k.Page() < end {

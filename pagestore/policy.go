@@ -3,6 +3,8 @@ package pagestore
 import (
 	"fmt"
 	"sync/atomic"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // policy decides which cache frame to evict. Every method but hit is called
@@ -12,7 +14,7 @@ type policy interface {
 	// hit records an access to a resident frame.
 	hit(f int32)
 	// insert makes frame f, now holding key k, a candidate for eviction.
-	insert(f int32, k Key)
+	insert(f int32, k pageid.Key)
 	// victim removes and returns a frame that claim accepted, or -1 when
 	// no frame could be claimed. claim fails for frames in use; the policy
 	// keeps such frames and moves on, giving up after tries failed claims
@@ -53,7 +55,7 @@ func (c *clock) hit(f int32) {
 	}
 }
 
-func (c *clock) insert(f int32, _ Key) {
+func (c *clock) insert(f int32, _ pageid.Key) {
 	c.ref[f].Store(0)
 	if !c.in[f] {
 		c.in[f] = true
@@ -100,7 +102,7 @@ type s3fifo struct {
 	main      ring[int32]
 	ghost     ghost
 	smallCap  int
-	keyOfHint []Key // key of each frame, recorded at insert for the ghost
+	keyOfHint []pageid.Key // key of each frame, recorded at insert for the ghost
 }
 
 func newS3FIFO(frames int) *s3fifo {
@@ -110,7 +112,7 @@ func newS3FIFO(frames int) *s3fifo {
 		main:      newRing[int32](frames),
 		ghost:     newGhost(frames),
 		smallCap:  max(frames/10, 1),
-		keyOfHint: make([]Key, frames),
+		keyOfHint: make([]pageid.Key, frames),
 	}
 }
 
@@ -120,7 +122,7 @@ func (s *s3fifo) hit(f int32) {
 	}
 }
 
-func (s *s3fifo) insert(f int32, k Key) {
+func (s *s3fifo) insert(f int32, k pageid.Key) {
 	s.freq[f].Store(0)
 	s.keyOfHint[f] = k
 	if s.ghost.take(k) {

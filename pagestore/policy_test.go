@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/workload"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -18,9 +19,9 @@ type lru struct {
 
 func newLRU() *lru { return &lru{l: list.New(), elems: make(map[int32]*list.Element)} }
 
-func (p *lru) hit(f int32)           { p.l.MoveToFront(p.elems[f]) }
-func (p *lru) insert(f int32, _ Key) { p.elems[f] = p.l.PushFront(f) }
-func (p *lru) size() int             { return p.l.Len() }
+func (p *lru) hit(f int32)                  { p.l.MoveToFront(p.elems[f]) }
+func (p *lru) insert(f int32, _ pageid.Key) { p.elems[f] = p.l.PushFront(f) }
+func (p *lru) size() int                    { return p.l.Len() }
 func (p *lru) victim(claim func(int32) bool, tries int) int32 {
 	failed := 0
 	for e := p.l.Back(); e != nil; e = e.Prev() {
@@ -69,7 +70,7 @@ func simulate(pol policy, frames int, dist workload.Dist, accesses int, seed uin
 		}
 		where[k] = f
 		keyOf[f] = k
-		pol.insert(f, Key(k))
+		pol.insert(f, pageid.Key(k))
 	}
 	return float64(hits) / float64(total)
 }
@@ -108,7 +109,7 @@ func TestVictimGivesUpAfterTriesRefusals(t *testing.T) {
 				require.NoError(t, err)
 			}
 			for f := range int32(frames) {
-				pol.insert(f, Key(f))
+				pol.insert(f, pageid.Key(f))
 			}
 			asked := 0
 			got := pol.victim(func(int32) bool { asked++; return false }, tc.tries)

@@ -19,14 +19,14 @@ import (
 // cached ones afterwards.
 func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte) error {
 	var done []bool // pages already copied, by index from off's page
-	if first, last := off/PageSize, (off+uint64(len(p))-1)/PageSize; len(p) > 0 && last > first {
+	if first, last := off/pageid.Size, (off+uint64(len(p))-1)/pageid.Size; len(p) > 0 && last > first {
 		done = make([]bool, last-first+1)
 		end := off + uint64(len(p))
 		// Each page is filled by one goroutine of loadMissing, and read
 		// here only after it returns.
-		fill := func(k Key, page []byte) {
-			ps := k.Page() * PageSize
-			from, to := max(ps, off), min(ps+PageSize, end)
+		fill := func(k pageid.Key, page []byte) {
+			ps := k.Page() * pageid.Size
+			from, to := max(ps, off), min(ps+pageid.Size, end)
 			copy(p[from-off:to-off], page[from-ps:to-ps])
 			done[k.Page()-first] = true
 		}
@@ -34,15 +34,15 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 			return err
 		}
 	}
-	return s.eachPage(vol, off, uint64(len(p)), func(k Key, po, n int, at uint64) error {
-		if done != nil && done[k.Page()-off/PageSize] {
+	return s.eachPage(vol, off, uint64(len(p)), func(k pageid.Key, po, n int, at uint64) error {
+		if done != nil && done[k.Page()-off/pageid.Size] {
 			return nil
 		}
 		dst := p[at : at+uint64(n)]
-		if n == PageSize {
+		if n == pageid.Size {
 			return s.Get(ctx, k, dst)
 		}
-		tmp := s.pages.Get().(*[PageSize]byte)
+		tmp := s.pages.Get().(*[pageid.Size]byte)
 		defer s.pages.Put(tmp)
 		if err := s.Get(ctx, k, tmp[:]); err != nil {
 			return err
@@ -64,17 +64,17 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 // and remotes that cannot read runs, take ReadRange.
 func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte) error {
 	pr, ok := s.remote.(PagesReader)
-	if !ok || off%PageSize != 0 || len(p)%PageSize != 0 || len(p) < 2*PageSize {
+	if !ok || off%pageid.Size != 0 || len(p)%pageid.Size != 0 || len(p) < 2*pageid.Size {
 		return s.ReadRange(ctx, vol, off, p)
 	}
-	read, took := pr.ReadPages, func(Key) {}
+	read, took := pr.ReadPages, func(pageid.Key) {}
 	if sr, ok := s.remote.(StreamReader); ok {
 		read, took = sr.ReadStreamPages, sr.StreamTook
 	}
 	if err := s.checkRange(vol, off, uint64(len(p))); err != nil {
 		return err
 	}
-	first, pages := off/PageSize, len(p)/PageSize
+	first, pages := off/pageid.Size, len(p)/pageid.Size
 	var (
 		wg    sync.WaitGroup
 		sem   = make(chan struct{}, maxParallelMisses)
@@ -95,7 +95,7 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 			defer func() { <-sem }()
 			s.remoteReads.Add(uint64(end - a))
 			s.misses.Add(uint64(end - a))
-			if err := read(ctx, pageid.MakeKey(vol, first+uint64(a)), p[a*PageSize:end*PageSize]); err != nil {
+			if err := read(ctx, pageid.MakeKey(vol, first+uint64(a)), p[a*pageid.Size:end*pageid.Size]); err != nil {
 				errMu.Lock()
 				ferr = cmp.Or(ferr, fmt.Errorf("reading pages from %v: %w", pageid.MakeKey(vol, first+uint64(a)), err))
 				errMu.Unlock()
@@ -106,12 +106,12 @@ func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte
 	var err error
 	for i := 0; i < pages && err == nil; i++ {
 		k := pageid.MakeKey(vol, first+uint64(i))
-		dst := p[i*PageSize : (i+1)*PageSize]
+		dst := p[i*pageid.Size : (i+1)*pageid.Size]
 		switch {
 		case s.Resident(k):
 			flush(i)
 			err = s.Get(ctx, k, dst)
-		case lz != nil && lz.CheckAndReturn(k, dst) == PageSize:
+		case lz != nil && lz.CheckAndReturn(k, dst) == pageid.Size:
 			flush(i)
 			s.misses.Add(1) // a miss of the cache, as in Get
 			s.lzHits.Add(1)
@@ -147,7 +147,7 @@ func runPages(frames int) int { return min(maxRun, frames/16) }
 // concurrently — runs of consecutive missing pages in one request each
 // when the Remote can (PagesReader), else page by page — and hands each
 // page it loads to fill.
-func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill func(Key, []byte)) error {
+func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill func(pageid.Key, []byte)) error {
 	pr, batched := s.remote.(PagesReader)
 	run := runPages(len(s.frames))
 	if run < 2 {
@@ -164,7 +164,7 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill
 		first = cmp.Or(first, err)
 		errMu.Unlock()
 	}
-	var runStart Key
+	var runStart pageid.Key
 	runLen := 0
 	startRun := func() {
 		if runLen == 0 {
@@ -183,7 +183,7 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill
 				}
 				return
 			}
-			tmp := s.pages.Get().(*[PageSize]byte)
+			tmp := s.pages.Get().(*[pageid.Size]byte)
 			defer s.pages.Put(tmp)
 			if err := s.Get(ctx, k, tmp[:]); err != nil {
 				fail(err)
@@ -192,7 +192,7 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill
 			fill(k, tmp[:])
 		}()
 	}
-	err := s.eachPage(vol, off, n, func(k Key, _, _ int, _ uint64) error {
+	err := s.eachPage(vol, off, n, func(k pageid.Key, _, _ int, _ uint64) error {
 		if s.Resident(k) {
 			startRun()
 			return nil
@@ -216,7 +216,7 @@ func (s *Store) loadMissing(ctx context.Context, vol uint16, off, n uint64, fill
 // end the run early (the caller reads them from the cache); pages the
 // Loading Zone holds are taken from it, and the rest are read with one
 // remote request per consecutive stretch.
-func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, fill func(Key, []byte)) error {
+func (s *Store) loadRun(ctx context.Context, pr PagesReader, first pageid.Key, m int, fill func(pageid.Key, []byte)) error {
 	select {
 	case s.runSlots <- struct{}{}:
 	case <-ctx.Done():
@@ -250,13 +250,13 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 	var fromLZ [maxRun]bool
 	if lz := s.opt.Prefetched; lz != nil {
 		for i, f := range frames[:got] {
-			if lz.CheckAndReturn(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f)) == PageSize {
+			if lz.CheckAndReturn(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f)) == pageid.Size {
 				fromLZ[i] = true
 				s.lzHits.Add(1)
 			}
 		}
 	}
-	buf := s.runBufs.Get().(*[maxRun * PageSize]byte)
+	buf := s.runBufs.Get().(*[maxRun * pageid.Size]byte)
 	defer s.runBufs.Put(buf)
 	s.misses.Add(uint64(got))
 	for i := 0; i < got; {
@@ -270,12 +270,12 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 		}
 		s.remoteReads.Add(uint64(j - i))
 		k := pageid.MakeKey(first.Volume(), first.Page()+uint64(i))
-		if err := pr.ReadPages(ctx, k, buf[i*PageSize:j*PageSize]); err != nil {
+		if err := pr.ReadPages(ctx, k, buf[i*pageid.Size:j*pageid.Size]); err != nil {
 			s.abandonRun(first, frames[:got])
 			return fmt.Errorf("reading pages from %v: %w", k, err)
 		}
 		for x := i; x < j; x++ {
-			copy(s.page(frames[x]), buf[x*PageSize:])
+			copy(s.page(frames[x]), buf[x*pageid.Size:])
 		}
 		i = j
 	}
@@ -291,7 +291,7 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first Key, m int, f
 }
 
 // abandonRun unpublishes the frames a failed run claimed.
-func (s *Store) abandonRun(first Key, frames []int32) {
+func (s *Store) abandonRun(first pageid.Key, frames []int32) {
 	for i, f := range frames {
 		s.unpublish(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), f)
 	}
@@ -314,13 +314,13 @@ func (s *Store) WriteRange(ctx context.Context, vol uint16, off uint64, p []byte
 // zeroes instead of a read of the remote, a round trip on the writer's
 // path. A cached page is changed in place, as by WriteRange.
 func (s *Store) WriteFresh(ctx context.Context, vol uint16, off uint64, p []byte, zeroFrom uint64) error {
-	return s.eachPage(vol, off, uint64(len(p)), func(k Key, po, n int, at uint64) error {
+	return s.eachPage(vol, off, uint64(len(p)), func(k pageid.Key, po, n int, at uint64) error {
 		src := p[at : at+uint64(n)]
-		if n == PageSize {
+		if n == pageid.Size {
 			return s.Put(ctx, k, src)
 		}
 		how := fillLoad
-		if start := k.Page() * PageSize; start >= zeroFrom || po == 0 && start+uint64(n) >= zeroFrom {
+		if start := k.Page() * pageid.Size; start >= zeroFrom || po == 0 && start+uint64(n) >= zeroFrom {
 			how = fillZero
 		}
 		return s.modify(ctx, k, how, func(page []byte) { copy(page[po:po+n], src) })
@@ -333,8 +333,8 @@ func (s *Store) WriteFresh(ctx context.Context, vol uint16, off uint64, p []byte
 // are written; partial pages are zeroed in place.
 func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep bool) error {
 	tr, canTrim := s.remote.(Trimmer)
-	if first, end := (off+PageSize-1)/PageSize*PageSize, (off+n)/PageSize*PageSize; canTrim && !keep && end > first &&
-		(end-first)/PageSize >= uint64(len(s.frames)) {
+	if first, end := (off+pageid.Size-1)/pageid.Size*pageid.Size, (off+n)/pageid.Size*pageid.Size; canTrim && !keep && end > first &&
+		(end-first)/pageid.Size >= uint64(len(s.frames)) {
 		// More whole pages than the cache has frames (a file's volume
 		// zeroed past its size): the partial pages at either end, then
 		// the cached pages among the rest in one pass, and one Trim.
@@ -347,10 +347,10 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 		if err := s.ZeroRange(ctx, vol, end, off+n-end, false); err != nil {
 			return err
 		}
-		s.discardPages(vol, first/PageSize, end/PageSize)
+		s.discardPages(vol, first/pageid.Size, end/pageid.Size)
 		return tr.Trim(ctx, vol, first, end-first)
 	}
-	var zero [PageSize]byte
+	var zero [pageid.Size]byte
 	var runStart, runLen uint64 // a run of whole pages to trim remotely
 	flushRun := func() error {
 		if runLen == 0 {
@@ -360,15 +360,15 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 		runLen = 0
 		return err
 	}
-	err := s.eachPage(vol, off, n, func(k Key, po, m int, at uint64) error {
-		if m < PageSize {
+	err := s.eachPage(vol, off, n, func(k pageid.Key, po, m int, at uint64) error {
+		if m < pageid.Size {
 			return s.modify(ctx, k, fillLoad, func(page []byte) { clear(page[po : po+m]) })
 		}
 		if keep || !canTrim {
 			return s.Put(ctx, k, zero[:])
 		}
 		s.discard(k)
-		pageOff := k.Page() * PageSize
+		pageOff := k.Page() * pageid.Size
 		if runLen > 0 && runStart+runLen != pageOff {
 			if err := flushRun(); err != nil {
 				return err
@@ -377,7 +377,7 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 		if runLen == 0 {
 			runStart = pageOff
 		}
-		runLen += PageSize
+		runLen += pageid.Size
 		return nil
 	})
 	if err != nil {
@@ -389,15 +389,15 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 // eachPage validates the range and calls fn for every page it touches with
 // the page's key, the offset and length within the page, and the offset
 // within the caller's buffer.
-func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k Key, po, n int, at uint64) error) error {
+func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k pageid.Key, po, n int, at uint64) error) error {
 	if err := s.checkRange(vol, off, n); err != nil {
 		return err
 	}
 	var at uint64
 	for n > 0 {
-		po := off % PageSize
-		m := min(n, PageSize-po)
-		if err := fn(pageid.MakeKey(vol, off/PageSize), int(po), int(m), at); err != nil {
+		po := off % pageid.Size
+		m := min(n, pageid.Size-po)
+		if err := fn(pageid.MakeKey(vol, off/pageid.Size), int(po), int(m), at); err != nil {
 			return err
 		}
 		off, n, at = off+m, n-m, at+m
@@ -423,7 +423,7 @@ func (s *Store) checkRange(vol uint16, off, n uint64) error {
 
 // discard drops page k from the cache without writing it back. Its frame
 // stays with the eviction policy, empty, and is reclaimed first-come.
-func (s *Store) discard(k Key) {
+func (s *Store) discard(k pageid.Key) {
 	f, ok := s.lookup(k)
 	if !ok {
 		return

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/testutil"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,10 +31,10 @@ func TestRangesModel(t *testing.T) {
 			const pages = 256
 			s := newTestStore(t, rem, tc.frames, pol, pages)
 			ctx := context.Background()
-			model := make([]byte, pages*PageSize)
+			model := make([]byte, pages*pageid.Size)
 			for i := 0; i < 3000; i++ {
 				off := rng.Uint64N(uint64(len(model)))
-				n := 1 + rng.Uint64N(min(uint64(len(model))-off, 12*PageSize))
+				n := 1 + rng.Uint64N(min(uint64(len(model))-off, 12*pageid.Size))
 				switch rng.IntN(6) {
 				case 0, 1:
 					p := make([]byte, n)
@@ -76,34 +75,34 @@ func TestRangesModel(t *testing.T) {
 func TestWriteFreshReadsOnlyBelowZeroFrom(t *testing.T) {
 	ctx := context.Background()
 	rem := NewMemRemote()
-	old := bytes.Repeat([]byte{0xEE}, PageSize)
+	old := bytes.Repeat([]byte{0xEE}, pageid.Size)
 	for p := range uint64(8) {
-		require.NoError(t, rem.WritePages(ctx, []Key{pageid.MakeKey(1, p)}, [][]byte{old}))
+		require.NoError(t, rem.WritePages(ctx, []pageid.Key{pageid.MakeKey(1, p)}, [][]byte{old}))
 	}
 	s := newTestStore(t, rem, 16, "s3fifo", 8)
 	cached := pageid.MakeKey(1, 6)
-	require.NoError(t, s.Get(ctx, cached, make([]byte, PageSize)))
+	require.NoError(t, s.Get(ctx, cached, make([]byte, pageid.Size)))
 	reads := s.Stats().RemoteReads
 
 	// Bytes 100.. of page 2 (below zeroFrom: read), pages 3, 4 whole,
 	// page 5 up to 100 (past zeroFrom, not cached: zeroes around).
-	const zeroFrom = 4 * PageSize
-	data := bytes.Repeat([]byte{0x11}, 3*PageSize)
-	require.NoError(t, s.WriteFresh(ctx, 1, 2*PageSize+100, data, zeroFrom))
+	const zeroFrom = 4 * pageid.Size
+	data := bytes.Repeat([]byte{0x11}, 3*pageid.Size)
+	require.NoError(t, s.WriteFresh(ctx, 1, 2*pageid.Size+100, data, zeroFrom))
 	// A cached page past zeroFrom keeps its bytes.
-	require.NoError(t, s.WriteFresh(ctx, 1, 6*PageSize+10, []byte{0x22}, zeroFrom))
+	require.NoError(t, s.WriteFresh(ctx, 1, 6*pageid.Size+10, []byte{0x22}, zeroFrom))
 	// From a page's start to past zeroFrom (the kernel writing back a
 	// file's last page): the rest is zeroes, nothing to read. To short of
 	// zeroFrom: the rest up to it is data, read.
-	require.NoError(t, s.WriteFresh(ctx, 1, 7*PageSize, data[:100], 7*PageSize+50))
+	require.NoError(t, s.WriteFresh(ctx, 1, 7*pageid.Size, data[:100], 7*pageid.Size+50))
 	require.NoError(t, s.WriteFresh(ctx, 1, 0, data[:10], 50))
 	assert.Equal(t, reads+2, s.Stats().RemoteReads, "pages 2 and 0 are read, no other")
 	assert.EqualValues(t, 2, s.Stats().FreshWrites)
 
-	got := make([]byte, PageSize)
+	got := make([]byte, pageid.Size)
 	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 2), got))
 	assert.Equal(t, old[:100], got[:100], "page 2 lost the bytes before the write")
-	want := make([]byte, PageSize)
+	want := make([]byte, pageid.Size)
 	copy(want, data[len(data)-100:])
 	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 5), got))
 	assert.Equal(t, want, got, "page 5 is not zeroes past the write")
@@ -134,11 +133,11 @@ func TestRemoveVolume(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			remote := NewMemRemote()
-			s, err := New(remote, Options{CacheBytes: 64 * PageSize})
+			s, err := New(remote, Options{CacheBytes: 64 * pageid.Size})
 			require.NoError(t, err)
-			v := memnode.VolumeInfo{ID: 3, Name: "f", Size: 16 * PageSize}
+			v := pageid.VolumeInfo{ID: 3, Name: "f", Size: 16 * pageid.Size}
 			s.AddVolume(v)
-			page := bytes.Repeat([]byte{0xAB}, PageSize)
+			page := bytes.Repeat([]byte{0xAB}, pageid.Size)
 			for i := range 8 {
 				require.NoError(t, s.Put(ctx, pageid.MakeKey(3, uint64(i)), page))
 			}
@@ -148,9 +147,9 @@ func TestRemoveVolume(t *testing.T) {
 				assert.False(t, s.Resident(pageid.MakeKey(3, uint64(i))), "page %d still cached", i)
 			}
 			s.AddVolume(v)
-			got := make([]byte, PageSize)
+			got := make([]byte, pageid.Size)
 			require.NoError(t, s.Get(ctx, pageid.MakeKey(3, 1), got))
-			assert.Equal(t, make([]byte, PageSize), got, "old page showed through")
+			assert.Equal(t, make([]byte, pageid.Size), got, "old page showed through")
 			require.NoError(t, s.Check())
 		})
 	}
@@ -169,9 +168,9 @@ func TestConcurrentRunsDoNotStarve(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p := make([]byte, 64*PageSize)
+			p := make([]byte, 64*pageid.Size)
 			for i := range 20 {
-				off := uint64((w*20+i)%60) * 64 * PageSize
+				off := uint64((w*20+i)%60) * 64 * pageid.Size
 				if err := s.ReadRange(ctx, 1, off, p); err != nil {
 					errs <- err
 					return
@@ -188,11 +187,11 @@ func TestConcurrentRunsDoNotStarve(t *testing.T) {
 
 // oneZone is a Loading Zone holding one page.
 type oneZone struct {
-	k    Key
+	k    pageid.Key
 	page []byte
 }
 
-func (z oneZone) CheckAndReturn(k Key, dst []byte) int {
+func (z oneZone) CheckAndReturn(k pageid.Key, dst []byte) int {
 	if k != z.k {
 		return 0
 	}
@@ -205,7 +204,7 @@ func (z oneZone) CheckAndReturn(k Key, dst []byte) int {
 func TestReadStream(t *testing.T) {
 	mem := NewMemRemote()
 	const vol, pages = 1, 256
-	var keys []Key
+	var keys []pageid.Key
 	var bufs [][]byte
 	for p := uint64(0); p < pages; p++ {
 		k := pageid.MakeKey(vol, p)
@@ -213,9 +212,9 @@ func TestReadStream(t *testing.T) {
 	}
 	require.NoError(t, mem.WritePages(context.Background(), keys, bufs))
 	lzKey := pageid.MakeKey(vol, 9)
-	s, err := New(mem, Options{CacheBytes: 16 * PageSize, Prefetched: oneZone{lzKey, fill(lzKey, 3)}})
+	s, err := New(mem, Options{CacheBytes: 16 * pageid.Size, Prefetched: oneZone{lzKey, fill(lzKey, 3)}})
 	require.NoError(t, err)
-	s.AddVolume(memnode.VolumeInfo{ID: vol, Name: "v", Size: pages * PageSize})
+	s.AddVolume(pageid.VolumeInfo{ID: vol, Name: "v", Size: pages * pageid.Size})
 	ctx := context.Background()
 	for _, p := range []uint64{5, 70} {
 		k := pageid.MakeKey(vol, p)
@@ -223,7 +222,7 @@ func TestReadStream(t *testing.T) {
 	}
 	resident := s.Stats().ResidentPages
 
-	buf := make([]byte, 128*PageSize)
+	buf := make([]byte, 128*pageid.Size)
 	require.NoError(t, s.ReadStream(ctx, vol, 0, buf))
 	for p := uint64(0); p < 128; p++ {
 		k := pageid.MakeKey(vol, p)
@@ -234,15 +233,15 @@ func TestReadStream(t *testing.T) {
 		case 9:
 			want = fill(k, 3)
 		}
-		require.Equal(t, want, buf[p*PageSize:(p+1)*PageSize], "page %d", p)
+		require.Equal(t, want, buf[p*pageid.Size:(p+1)*pageid.Size], "page %d", p)
 	}
 	assert.Equal(t, resident, s.Stats().ResidentPages, "a stream takes no frames")
 
-	odd := make([]byte, 3*PageSize)
-	require.NoError(t, s.ReadStream(ctx, vol, 4*PageSize+100, odd))
-	assert.Equal(t, fill(pageid.MakeKey(vol, 4), 1)[100:], odd[:PageSize-100], "unaligned: through the cache")
-	assert.Equal(t, fill(pageid.MakeKey(vol, 5), 2), odd[PageSize-100:2*PageSize-100])
-	err = s.ReadStream(ctx, vol, (pages-1)*PageSize, make([]byte, 2*PageSize))
+	odd := make([]byte, 3*pageid.Size)
+	require.NoError(t, s.ReadStream(ctx, vol, 4*pageid.Size+100, odd))
+	assert.Equal(t, fill(pageid.MakeKey(vol, 4), 1)[100:], odd[:pageid.Size-100], "unaligned: through the cache")
+	assert.Equal(t, fill(pageid.MakeKey(vol, 5), 2), odd[pageid.Size-100:2*pageid.Size-100])
+	err = s.ReadStream(ctx, vol, (pages-1)*pageid.Size, make([]byte, 2*pageid.Size))
 	assert.ErrorIs(t, err, pageid.ErrOutOfRange)
 	require.NoError(t, s.Flush(ctx))
 	require.NoError(t, s.Check())
@@ -252,20 +251,20 @@ func TestReadStream(t *testing.T) {
 type streamRemote struct {
 	*MemRemote
 	cached, streamed atomic.Int64
-	took             []Key // StreamTook runs on the reading goroutine
+	took             []pageid.Key // StreamTook runs on the reading goroutine
 }
 
-func (r *streamRemote) ReadPages(ctx context.Context, first Key, p []byte) error {
-	r.cached.Add(int64(len(p) / PageSize))
+func (r *streamRemote) ReadPages(ctx context.Context, first pageid.Key, p []byte) error {
+	r.cached.Add(int64(len(p) / pageid.Size))
 	return r.MemRemote.ReadPages(ctx, first, p)
 }
 
-func (r *streamRemote) ReadStreamPages(ctx context.Context, first Key, p []byte) error {
-	r.streamed.Add(int64(len(p) / PageSize))
+func (r *streamRemote) ReadStreamPages(ctx context.Context, first pageid.Key, p []byte) error {
+	r.streamed.Add(int64(len(p) / pageid.Size))
 	return r.MemRemote.ReadPages(ctx, first, p)
 }
 
-func (r *streamRemote) StreamTook(k Key) { r.took = append(r.took, k) }
+func (r *streamRemote) StreamTook(k pageid.Key) { r.took = append(r.took, k) }
 
 // TestReadStreamTellsTheRemote: a remote that can tell the pages a stream
 // reads (which the store does not cache) from those it caches is asked
@@ -274,15 +273,15 @@ func (r *streamRemote) StreamTook(k Key) { r.took = append(r.took, k) }
 func TestReadStreamTellsTheRemote(t *testing.T) {
 	r := &streamRemote{MemRemote: NewMemRemote()}
 	lzKey := pageid.MakeKey(1, 9)
-	s, err := New(r, Options{CacheBytes: 16 * PageSize, Prefetched: oneZone{lzKey, fill(lzKey, 3)}})
+	s, err := New(r, Options{CacheBytes: 16 * pageid.Size, Prefetched: oneZone{lzKey, fill(lzKey, 3)}})
 	require.NoError(t, err)
-	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 256 * PageSize})
+	s.AddVolume(pageid.VolumeInfo{ID: 1, Name: "v", Size: 256 * pageid.Size})
 	ctx := context.Background()
-	require.NoError(t, s.ReadStream(ctx, 1, 0, make([]byte, 64*PageSize)))
+	require.NoError(t, s.ReadStream(ctx, 1, 0, make([]byte, 64*pageid.Size)))
 	assert.Equal(t, int64(63), r.streamed.Load(), "all but the Loading Zone's page")
-	assert.Equal(t, []Key{lzKey}, r.took, "told of the page taken from the Loading Zone")
+	assert.Equal(t, []pageid.Key{lzKey}, r.took, "told of the page taken from the Loading Zone")
 	assert.Zero(t, r.cached.Load())
-	require.NoError(t, s.ReadRange(ctx, 1, 64*PageSize, make([]byte, 8*PageSize)))
+	require.NoError(t, s.ReadRange(ctx, 1, 64*pageid.Size, make([]byte, 8*pageid.Size)))
 	assert.Equal(t, int64(63), r.streamed.Load(), "a cached read is no stream's")
 }
 
@@ -296,7 +295,7 @@ func TestZeroRangeOfTerabytes(t *testing.T) {
 	rem := NewMemRemote()
 	const volPages = 1 << 30 // 4 TiB
 	s := newTestStore(t, rem, 16, "s3fifo", volPages)
-	keys := []Key{pageid.MakeKey(1, 0), pageid.MakeKey(1, 1), pageid.MakeKey(1, 2), pageid.MakeKey(1, 1<<29), pageid.MakeKey(1, volPages-1)}
+	keys := []pageid.Key{pageid.MakeKey(1, 0), pageid.MakeKey(1, 1), pageid.MakeKey(1, 2), pageid.MakeKey(1, 1<<29), pageid.MakeKey(1, volPages-1)}
 	for i, k := range keys {
 		require.NoError(t, s.Put(ctx, k, fill(k, 1)))
 		if i%2 == 0 {
@@ -304,11 +303,11 @@ func TestZeroRangeOfTerabytes(t *testing.T) {
 		}
 	}
 	require.NoError(t, s.Flush(ctx))
-	require.NoError(t, s.Get(ctx, keys[3], make([]byte, PageSize)))
+	require.NoError(t, s.Get(ctx, keys[3], make([]byte, pageid.Size)))
 
-	const from = PageSize + 100
-	require.NoError(t, s.ZeroRange(ctx, 1, from, volPages*PageSize-from, false))
-	got := make([]byte, PageSize)
+	const from = pageid.Size + 100
+	require.NoError(t, s.ZeroRange(ctx, 1, from, volPages*pageid.Size-from, false))
+	got := make([]byte, pageid.Size)
 	require.NoError(t, s.Get(ctx, keys[0], got))
 	assert.True(t, bytes.Equal(fill(keys[0], 1), got), "the page before the range")
 	require.NoError(t, s.Get(ctx, keys[1], got))
@@ -316,8 +315,8 @@ func TestZeroRangeOfTerabytes(t *testing.T) {
 	clear(want[100:])
 	assert.True(t, bytes.Equal(want, got), "the partial page keeps its first 100 bytes only")
 	for _, k := range keys[2:] {
-		assert.True(t, bytes.Equal(make([]byte, PageSize), rem.Page(k)), "page %d is still at the remote", k.Page())
+		assert.True(t, bytes.Equal(make([]byte, pageid.Size), rem.Page(k)), "page %d is still at the remote", k.Page())
 		require.NoError(t, s.Get(ctx, k, got))
-		assert.True(t, bytes.Equal(make([]byte, PageSize), got), "page %d still reads", k.Page())
+		assert.True(t, bytes.Equal(make([]byte, pageid.Size), got), "page %d still reads", k.Page())
 	}
 }

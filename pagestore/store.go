@@ -13,21 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
 
-// Key is the 8-byte page id: volume (16 bits) | page number (48 bits).
-type Key = pageid.Key
-
-// PageSize is the size of every page.
-const PageSize = pageid.Size
-
 // Errors callers branch on.
 var (
-	// ErrFenced is returned for a volume another host has taken over
-	// (FenceVolume): this host neither reads nor writes it any more.
-	ErrFenced = errors.New("pagestore: volume taken over by another host")
 	// ErrBadPage is returned when a buffer is not exactly one page.
 	ErrBadPage = errors.New("pagestore: buffer is not one page")
 	// ErrCacheFull is returned when no frame can be freed: every frame is
@@ -45,7 +35,7 @@ type Options struct {
 	Prefetched Prefetched
 	// OnEvict, if set, receives keys of pages leaving the cache (called
 	// with no locks held by the store, possibly concurrently).
-	OnEvict func(Key)
+	OnEvict func(pageid.Key)
 	// RetryFor is how long a write-back that fails because the remote is
 	// unreachable is retried — by an eviction that needs the frame, and by
 	// Flush — before the error reaches the caller. A memory node that
@@ -106,8 +96,8 @@ type Store struct {
 	// write-backs.
 	claimClean func(int32) bool
 
-	pages   sync.Pool // *[PageSize]byte scratch pages for partial reads
-	runBufs sync.Pool // *[maxRun * PageSize]byte for batched loads
+	pages   sync.Pool // *[pageid.Size]byte scratch pages for partial reads
+	runBufs sync.Pool // *[maxRun * pageid.Size]byte for batched loads
 	// runSlots bounds the batched loads in flight so that together they
 	// hold at most a quarter of the frames: a run keeps its frames locked
 	// while it claims more, and runs holding every frame would wait for
@@ -132,7 +122,7 @@ type Store struct {
 	held atomic.Pointer[chan struct{}]
 
 	vmu     sync.RWMutex
-	volumes map[uint16]memnode.VolumeInfo
+	volumes map[uint16]pageid.VolumeInfo
 	fenced  map[uint16]bool // guarded by vmu
 
 	hits, misses, lzHits, remoteReads atomic.Uint64
@@ -164,7 +154,7 @@ type shard struct {
 
 type frame struct {
 	mu    sync.RWMutex
-	key   Key
+	key   pageid.Key
 	valid bool
 	ver   uint64 // bumped by every write; guarded by mu
 	// wb marks a Flush write-back in flight: the frame may not be evicted
@@ -178,7 +168,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 	if opt.CacheBytes == 0 {
 		opt.CacheBytes = DefaultCacheBytes
 	}
-	n := int(opt.CacheBytes / PageSize)
+	n := int(opt.CacheBytes / pageid.Size)
 	if n < 4 {
 		return nil, fmt.Errorf("pagestore: cache of %d bytes holds fewer than 4 pages", opt.CacheBytes)
 	}
@@ -191,18 +181,18 @@ func New(remote Remote, opt Options) (*Store, error) {
 		opt:       opt,
 		frames:    make([]frame, n),
 		dirtyBits: make([]atomic.Uint64, (n+63)/64),
-		data:      make([]byte, n*PageSize),
+		data:      make([]byte, n*pageid.Size),
 		pol:       pol,
 		free:      make([]int32, n),
-		volumes:   make(map[uint16]memnode.VolumeInfo),
+		volumes:   make(map[uint16]pageid.VolumeInfo),
 	}
 	for i := range s.free {
 		s.free[i] = int32(n - 1 - i)
 	}
-	s.pages.New = func() any { return new([PageSize]byte) }
+	s.pages.New = func() any { return new([pageid.Size]byte) }
 	s.fcond = sync.NewCond(&s.fmu)
 	s.cleanKick = make(chan struct{}, 1)
-	s.runBufs.New = func() any { return new([maxRun * PageSize]byte) }
+	s.runBufs.New = func() any { return new([maxRun * pageid.Size]byte) }
 	s.runSlots = make(chan struct{}, max(1, n/(4*max(1, runPages(n)))))
 	s.claim = func(f int32) bool {
 		fr := &s.frames[f]
@@ -233,7 +223,7 @@ func New(remote Remote, opt Options) (*Store, error) {
 }
 
 // AddVolume makes the store serve pages of v.
-func (s *Store) AddVolume(v memnode.VolumeInfo) {
+func (s *Store) AddVolume(v pageid.VolumeInfo) {
 	s.vmu.Lock()
 	s.volumes[v.ID] = v
 	delete(s.fenced, v.ID)
@@ -282,7 +272,7 @@ func (s *Store) discardPages(id uint16, first, end uint64) {
 // FenceVolume stops serving volume id because another host took it over:
 // its cached pages, dirty ones included, are dropped unwritten (writing
 // them back would overwrite the new owner's data) and every later request
-// for it fails with ErrFenced.
+// for it fails with pageid.ErrFenced.
 func (s *Store) FenceVolume(id uint16) {
 	s.vmu.Lock()
 	if s.fenced == nil {
@@ -305,15 +295,15 @@ func (s *Store) missing(id uint16) error {
 	s.vmu.RLock()
 	defer s.vmu.RUnlock()
 	if s.fenced[id] {
-		return ErrFenced
+		return pageid.ErrFenced
 	}
 	return pageid.ErrNoVolume
 }
 
 // Volumes returns the served volumes ordered by id.
-func (s *Store) Volumes() []memnode.VolumeInfo {
+func (s *Store) Volumes() []pageid.VolumeInfo {
 	s.vmu.RLock()
-	out := make([]memnode.VolumeInfo, 0, len(s.volumes))
+	out := make([]pageid.VolumeInfo, 0, len(s.volumes))
 	for _, v := range s.volumes {
 		out = append(out, v)
 	}
@@ -330,11 +320,11 @@ func (s *Store) Pages(id uint16) uint64 {
 	if !ok {
 		return 0
 	}
-	return v.Size / PageSize
+	return v.Size / pageid.Size
 }
 
 // Volume returns the volume called name.
-func (s *Store) Volume(name string) (memnode.VolumeInfo, bool) {
+func (s *Store) Volume(name string) (pageid.VolumeInfo, bool) {
 	s.vmu.RLock()
 	defer s.vmu.RUnlock()
 	for _, v := range s.volumes {
@@ -342,7 +332,7 @@ func (s *Store) Volume(name string) (memnode.VolumeInfo, bool) {
 			return v, true
 		}
 	}
-	return memnode.VolumeInfo{}, false
+	return pageid.VolumeInfo{}, false
 }
 
 // Suspend holds every new request back (reads and writes, at their
@@ -370,7 +360,7 @@ func (s *Store) waitServing() {
 }
 
 // CheckKey validates k against the served volumes.
-func (s *Store) CheckKey(k Key) error {
+func (s *Store) CheckKey(k pageid.Key) error {
 	s.waitServing()
 	s.vmu.RLock()
 	v, ok := s.volumes[k.Volume()]
@@ -378,23 +368,23 @@ func (s *Store) CheckKey(k Key) error {
 	if !ok {
 		return fmt.Errorf("page %v: %w", k, s.missing(k.Volume()))
 	}
-	if k.Page() >= v.Size/PageSize {
-		return fmt.Errorf("page %v of %q (%d pages): %w", k, v.Name, v.Size/PageSize, pageid.ErrOutOfRange)
+	if k.Page() >= v.Size/pageid.Size {
+		return fmt.Errorf("page %v of %q (%d pages): %w", k, v.Name, v.Size/pageid.Size, pageid.ErrOutOfRange)
 	}
 	return nil
 }
 
-func (s *Store) shardOf(k Key) *shard {
+func (s *Store) shardOf(k pageid.Key) *shard {
 	h := uint64(k) * 0x9E3779B97F4A7C15
 	return &s.shards[h>>58]
 }
 
 func (s *Store) page(f int32) []byte {
-	o := int(f) * PageSize
-	return s.data[o : o+PageSize : o+PageSize]
+	o := int(f) * pageid.Size
+	return s.data[o : o+pageid.Size : o+pageid.Size]
 }
 
-func (s *Store) lookup(k Key) (int32, bool) {
+func (s *Store) lookup(k pageid.Key) (int32, bool) {
 	sh := s.shardOf(k)
 	sh.mu.Lock()
 	f, ok := sh.m.get(k)
@@ -403,7 +393,7 @@ func (s *Store) lookup(k Key) (int32, bool) {
 }
 
 // EachResident calls fn with the key of every page in the cache now.
-func (s *Store) EachResident(fn func(Key)) {
+func (s *Store) EachResident(fn func(pageid.Key)) {
 	for f := range s.frames {
 		fr := &s.frames[f]
 		fr.mu.RLock()
@@ -416,14 +406,14 @@ func (s *Store) EachResident(fn func(Key)) {
 }
 
 // Resident reports whether page k is in the cache now.
-func (s *Store) Resident(k Key) bool {
+func (s *Store) Resident(k pageid.Key) bool {
 	_, ok := s.lookup(k)
 	return ok
 }
 
 // Get copies page k into dst.
-func (s *Store) Get(ctx context.Context, k Key, dst []byte) error {
-	if len(dst) != PageSize {
+func (s *Store) Get(ctx context.Context, k pageid.Key, dst []byte) error {
+	if len(dst) != pageid.Size {
 		return ErrBadPage
 	}
 	if err := s.CheckKey(k); err != nil {
@@ -479,8 +469,8 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) error {
 	}
 }
 
-func (s *Store) load(ctx context.Context, k Key, p []byte) error {
-	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, p) == PageSize {
+func (s *Store) load(ctx context.Context, k pageid.Key, p []byte) error {
+	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, p) == pageid.Size {
 		s.lzHits.Add(1)
 		return nil
 	}
@@ -490,8 +480,8 @@ func (s *Store) load(ctx context.Context, k Key, p []byte) error {
 
 // Put stores src as page k. The page is written back to the remote on
 // eviction or Flush.
-func (s *Store) Put(ctx context.Context, k Key, src []byte) error {
-	if len(src) != PageSize {
+func (s *Store) Put(ctx context.Context, k pageid.Key, src []byte) error {
+	if len(src) != pageid.Size {
 		return ErrBadPage
 	}
 	if err := s.CheckKey(k); err != nil {
@@ -511,7 +501,7 @@ const (
 
 // modify applies fn to page k under the page's write lock and marks it
 // dirty. A page that is not cached gets a frame, filled first as how says.
-func (s *Store) modify(ctx context.Context, k Key, how fillMode, fn func(page []byte)) error {
+func (s *Store) modify(ctx context.Context, k pageid.Key, how fillMode, fn func(page []byte)) error {
 	for {
 		if f, ok := s.lookup(k); ok {
 			fr := &s.frames[f]
@@ -564,7 +554,7 @@ func (s *Store) written(f int32) {
 
 // publish enters the claimed, write-locked frame f into the index as k. If
 // k is already present it releases f and reports false.
-func (s *Store) publish(k Key, f int32) bool {
+func (s *Store) publish(k pageid.Key, f int32) bool {
 	sh := s.shardOf(k)
 	sh.mu.Lock()
 	if !sh.m.add(k, f) {
@@ -578,12 +568,12 @@ func (s *Store) publish(k Key, f int32) bool {
 }
 
 // unpublish undoes publish after a failed load.
-func (s *Store) unpublish(k Key, f int32) {
+func (s *Store) unpublish(k pageid.Key, f int32) {
 	s.unindex(k, f)
 	s.releaseFrame(f)
 }
 
-func (s *Store) unindex(k Key, f int32) {
+func (s *Store) unindex(k pageid.Key, f int32) {
 	sh := s.shardOf(k)
 	sh.mu.Lock()
 	sh.m.remove(k, f)
@@ -602,7 +592,7 @@ func (s *Store) releaseFrame(f int32) {
 }
 
 // track hands a loaded frame to the eviction policy.
-func (s *Store) track(f int32, k Key) {
+func (s *Store) track(f int32, k pageid.Key) {
 	s.evictMu.Lock()
 	s.pol.insert(f, k)
 	s.evictMu.Unlock()
@@ -670,7 +660,7 @@ func (s *Store) claimFrame(ctx context.Context) (int32, error) {
 		if s.dirty(f) {
 			s.kickWriteback()
 			pg := s.page(f)
-			if err := s.remote.WritePages(ctx, []Key{k}, [][]byte{pg}); err != nil {
+			if err := s.remote.WritePages(ctx, []pageid.Key{k}, [][]byte{pg}); err != nil {
 				// Keep the page: it is the only copy of an acknowledged write.
 				fr.mu.Unlock()
 				s.track(f, k)
@@ -776,7 +766,7 @@ func (s *Store) kickWriteback() {
 
 // evicted finishes the eviction of page k from its claimed frame f (clean
 // by now): out of the index, empty, and reported.
-func (s *Store) evicted(f int32, k Key) {
+func (s *Store) evicted(f int32, k pageid.Key) {
 	s.unindex(k, f)
 	fr := &s.frames[f]
 	fr.key, fr.valid = 0, false
@@ -886,7 +876,7 @@ const retryBackoff = 50 * time.Millisecond
 // retryable tells a remote that may come back (connection lost, timed
 // out) from an answer that will not change.
 func (s *Store) retryable(err error) bool {
-	return s.opt.RetryFor > 0 && errors.Is(err, memnode.ErrConnLost)
+	return s.opt.RetryFor > 0 && errors.Is(err, pageid.ErrUnavailable)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -923,10 +913,10 @@ func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
 	if s.flushBuf == nil {
-		s.flushBuf = make([]byte, flushBatch*PageSize)
+		s.flushBuf = make([]byte, flushBatch*pageid.Size)
 	}
 	var (
-		keys  [flushBatch]Key
+		keys  [flushBatch]pageid.Key
 		pages [flushBatch][]byte
 		held  [flushBatch]int32
 		vers  [flushBatch]uint64
@@ -941,7 +931,7 @@ func (s *Store) flushFrom(ctx context.Context, vol uint16, i int) (int, error) {
 		}
 		fr.wb.Store(true)
 		keys[n], held[n], vers[n] = fr.key, int32(i), fr.ver
-		pages[n] = s.flushBuf[n*PageSize : (n+1)*PageSize]
+		pages[n] = s.flushBuf[n*pageid.Size : (n+1)*pageid.Size]
 		copy(pages[n], s.page(int32(i)))
 		fr.mu.RUnlock()
 		n++

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/testutil"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,18 +21,18 @@ import (
 
 func newTestStore(t testing.TB, remote Remote, pages int, policy string, volPages uint64) *Store {
 	t.Helper()
-	s, err := New(remote, Options{CacheBytes: int64(pages) * PageSize, Policy: policy})
+	s, err := New(remote, Options{CacheBytes: int64(pages) * pageid.Size, Policy: policy})
 	require.NoError(t, err)
-	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: volPages * PageSize})
+	s.AddVolume(pageid.VolumeInfo{ID: 1, Name: "v", Size: volPages * pageid.Size})
 	t.Cleanup(func() { assert.NoError(t, s.Check()) })
 	return s
 }
 
-func fill(k Key, version uint64) []byte {
-	p := make([]byte, PageSize)
+func fill(k pageid.Key, version uint64) []byte {
+	p := make([]byte, pageid.Size)
 	binary.LittleEndian.PutUint64(p, uint64(k))
 	binary.LittleEndian.PutUint64(p[8:], version)
-	p[PageSize-1] = byte(version)
+	p[pageid.Size-1] = byte(version)
 	return p
 }
 
@@ -43,9 +42,9 @@ func TestGetPutAndBounds(t *testing.T) {
 			rem := NewMemRemote()
 			s := newTestStore(t, rem, 8, pol, 100)
 			ctx := context.Background()
-			buf := make([]byte, PageSize)
+			buf := make([]byte, pageid.Size)
 			require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 5), buf))
-			assert.Equal(t, make([]byte, PageSize), buf)
+			assert.Equal(t, make([]byte, pageid.Size), buf)
 			require.NoError(t, s.Put(ctx, pageid.MakeKey(1, 5), fill(5, 1)))
 			require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 5), buf))
 			assert.Equal(t, fill(5, 1), buf)
@@ -53,7 +52,7 @@ func TestGetPutAndBounds(t *testing.T) {
 			assert.ErrorIs(t, s.Get(ctx, pageid.MakeKey(2, 0), buf), pageid.ErrNoVolume)
 			assert.ErrorIs(t, s.Put(ctx, pageid.MakeKey(1, 0), buf[:10]), ErrBadPage)
 			// Nothing reached the remote before Flush.
-			assert.Equal(t, make([]byte, PageSize), rem.Page(pageid.MakeKey(1, 5)))
+			assert.Equal(t, make([]byte, pageid.Size), rem.Page(pageid.MakeKey(1, 5)))
 			require.NoError(t, s.Flush(ctx))
 			assert.Equal(t, fill(5, 1), rem.Page(pageid.MakeKey(1, 5)))
 			assert.Zero(t, s.Stats().DirtyPages)
@@ -74,7 +73,7 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 			s := newTestStore(t, rem, 16, pol, volPages)
 			ctx := context.Background()
 			var mu sync.Mutex
-			acked := make(map[Key]uint64)
+			acked := make(map[pageid.Key]uint64)
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
 			flipped := make(chan struct{})
@@ -97,7 +96,7 @@ func TestEvictionKeepsDirtyWrites(t *testing.T) {
 				r := rand.New(rand.NewPCG(rng.Uint64(), uint64(w)))
 				go func() {
 					defer wg.Done()
-					buf := make([]byte, PageSize)
+					buf := make([]byte, pageid.Size)
 					for i := 0; i < 2000; i++ {
 						// Each writer owns pages ≡ w mod 4, so its model is exact.
 						k := pageid.MakeKey(1, uint64(r.IntN(volPages/4)*4+w))
@@ -145,7 +144,7 @@ type countingRemote struct {
 	gate chan struct{}
 }
 
-func (c countingRemote) ReadPage(ctx context.Context, k Key, dst []byte) error {
+func (c countingRemote) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	<-c.gate
 	return c.MemRemote.ReadPage(ctx, k, dst)
 }
@@ -159,7 +158,7 @@ func TestConcurrentMissesShareOneRead(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, PageSize)
+			buf := make([]byte, pageid.Size)
 			assert.NoError(t, s.Get(context.Background(), k, buf))
 		}()
 	}
@@ -175,11 +174,11 @@ func TestFailedLoadIsRetried(t *testing.T) {
 	rem := NewFaults(mem)
 	s := newTestStore(t, rem, 8, "", 16)
 	ctx := context.Background()
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	rem.Fail.Store(true)
 	assert.ErrorIs(t, s.Get(ctx, pageid.MakeKey(1, 1), buf), ErrInjected)
 	rem.Fail.Store(false)
-	require.NoError(t, rem.WritePages(ctx, []Key{pageid.MakeKey(1, 1)}, [][]byte{fill(1, 7)}))
+	require.NoError(t, rem.WritePages(ctx, []pageid.Key{pageid.MakeKey(1, 1)}, [][]byte{fill(1, 7)}))
 	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 1), buf))
 	assert.Equal(t, fill(1, 7), buf)
 }
@@ -195,16 +194,16 @@ func TestReadsOutliveRefusedWriteBacks(t *testing.T) {
 			rem := NewFaults(mem)
 			s := newTestStore(t, rem, 8, pol, 128)
 			ctx := context.Background()
-			k := func(i int) Key { return pageid.MakeKey(1, uint64(i)) }
+			k := func(i int) pageid.Key { return pageid.MakeKey(1, uint64(i)) }
 			for i := range 128 {
-				require.NoError(t, mem.WritePages(ctx, []Key{k(i)}, [][]byte{fill(k(i), 1)}))
+				require.NoError(t, mem.WritePages(ctx, []pageid.Key{k(i)}, [][]byte{fill(k(i), 1)}))
 			}
-			buf := make([]byte, PageSize)
+			buf := make([]byte, pageid.Size)
 			for i := range 8 {
 				require.NoError(t, s.Get(ctx, k(i), buf))
 			}
 			rem.FailWrites.Store(true)
-			written := map[Key][]byte{}
+			written := map[pageid.Key][]byte{}
 			for i := 100; i < 104; i++ {
 				written[k(i)] = fill(k(i), 2)
 				require.NoError(t, s.Put(ctx, k(i), written[k(i)]))
@@ -252,8 +251,8 @@ func TestModel(t *testing.T) {
 			rem := NewMemRemote()
 			s := newTestStore(t, rem, 8, pol, 64)
 			ctx := context.Background()
-			model := make(map[Key][]byte)
-			buf := make([]byte, PageSize)
+			model := make(map[pageid.Key][]byte)
+			buf := make([]byte, pageid.Size)
 			for i := 0; i < 5000; i++ {
 				k := pageid.MakeKey(1, uint64(rng.IntN(64)))
 				switch rng.IntN(10) {
@@ -270,7 +269,7 @@ func TestModel(t *testing.T) {
 					require.NoError(t, s.Get(ctx, k, buf))
 					want, ok := model[k]
 					if !ok {
-						want = make([]byte, PageSize)
+						want = make([]byte, pageid.Size)
 					}
 					require.Equal(t, want, buf, fmt.Sprintf("step %d page %v", i, k))
 				}
@@ -286,9 +285,9 @@ func TestBackgroundWritebackRetries(t *testing.T) {
 	mem := NewMemRemote()
 	rem := NewFaults(mem)
 	var logged testutil.SyncBuffer
-	s, err := New(rem, Options{CacheBytes: 16 * PageSize, Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	s, err := New(rem, Options{CacheBytes: 16 * pageid.Size, Log: slog.New(slog.NewTextHandler(&logged, nil))})
 	require.NoError(t, err)
-	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 64 * PageSize})
+	s.AddVolume(pageid.VolumeInfo{ID: 1, Name: "v", Size: 64 * pageid.Size})
 	t.Cleanup(func() { assert.NoError(t, s.Check()) })
 	ctx, cancel := context.WithCancel(context.Background())
 	rem.Fail.Store(true)
@@ -360,7 +359,7 @@ type slowWrites struct {
 	calls atomic.Int64
 }
 
-func (r *slowWrites) WritePages(ctx context.Context, keys []Key, pages [][]byte) error {
+func (r *slowWrites) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	time.Sleep(time.Millisecond) // a slow remote is what this fake is
 	defer r.calls.Add(1)
 	return r.MemRemote.WritePages(ctx, keys, pages)
@@ -373,10 +372,10 @@ func (r *slowWrites) WritePages(ctx context.Context, keys []Key, pages [][]byte)
 func TestVolumeFlushDoesNotWaitForAWholeRound(t *testing.T) {
 	const batches = 20
 	rem := &slowWrites{MemRemote: NewMemRemote()}
-	s, err := New(rem, Options{CacheBytes: (batches*flushBatch + 64) * PageSize})
+	s, err := New(rem, Options{CacheBytes: (batches*flushBatch + 64) * pageid.Size})
 	require.NoError(t, err)
-	s.AddVolume(memnode.VolumeInfo{ID: 1, Name: "big", Size: batches * flushBatch * PageSize})
-	s.AddVolume(memnode.VolumeInfo{ID: 2, Name: "small", Size: PageSize})
+	s.AddVolume(pageid.VolumeInfo{ID: 1, Name: "big", Size: batches * flushBatch * pageid.Size})
+	s.AddVolume(pageid.VolumeInfo{ID: 2, Name: "small", Size: pageid.Size})
 	ctx := context.Background()
 	for p := range uint64(batches * flushBatch) {
 		require.NoError(t, s.Put(ctx, pageid.MakeKey(1, p), fill(pageid.MakeKey(1, p), 1)))
@@ -421,7 +420,7 @@ func TestWritebackStartsEarly(t *testing.T) {
 				k := pageid.MakeKey(1, p)
 				require.NoError(t, s.Put(ctx, k, fill(k, 1)))
 			}
-			buf := make([]byte, PageSize)
+			buf := make([]byte, pageid.Size)
 			for p := uint64(1000); tc.evict && s.Stats().EvictionWriteBacks == 0; p++ {
 				require.NoError(t, s.Get(ctx, pageid.MakeKey(1, p), buf))
 			}
@@ -451,7 +450,7 @@ func TestSuspendHoldsRequestsUntilResume(t *testing.T) {
 		require.NoError(t, s.Put(ctx, k, fill(k, 1)))
 		s.Suspend()
 		done := make(chan error, 2)
-		go func() { done <- s.Get(ctx, k, make([]byte, PageSize)) }()
+		go func() { done <- s.Get(ctx, k, make([]byte, pageid.Size)) }()
 		go func() { done <- s.ReadRange(ctx, 1, 0, make([]byte, 100)) }()
 		select {
 		case err := <-done:
@@ -465,7 +464,7 @@ func TestSuspendHoldsRequestsUntilResume(t *testing.T) {
 		for range 2 {
 			err := <-done
 			if fence {
-				assert.ErrorIs(t, err, ErrFenced)
+				assert.ErrorIs(t, err, pageid.ErrFenced)
 			} else {
 				assert.NoError(t, err)
 			}
@@ -500,7 +499,7 @@ func TestFlushFindsADirtyPageInEveryFrame(t *testing.T) {
 // BenchmarkFlushVolumeOneDirtyPage is an fsync after one page was
 // written, in a 64 MiB cache: the cost of finding the page.
 func BenchmarkFlushVolumeOneDirtyPage(b *testing.B) {
-	const pages = 64 << 20 / PageSize
+	const pages = 64 << 20 / pageid.Size
 	s := newTestStore(b, NewMemRemote(), pages, "", pages)
 	ctx := context.Background()
 	for p := range uint64(pages) {
@@ -526,20 +525,20 @@ func BenchmarkFlushVolumeOneDirtyPage(b *testing.B) {
 // answer does.
 type regionRemote struct{ mem []byte }
 
-func (r regionRemote) ReadPage(_ context.Context, k Key, dst []byte) error {
-	o := k.Page() * PageSize % uint64(len(r.mem))
-	copy(dst, r.mem[o:o+PageSize])
+func (r regionRemote) ReadPage(_ context.Context, k pageid.Key, dst []byte) error {
+	o := k.Page() * pageid.Size % uint64(len(r.mem))
+	copy(dst, r.mem[o:o+pageid.Size])
 	return nil
 }
 
-func (r regionRemote) WritePages(context.Context, []Key, [][]byte) error { return nil }
+func (r regionRemote) WritePages(context.Context, []pageid.Key, [][]byte) error { return nil }
 
 // BenchmarkGetRandom reads random pages of a volume eight times the cache
 // through Get from two goroutines: mostly misses, each an index lookup,
 // an eviction (the policy's ghost), an unindex and a publish.
 func BenchmarkGetRandom(b *testing.B) {
 	const frames, pages = 16384, 8 * 16384
-	mem := make([]byte, pages*PageSize)
+	mem := make([]byte, pages*pageid.Size)
 	for i := 0; i < len(mem); i += 512 {
 		binary.LittleEndian.PutUint64(mem[i:], uint64(i))
 	}
@@ -549,7 +548,7 @@ func BenchmarkGetRandom(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		r := rand.New(rand.NewPCG(seed.Add(1), 3))
-		dst := make([]byte, PageSize)
+		dst := make([]byte, pageid.Size)
 		for pb.Next() {
 			if err := s.Get(ctx, pageid.MakeKey(1, r.Uint64N(pages)), dst); err != nil {
 				b.Error(err)

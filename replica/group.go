@@ -11,6 +11,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Group is a set of volumes that live together: each of them at every
@@ -132,22 +133,22 @@ func (g *Group) members() []*volume {
 	return slices.Collect(maps.Values(g.names))
 }
 
-func (g *Group) info(v *volume) memnode.VolumeInfo {
-	return memnode.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}
+func (g *Group) info(v *volume) pageid.VolumeInfo {
+	return pageid.VolumeInfo{ID: v.ID, Name: v.Name, Size: v.Size}
 }
 
 // Create makes volume name (it must start with the group's prefix) at
 // every node of the group. A node that cannot be reached is dropped
 // from the group, as for a write it missed; a refusal (the name exists,
 // no memory) undoes the copies made and is returned as the node said it.
-func (g *Group) Create(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error) {
+func (g *Group) Create(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	if !strings.HasPrefix(name, g.prefix) {
-		return memnode.VolumeInfo{}, fmt.Errorf("replica: volume %q is not of group %q", name, g.prefix)
+		return pageid.VolumeInfo{}, fmt.Errorf("replica: volume %q is not of group %q", name, g.prefix)
 	}
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	if g.lookup(name) != nil {
-		return memnode.VolumeInfo{}, fmt.Errorf("replica: volume %q: %w", name, memnode.ErrExists)
+		return pageid.VolumeInfo{}, fmt.Errorf("replica: volume %q: %w", name, pageid.ErrExists)
 	}
 	writers := g.p.stripes.Load().Writers(0)
 	nodes := *g.r.nodes.Load()
@@ -157,7 +158,7 @@ func (g *Group) Create(ctx context.Context, name string, size uint64) (memnode.V
 	for i, id := range writers {
 		n, ok := nodes[id]
 		if !ok {
-			errs[i] = fmt.Errorf("node %s: %w", id, memnode.ErrConnLost)
+			errs[i] = fmt.Errorf("node %s: %w", id, pageid.ErrUnavailable)
 			continue
 		}
 		wg.Go(func() {
@@ -173,8 +174,8 @@ func (g *Group) Create(ctx context.Context, name string, size uint64) (memnode.V
 		switch err := errs[i]; {
 		case err == nil:
 			local[id] = ids[i]
-		case replicaFault(ctx, err) && !errors.Is(err, memnode.ErrExists) &&
-			!errors.Is(err, memnode.ErrNoMemory) && !errors.Is(err, memnode.ErrNoSpace):
+		case replicaFault(ctx, err) && !errors.Is(err, pageid.ErrExists) &&
+			!errors.Is(err, pageid.ErrNoMemory) && !errors.Is(err, pageid.ErrNoSpace):
 			failed = append(failed, id)
 		default:
 			refused = errors.Join(refused, fmt.Errorf("node %s: %w", id, err))
@@ -194,11 +195,11 @@ func (g *Group) Create(ctx context.Context, name string, size uint64) (memnode.V
 		for id := range local {
 			nodes[id].c.Delete(context.WithoutCancel(ctx), name)
 		}
-		return memnode.VolumeInfo{}, refused
+		return pageid.VolumeInfo{}, refused
 	}
 	v := g.newVolume(name, size, local)
 	if _, err := g.r.add(v); err != nil {
-		return memnode.VolumeInfo{}, err
+		return pageid.VolumeInfo{}, err
 	}
 	g.nameMu.Lock()
 	g.names[name] = v
@@ -207,7 +208,7 @@ func (g *Group) Create(ctx context.Context, name string, size uint64) (memnode.V
 }
 
 // OpenOrCreate is the group's volume name, made if it is not there.
-func (g *Group) OpenOrCreate(ctx context.Context, name string, size uint64) (memnode.VolumeInfo, error) {
+func (g *Group) OpenOrCreate(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error) {
 	if v := g.lookup(name); v != nil {
 		return g.info(v), nil
 	}
@@ -252,20 +253,20 @@ func (g *Group) delete(ctx context.Context, name string, del func(*memnode.Clien
 			continue
 		}
 		switch err := del(n.c); {
-		case errors.Is(err, memnode.ErrNoVolume):
+		case errors.Is(err, pageid.ErrNoVolume):
 			missing++
 		case err != nil && !replicaFault(ctx, err):
 			errs = errors.Join(errs, fmt.Errorf("node %s: %w", id, err))
 		}
 	}
 	if v == nil && missing == len(at) {
-		return fmt.Errorf("replica: volume %q: %w", name, memnode.ErrNoVolume)
+		return fmt.Errorf("replica: volume %q: %w", name, pageid.ErrNoVolume)
 	}
 	return errs
 }
 
 // List is the group's volumes, with the memory each holds at one replica.
-func (g *Group) List(ctx context.Context) ([]memnode.VolumeInfo, error) {
+func (g *Group) List(ctx context.Context) ([]pageid.VolumeInfo, error) {
 	stored := map[string]uint64{}
 	var buf [maxReplicas]*node
 	for _, n := range g.r.replicas(g.p.stripes.Load(), 0, &buf) {
@@ -278,7 +279,7 @@ func (g *Group) List(ctx context.Context) ([]memnode.VolumeInfo, error) {
 		}
 		break
 	}
-	var out []memnode.VolumeInfo
+	var out []pageid.VolumeInfo
 	for _, v := range g.members() {
 		info := g.info(v)
 		info.Stored = stored[v.Name]
@@ -357,7 +358,7 @@ func (g *Group) prepare(ctx context.Context, target string, c *memnode.Client) e
 	}
 	for _, info := range infos {
 		if strings.HasPrefix(info.Name, g.prefix) {
-			if err := c.Delete(ctx, info.Name); err != nil && !errors.Is(err, memnode.ErrNoVolume) {
+			if err := c.Delete(ctx, info.Name); err != nil && !errors.Is(err, pageid.ErrNoVolume) {
 				return fmt.Errorf("replica: clearing volume %q at node %s: %w", info.Name, target, err)
 			}
 		}

@@ -10,7 +10,6 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
-	"github.com/pd3-go/pd3/pagestore"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -35,7 +34,7 @@ func groupRig(t *testing.T, opTimeout time.Duration) (*rig, *Remote, *Group) {
 func writeVol(t *testing.T, rem *Remote, vol uint16, pages int, seed byte) {
 	t.Helper()
 	for i := range pages {
-		require.NoError(t, rem.WritePages(context.Background(), []pagestore.Key{pageid.MakeKey(vol, uint64(i))}, [][]byte{page(seed + byte(i))}))
+		require.NoError(t, rem.WritePages(context.Background(), []pageid.Key{pageid.MakeKey(vol, uint64(i))}, [][]byte{page(seed + byte(i))}))
 	}
 }
 
@@ -57,7 +56,7 @@ func TestGroupVolumes(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, r.vol.ID, one.ID)
 	_, err = g.Create(ctx, "fs.x.1", groupExtent)
-	assert.ErrorIs(t, err, memnode.ErrExists)
+	assert.ErrorIs(t, err, pageid.ErrExists)
 	_, err = r.clients["b"].Create(ctx, "fs.x.half", 1<<20) // a create undone half-way
 	require.NoError(t, err)
 	require.NoError(t, g.Delete(ctx, "fs.x.half"), "not served, freed where it is")
@@ -87,8 +86,8 @@ func TestGroupVolumes(t *testing.T) {
 		assert.Equal(t, uint64(memnode.ChunkSize), v.Stored, "%s: one chunk written", v.Name)
 	}
 	require.NoError(t, g.Delete(ctx, "fs.x.2"))
-	assert.ErrorIs(t, g.Delete(ctx, "fs.x.2"), memnode.ErrNoVolume)
-	assert.ErrorIs(t, rem.ReadPage(ctx, pageid.MakeKey(two.ID, 0), make([]byte, pageid.Size)), ErrUnknownVolume)
+	assert.ErrorIs(t, g.Delete(ctx, "fs.x.2"), pageid.ErrNoVolume)
+	assert.ErrorIs(t, rem.ReadPage(ctx, pageid.MakeKey(two.ID, 0), make([]byte, pageid.Size)), pageid.ErrNoVolume)
 
 	// Another host: the group is what the nodes hold.
 	rem2 := r.remote(t)
@@ -127,7 +126,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 	require.NoError(t, err)
 	gone, err := g.Create(ctx, "fs.x.gone", groupExtent)
 	require.NoError(t, err)
-	for _, v := range []memnode.VolumeInfo{hot, cold, gone} {
+	for _, v := range []pageid.VolumeInfo{hot, cold, gone} {
 		require.NoError(t, rem.Fence(ctx, v.ID, 5))
 	}
 	writeVol(t, rem, hot.ID, 8, 1)
@@ -141,7 +140,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 
 	var mu sync.Mutex
 	last := map[int][]byte{}
-	var made []memnode.VolumeInfo
+	var made []pageid.VolumeInfo
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var copies progress
@@ -153,7 +152,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 			default:
 			}
 			p, data := i%8, page(byte(100+i))
-			if err := rem.WritePages(ctx, []pagestore.Key{pageid.MakeKey(hot.ID, uint64(p))}, [][]byte{data}); err != nil {
+			if err := rem.WritePages(ctx, []pageid.Key{pageid.MakeKey(hot.ID, uint64(p))}, [][]byte{data}); err != nil {
 				t.Error(err)
 				return
 			}
@@ -191,7 +190,7 @@ func TestGroupRepairUnderWrites(t *testing.T) {
 		if vol == hot.ID {
 			// A write between the chunk's read and its copy: it must not
 			// be overwritten at c by the older bytes read.
-			go rem.WritePages(ctx, []pagestore.Key{pageid.MakeKey(hot.ID, 15)}, [][]byte{late})
+			go rem.WritePages(ctx, []pageid.Key{pageid.MakeKey(hot.ID, 15)}, [][]byte{late})
 		}
 		// The copy of a chunk holds its lock: writes to it wait, and a
 		// slow copy is what lets them pile up. A span of time is the point.

@@ -22,8 +22,6 @@ var (
 	// ErrLost: no replica of the extent is left (every node that held it
 	// failed); its pages read as an error, never as zeroes.
 	ErrLost = errors.New("replica: every replica of the extent is lost")
-	// ErrUnknownVolume: the key names a volume this Remote does not serve.
-	ErrUnknownVolume = errors.New("replica: volume not served here")
 )
 
 // Control changes a volume's stripe map durably (the control plane:
@@ -198,7 +196,7 @@ func (r *Remote) add(v *volume) (uint16, error) {
 			return id, nil
 		}
 	}
-	return 0, fmt.Errorf("replica: %w: every volume id is taken", memnode.ErrNoMemory)
+	return 0, fmt.Errorf("replica: %w: every volume id is taken", pageid.ErrNoMemory)
 }
 
 // remove stops serving v.
@@ -227,7 +225,7 @@ func (r *Remote) Stripes(id uint16) (cluster.Stripes, bool) {
 func (r *Remote) volume(vol uint16) (*volume, error) {
 	v := r.vols[vol].Load()
 	if v == nil {
-		return nil, fmt.Errorf("%w: %d", ErrUnknownVolume, vol)
+		return nil, fmt.Errorf("%w: %d", pageid.ErrNoVolume, vol)
 	}
 	return v, nil
 }
@@ -239,9 +237,9 @@ func (r *Remote) volume(vol uint16) (*volume, error) {
 func replicaFault(ctx context.Context, err error) bool {
 	switch {
 	case ctx.Err() != nil,
-		errors.Is(err, memnode.ErrFenced), errors.Is(err, memnode.ErrOutOfRange),
+		errors.Is(err, pageid.ErrFenced), errors.Is(err, pageid.ErrOutOfRange),
 		errors.Is(err, memnode.ErrTooLarge), errors.Is(err, memnode.ErrMisaligned),
-		errors.Is(err, memnode.ErrBadRequest), errors.Is(err, memnode.ErrClosed):
+		errors.Is(err, memnode.ErrBadRequest), errors.Is(err, pageid.ErrClosed):
 		return false
 	}
 	return true
@@ -273,13 +271,13 @@ func (r *Remote) replicas(s *cluster.Stripes, e int, buf *[maxReplicas]*node) []
 }
 
 // ReadPage implements pagestore.Remote.
-func (r *Remote) ReadPage(ctx context.Context, k pagestore.Key, dst []byte) error {
+func (r *Remote) ReadPage(ctx context.Context, k pageid.Key, dst []byte) error {
 	return r.ReadPages(ctx, k, dst)
 }
 
 // ReadPages implements pagestore.PagesReader: one READ per extent the run
 // touches.
-func (r *Remote) ReadPages(ctx context.Context, first pagestore.Key, p []byte) error {
+func (r *Remote) ReadPages(ctx context.Context, first pageid.Key, p []byte) error {
 	return r.ReadAt(ctx, first.Volume(), first.Page()*pageid.Size, p)
 }
 
@@ -305,7 +303,7 @@ func (r *Remote) ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) e
 // of v's copy.
 func (r *Remote) firstCopy(v *volume, s *cluster.Stripes, e int) (*node, uint16, error) {
 	if e >= len(s.Extents) {
-		return nil, 0, fmt.Errorf("replica: extent %d past volume %q: %w", e, v.Name, memnode.ErrOutOfRange)
+		return nil, 0, fmt.Errorf("replica: extent %d past volume %q: %w", e, v.Name, pageid.ErrOutOfRange)
 	}
 	var buf [maxReplicas]*node
 	for _, n := range r.replicas(s, e, &buf) {
@@ -334,7 +332,7 @@ func (r *Remote) oneCopy(vol uint16, off uint64, n int) (*volume, *node, uint16,
 
 // Span is how many of the n pages from first lie in first's extent: what
 // ReadAsync reads with one request.
-func (r *Remote) Span(first pagestore.Key, n int) int {
+func (r *Remote) Span(first pageid.Key, n int) int {
 	v, err := r.volume(first.Volume())
 	if err != nil {
 		return n
@@ -358,13 +356,13 @@ func (r *Remote) ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte
 // PrefetchFn reads page k from one replica as a prefetch (memnode
 // OpPrefetch), without failing over (dpu.Conn); done is called as by
 // memnode.Client.PrefetchFn.
-func (r *Remote) PrefetchFn(k pagestore.Key, page []byte, done func(error)) {
+func (r *Remote) PrefetchFn(k pageid.Key, page []byte, done func(error)) {
 	_, n, local, err := r.oneCopy(k.Volume(), k.Page()*pageid.Size, pageid.Size)
 	if err != nil {
 		done(err)
 		return
 	}
-	n.c.PrefetchFn(memnode.MakeKey(local, k.Page()), page, done)
+	n.c.PrefetchFn(pageid.MakeKey(local, k.Page()), page, done)
 }
 
 // ReadOneFn is ReadAsync with a completion function (dpu.Conn): one
@@ -427,7 +425,7 @@ func (a *asyncRead) finish(err error) {
 func (r *Remote) readExtent(ctx context.Context, v *volume, s *cluster.Stripes, off uint64, p []byte) error {
 	e := s.Extent(off)
 	if e >= len(s.Extents) {
-		return fmt.Errorf("replica: %d bytes at %d past volume %q: %w", len(p), off, v.Name, memnode.ErrOutOfRange)
+		return fmt.Errorf("replica: %d bytes at %d past volume %q: %w", len(p), off, v.Name, pageid.ErrOutOfRange)
 	}
 	var buf [maxReplicas]*node
 	var last error
@@ -512,7 +510,7 @@ func (h held) unlock() {
 // WritePages implements pagestore.Remote: each page to every replica of
 // its extent (and every node joining it), a batch at a time, each sent
 // whole before any of it is awaited.
-func (r *Remote) WritePages(ctx context.Context, keys []pagestore.Key, pages [][]byte) error {
+func (r *Remote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
 	var errs error
 	for len(keys) > 0 {
 		n := min(len(keys), writeBatch)
@@ -526,7 +524,7 @@ func (r *Remote) WritePages(ctx context.Context, keys []pagestore.Key, pages [][
 // and every node joining it, calling queued (if set) once every request
 // is sent, before any is awaited (dpu.Conn): a read sent after that, to
 // whichever replica, reads these pages.
-func (r *Remote) WriteQueued(ctx context.Context, keys []pagestore.Key, pages [][]byte, queued func()) error {
+func (r *Remote) WriteQueued(ctx context.Context, keys []pageid.Key, pages [][]byte, queued func()) error {
 	ops := make([]op, 0, len(keys)*2)
 	var locks held
 	var early error
@@ -618,7 +616,7 @@ func (r *Remote) issue(ops []op, item int, v *volume, off uint64, send func(*mem
 	s := v.p.stripes.Load()
 	e := s.Extent(off)
 	if e >= len(s.Extents) {
-		return append(ops, op{item: item, v: v, ext: e, err: fmt.Errorf("byte %d past volume %q: %w", off, v.Name, memnode.ErrOutOfRange)})
+		return append(ops, op{item: item, v: v, ext: e, err: fmt.Errorf("byte %d past volume %q: %w", off, v.Name, pageid.ErrOutOfRange)})
 	}
 	if len(s.Extents[e]) == 0 {
 		return append(ops, op{item: item, v: v, ext: e, err: fmt.Errorf("volume %q extent %d: %w", v.Name, e, ErrLost)})
@@ -628,7 +626,7 @@ func (r *Remote) issue(ops []op, item int, v *volume, off uint64, send func(*mem
 		n, reach := nodes[id]
 		local, has := v.localID(id)
 		if !reach || !has {
-			ops = append(ops, op{item: item, v: v, ext: e, n: &node{id: id}, err: fmt.Errorf("node %s: %w", id, memnode.ErrConnLost)})
+			ops = append(ops, op{item: item, v: v, ext: e, n: &node{id: id}, err: fmt.Errorf("node %s: %w", id, pageid.ErrUnavailable)})
 			continue
 		}
 		ops = append(ops, op{item: item, v: v, ext: e, n: n, call: send(n.c, local)})

@@ -13,7 +13,6 @@ import (
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
-	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/remotetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -127,7 +126,7 @@ func page(b byte) []byte {
 
 func writeAll(t *testing.T, rem *Remote, pages int, seed byte) {
 	t.Helper()
-	var keys []pagestore.Key
+	var keys []pageid.Key
 	var data [][]byte
 	for i := range pages {
 		keys = append(keys, pageid.MakeKey(7, uint64(i)))
@@ -179,7 +178,7 @@ func TestWriteFailsWhenTheReplicaCannotBeDropped(t *testing.T) {
 	writeAll(t, rem, 32, 1)
 	r.srv["a"].Close()
 	r.drops.refuse = true
-	err := rem.WritePages(context.Background(), []pagestore.Key{pageid.MakeKey(7, 0)}, [][]byte{page(9)})
+	err := rem.WritePages(context.Background(), []pageid.Key{pageid.MakeKey(7, 0)}, [][]byte{page(9)})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "could not be dropped")
 	s, _ := rem.Stripes(7)
@@ -196,9 +195,9 @@ func TestLostExtentFailsItsPagesOnly(t *testing.T) {
 	r.srv["b"].Close()
 	got := make([]byte, pageid.Size)
 	err := rem.ReadPage(context.Background(), pageid.MakeKey(7, 3), got)
-	assert.ErrorIs(t, err, memnode.ErrConnLost)
+	assert.ErrorIs(t, err, pageid.ErrUnavailable)
 	assert.Contains(t, err.Error(), "every replica failed")
-	err = rem.WritePages(context.Background(), []pagestore.Key{pageid.MakeKey(7, 3)}, [][]byte{page(9)})
+	err = rem.WritePages(context.Background(), []pageid.Key{pageid.MakeKey(7, 3)}, [][]byte{page(9)})
 	assert.Contains(t, err.Error(), "no replica took it")
 	for _, p := range []int{16, 40} { // bc: c is left; ca: c
 		require.NoError(t, rem.ReadPage(context.Background(), pageid.MakeKey(7, uint64(p)), got))
@@ -275,7 +274,7 @@ func TestRepairUnderWrites(t *testing.T) {
 			}
 			p := i % 8 // pages 0-7 of extent 0; page 9 is left alone
 			data := page(byte(100 + i))
-			if err := rem.WritePages(ctx, []pagestore.Key{pageid.MakeKey(7, uint64(p))}, [][]byte{data}); err != nil {
+			if err := rem.WritePages(ctx, []pageid.Key{pageid.MakeKey(7, uint64(p))}, [][]byte{data}); err != nil {
 				t.Error(err)
 				return
 			}
@@ -382,7 +381,7 @@ func TestMove(t *testing.T) {
 	assert.ElementsMatch(t, []string{"c", "b"}, s.Extents[2])
 	assert.NotContains(t, s.Nodes(), "a")
 	_, err := r.srv["a"].Store.Open("rv")
-	assert.ErrorIs(t, err, memnode.ErrNoVolume, "a holds nothing of the volume")
+	assert.ErrorIs(t, err, pageid.ErrNoVolume, "a holds nothing of the volume")
 	assert.Equal(t, uint64(0), r.srv["a"].Store.Used())
 	r.srv["a"].Close()
 	readAll(t, rem, 48, 1)

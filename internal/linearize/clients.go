@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/pd3-go/pd3/internal/nbdclient"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
 
@@ -18,7 +18,7 @@ type PageClient struct {
 	Stride uint64
 }
 
-func (p PageClient) key(pg uint64) memnode.Key { return memnode.MakeKey(p.Vol, pg*max(1, p.Stride)) }
+func (p PageClient) key(pg uint64) pageid.Key { return pageid.MakeKey(p.Vol, pg*max(1, p.Stride)) }
 
 func (p PageClient) Read(pg uint64, buf []byte) error {
 	return p.C.Get(context.Background(), p.key(pg), buf)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/pipeline"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
 
@@ -104,17 +103,17 @@ func (c *Client) send(op Op, id pageid.Key, dst, payload []byte) Call {
 	return Call{pc: pc, op: op, id: id}
 }
 
-// GetAsync starts reading page id into dst (PageSize bytes).
+// GetAsync starts reading page id into dst (pageid.Size bytes).
 func (c *Client) GetAsync(id pageid.Key, dst []byte) Call {
-	if len(dst) != PageSize {
+	if len(dst) != pageid.Size {
 		return Call{err: fmt.Errorf("pageproto: GET buffer of %d bytes", len(dst)), op: OpGet, id: id}
 	}
 	return c.send(OpGet, id, dst, nil)
 }
 
-// PutAsync starts writing src (PageSize bytes, copied before return) as page id.
+// PutAsync starts writing src (pageid.Size bytes, copied before return) as page id.
 func (c *Client) PutAsync(id pageid.Key, src []byte) Call {
-	if len(src) != PageSize {
+	if len(src) != pageid.Size {
 		return Call{err: fmt.Errorf("pageproto: PUT buffer of %d bytes", len(src)), op: OpPut, id: id}
 	}
 	return c.send(OpPut, id, nil, src)
@@ -137,8 +136,8 @@ func (c *Client) Sync(ctx context.Context) error {
 }
 
 // Volumes lists the volumes the server serves (all of them unless more).
-func (c *Client) Volumes(ctx context.Context) (vs []memnode.VolumeInfo, more bool, err error) {
-	page := make([]byte, PageSize)
+func (c *Client) Volumes(ctx context.Context) (vs []pageid.VolumeInfo, more bool, err error) {
+	page := make([]byte, pageid.Size)
 	if err := c.send(OpVolumes, 0, page, nil).Wait(ctx); err != nil {
 		return nil, false, err
 	}

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/testnet"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -34,14 +33,14 @@ func FuzzServerStream(f *testing.F) {
 	(&Header{Op: OpGet, ID: pageid.MakeKey(1, 2)}).EncodeRequest(g[:])
 	(&Header{Op: OpPut, ID: pageid.MakeKey(1, 3)}).EncodeRequest(p[:])
 	f.Add(g[:])
-	f.Add(append(p[:], make([]byte, PageSize)...))
+	f.Add(append(p[:], make([]byte, pageid.Size)...))
 	f.Add(append(g[:], 0x50, 3))
 	rem := pagestore.NewMemRemote()
-	st, err := pagestore.New(rem, pagestore.Options{CacheBytes: 8 * PageSize})
+	st, err := pagestore.New(rem, pagestore.Options{CacheBytes: 8 * pageid.Size})
 	if err != nil {
 		f.Fatal(err)
 	}
-	st.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 64 * PageSize})
+	st.AddVolume(pageid.VolumeInfo{ID: 1, Name: "v", Size: 64 * pageid.Size})
 	// Once the server hung up it has finished with the input's requests;
 	// whatever they did must leave the store whole.
 	testnet.FuzzServer(f, &Server{Backend: st, Workers: 2}, st.Check)
@@ -50,8 +49,8 @@ func FuzzServerStream(f *testing.F) {
 // FuzzVolumes: any VOLUMES data decodes or fails cleanly; what decodes
 // encodes back to the same list.
 func FuzzVolumes(f *testing.F) {
-	page := make([]byte, PageSize)
-	EncodeVolumes(page, []memnode.VolumeInfo{{ID: 1, Size: 1 << 30, Name: "disk0"}, {ID: 2, Size: 4096, Name: ""}})
+	page := make([]byte, pageid.Size)
+	EncodeVolumes(page, []pageid.VolumeInfo{{ID: 1, Size: 1 << 30, Name: "disk0"}, {ID: 2, Size: 4096, Name: ""}})
 	f.Add(page[:64])
 	f.Add([]byte{1, 0, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -59,7 +58,7 @@ func FuzzVolumes(f *testing.F) {
 		if err != nil {
 			return
 		}
-		out := make([]byte, PageSize)
+		out := make([]byte, pageid.Size)
 		if !EncodeVolumes(out, vs) {
 			return // more than a page: the input was not a page
 		}

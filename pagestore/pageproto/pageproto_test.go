@@ -25,7 +25,7 @@ type rig struct {
 	node  *memnode.Client // direct view of the memory node
 	store *pagestore.Store
 	addr  string
-	vol   memnode.VolumeInfo
+	vol   pageid.VolumeInfo
 }
 
 // newRig starts memnode → pagestore (cachePages frames) → page server.
@@ -38,9 +38,9 @@ func newRig(t *testing.T, cachePages int, volPages uint64) *rig {
 	go msrv.Serve(ctx, mln)
 	mc, err := memnode.Dial(ctx, mln.Addr().String(), memnode.ClientOptions{})
 	require.NoError(t, err)
-	vol, err := mc.Create(ctx, "disk0", volPages*PageSize)
+	vol, err := mc.Create(ctx, "disk0", volPages*pageid.Size)
 	require.NoError(t, err)
-	st, err := pagestore.New(pagestore.MemnodeRemote{C: mc}, pagestore.Options{CacheBytes: int64(cachePages) * PageSize})
+	st, err := pagestore.New(pagestore.MemnodeRemote{C: mc}, pagestore.Options{CacheBytes: int64(cachePages) * pageid.Size})
 	require.NoError(t, err)
 	st.AddVolume(vol)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -61,8 +61,8 @@ func newRig(t *testing.T, cachePages int, volPages uint64) *rig {
 }
 
 func pageOf(k pageid.Key, version uint64) []byte {
-	p := make([]byte, PageSize)
-	for i := 0; i < PageSize; i += 16 {
+	p := make([]byte, pageid.Size)
+	for i := 0; i < pageid.Size; i += 16 {
 		binary.LittleEndian.PutUint64(p[i:], uint64(k))
 		binary.LittleEndian.PutUint64(p[i+8:], version)
 	}
@@ -91,16 +91,16 @@ func TestModelConcurrentClients(t *testing.T) {
 			model := make(map[pageid.Key][]byte)
 			bufs := make([][]byte, batch)
 			for i := range bufs {
-				bufs[i] = make([]byte, PageSize)
+				bufs[i] = make([]byte, pageid.Size)
 			}
 			for round := 0; round < rounds; round++ {
 				if rng.IntN(10) == 0 {
 					if !assert.NoError(t, c.Sync(ctx)) {
 						return
 					}
-					got := make([]byte, PageSize)
+					got := make([]byte, pageid.Size)
 					for k, want := range model {
-						assert.NoError(t, r.node.ReadAt(ctx, k.Volume(), k.Page()*PageSize, got))
+						assert.NoError(t, r.node.ReadAt(ctx, k.Volume(), k.Page()*pageid.Size, got))
 						if !assert.Equal(t, want, got, "memory node lacks synced page %v", k) {
 							return
 						}
@@ -136,7 +136,7 @@ func TestModelConcurrentClients(t *testing.T) {
 					if !kinds[i] {
 						want, ok := model[keys[i]]
 						if !ok {
-							want = make([]byte, PageSize)
+							want = make([]byte, pageid.Size)
 						}
 						if !assert.Equal(t, want, bufs[i], "GET %v, round %d", keys[i], round) {
 							return
@@ -156,7 +156,7 @@ func TestErrorsAndBadFrames(t *testing.T) {
 	good, err := Dial(ctx, r.addr, ClientOptions{})
 	require.NoError(t, err)
 	defer good.Close()
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 
 	assert.ErrorIs(t, good.Get(ctx, pageid.MakeKey(r.vol.ID, 64), buf), pageid.ErrOutOfRange)
 	assert.ErrorIs(t, good.Get(ctx, pageid.MakeKey(99, 0), buf), pageid.ErrNoVolume)
@@ -176,7 +176,7 @@ func TestErrorsAndBadFrames(t *testing.T) {
 	nc.Write(hb[:])
 	(&Header{Op: OpGet, Tag: 6, ID: pageid.MakeKey(r.vol.ID, 0)}).EncodeRequest(hb[:])
 	nc.Write(hb[:])
-	var rb [HeaderSize + PageSize]byte
+	var rb [HeaderSize + pageid.Size]byte
 	_, err = io.ReadFull(nc, rb[:HeaderSize])
 	require.NoError(t, err)
 	var h Header
@@ -215,9 +215,9 @@ func TestMemnodeDownGivesIO(t *testing.T) {
 	mc, err := memnode.Dial(ctx, mln.Addr().String(), memnode.ClientOptions{DialTimeout: time.Second})
 	require.NoError(t, err)
 	defer mc.Close()
-	vol, err := mc.Create(ctx, "disk0", 64*PageSize)
+	vol, err := mc.Create(ctx, "disk0", 64*pageid.Size)
 	require.NoError(t, err)
-	st, err := pagestore.New(pagestore.MemnodeRemote{C: mc}, pagestore.Options{CacheBytes: 16 * PageSize})
+	st, err := pagestore.New(pagestore.MemnodeRemote{C: mc}, pagestore.Options{CacheBytes: 16 * pageid.Size})
 	require.NoError(t, err)
 	st.AddVolume(vol)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -231,7 +231,7 @@ func TestMemnodeDownGivesIO(t *testing.T) {
 	require.NoError(t, c.Put(ctx, pageid.MakeKey(vol.ID, 1), pageOf(1, 1)))
 	msrv.Close()
 	start := time.Now()
-	buf := make([]byte, PageSize)
+	buf := make([]byte, pageid.Size)
 	assert.ErrorIs(t, c.Get(ctx, pageid.MakeKey(vol.ID, 2), buf), ErrIO)
 	assert.ErrorIs(t, c.Sync(ctx), ErrIO, "the dirty page cannot reach the node")
 	assert.Less(t, time.Since(start), 10*time.Second)
@@ -250,15 +250,15 @@ func TestVolumesListsServedVolumes(t *testing.T) {
 	vs, more, err := c.Volumes(ctx)
 	require.NoError(t, err)
 	assert.False(t, more)
-	assert.Equal(t, []memnode.VolumeInfo{r.vol}, vs)
+	assert.Equal(t, []pageid.VolumeInfo{r.vol}, vs)
 }
 
 func TestVolumesEncodingTruncates(t *testing.T) {
-	var vs []memnode.VolumeInfo
+	var vs []pageid.VolumeInfo
 	for i := 0; i < 400; i++ {
-		vs = append(vs, memnode.VolumeInfo{ID: uint16(i), Size: uint64(i) << 12, Name: "fs.pd3.volume-with-a-long-name"})
+		vs = append(vs, pageid.VolumeInfo{ID: uint16(i), Size: uint64(i) << 12, Name: "fs.pd3.volume-with-a-long-name"})
 	}
-	page := make([]byte, PageSize)
+	page := make([]byte, pageid.Size)
 	assert.False(t, EncodeVolumes(page, vs), "400 long names do not fit a page")
 	got, more, err := DecodeVolumes(page)
 	require.NoError(t, err)
@@ -286,7 +286,7 @@ func TestClientNamesTheWrongServer(t *testing.T) {
 	c, err := Dial(ctx, ln.Addr().String(), ClientOptions{OpTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer c.Close()
-	err = c.Get(ctx, pageid.MakeKey(1, 0), make([]byte, PageSize))
+	err = c.Get(ctx, pageid.MakeKey(1, 0), make([]byte, pageid.Size))
 	require.ErrorIs(t, err, ErrFraming)
 	assert.ErrorContains(t, err, "this looks like an NBD server, not a page server")
 }
@@ -319,7 +319,7 @@ func TestBusyCountsRequestsInFlight(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { c.Close() })
 		for p := range 2 {
-			calls = append(calls, c.GetAsync(pageid.MakeKey(1, uint64(p)), make([]byte, PageSize)))
+			calls = append(calls, c.GetAsync(pageid.MakeKey(1, uint64(p)), make([]byte, pageid.Size)))
 		}
 	}
 	require.Eventually(t, func() bool { return busy.Count() == 4 }, 5*time.Second, time.Millisecond,

@@ -18,7 +18,6 @@ import (
 	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -35,7 +34,7 @@ type Backend interface {
 // VOLUMES is answered with StatusUnknownOp, and clients' errors name no
 // volumes.
 type VolumeLister interface {
-	Volumes() []memnode.VolumeInfo
+	Volumes() []pageid.VolumeInfo
 }
 
 var (
@@ -88,7 +87,7 @@ type request struct {
 	hdr   Header
 	c     *conn
 	start time.Time // header read (only with Server.Latency)
-	data  [PageSize]byte
+	data  [pageid.Size]byte
 }
 
 type conn struct {

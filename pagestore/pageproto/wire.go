@@ -45,14 +45,12 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
 
 // Sizes.
 const (
 	HeaderSize = 16
-	PageSize   = pageid.Size
 
 	ReqMagic  = 0x50
 	RespMagic = 0x51
@@ -87,7 +85,7 @@ func (o Op) String() string {
 // PayloadLen is the request payload that follows a header with op o.
 func (o Op) PayloadLen() int {
 	if o == OpPut {
-		return PageSize
+		return pageid.Size
 	}
 	return 0
 }
@@ -195,23 +193,23 @@ func (h *Header) DecodeResponse(b []byte) error {
 // ResponsePayloadLen is the payload following a response header.
 func (h *Header) ResponsePayloadLen() int {
 	if (h.Op == OpGet || h.Op == OpVolumes) && h.Status == StatusOK {
-		return PageSize
+		return pageid.Size
 	}
 	return 0
 }
 
-// EncodeVolumes writes vs into page (PageSize bytes) as VOLUMES data, as
+// EncodeVolumes writes vs into page (pageid.Size bytes) as VOLUMES data, as
 // many as fit; it reports whether all did.
-func EncodeVolumes(page []byte, vs []memnode.VolumeInfo) (all bool) {
-	_ = page[PageSize-1]
-	clear(page[:PageSize])
+func EncodeVolumes(page []byte, vs []pageid.VolumeInfo) (all bool) {
+	_ = page[pageid.Size-1]
+	clear(page[:pageid.Size])
 	off, n := 3, 0
 	for _, v := range vs {
 		name := v.Name
 		if len(name) > 255 {
 			name = name[:255]
 		}
-		if off+11+len(name) > PageSize || n == 0xffff {
+		if off+11+len(name) > pageid.Size || n == 0xffff {
 			page[2] = 1
 			break
 		}
@@ -227,7 +225,7 @@ func EncodeVolumes(page []byte, vs []memnode.VolumeInfo) (all bool) {
 }
 
 // DecodeVolumes parses VOLUMES data; more reports volumes left out.
-func DecodeVolumes(page []byte) (vs []memnode.VolumeInfo, more bool, err error) {
+func DecodeVolumes(page []byte) (vs []pageid.VolumeInfo, more bool, err error) {
 	if len(page) < 3 {
 		return nil, false, fmt.Errorf("%w: VOLUMES data of %d bytes", ErrFraming, len(page))
 	}
@@ -238,7 +236,7 @@ func DecodeVolumes(page []byte) (vs []memnode.VolumeInfo, more bool, err error) 
 			return nil, false, fmt.Errorf("%w: VOLUMES entry %d of %d overruns the page", ErrFraming, i, n)
 		}
 		l := int(page[off+10])
-		vs = append(vs, memnode.VolumeInfo{
+		vs = append(vs, pageid.VolumeInfo{
 			ID:   binary.LittleEndian.Uint16(page[off:]),
 			Size: binary.LittleEndian.Uint64(page[off+2:]),
 			Name: string(page[off+11 : off+11+l]),

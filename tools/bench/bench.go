@@ -25,6 +25,7 @@ import (
 	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/procstat"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/prometheus/procfs"
 )
@@ -294,17 +295,17 @@ func (c *Child) Stop() {
 
 // FillPage writes the benchmark pattern of page k into p: its key in the
 // first 8 bytes, so readers can check they got the right page.
-func FillPage(k memnode.Key, p []byte) {
+func FillPage(k pageid.Key, p []byte) {
 	clear(p)
 	binary.LittleEndian.PutUint64(p, uint64(k))
 }
 
 // CheckPage reports whether p carries the pattern of page k.
-func CheckPage(k memnode.Key, p []byte) bool { return binary.LittleEndian.Uint64(p) == uint64(k) }
+func CheckPage(k pageid.Key, p []byte) bool { return binary.LittleEndian.Uint64(p) == uint64(k) }
 
 // Populate writes the pattern to every page of vol at the memory node,
 // a chunk per request with several in flight.
-func Populate(ctx context.Context, c *memnode.Client, vol memnode.VolumeInfo) error {
+func Populate(ctx context.Context, c *memnode.Client, vol pageid.VolumeInfo) error {
 	const depth = 8
 	bufs := make([][]byte, depth)
 	calls := make([]memnode.Call, depth)
@@ -320,8 +321,8 @@ func Populate(ctx context.Context, c *memnode.Client, vol memnode.VolumeInfo) er
 			}
 		}
 		b := bufs[slot][:min(memnode.ChunkSize, vol.Size-off)]
-		for p := 0; p < len(b); p += memnode.PageSize {
-			FillPage(memnode.MakeKey(vol.ID, (off+uint64(p))/memnode.PageSize), b[p:p+memnode.PageSize])
+		for p := 0; p < len(b); p += pageid.Size {
+			FillPage(pageid.MakeKey(vol.ID, (off+uint64(p))/pageid.Size), b[p:p+pageid.Size])
 		}
 		calls[slot] = c.WriteAsync(ctx, vol.ID, off, b)
 		n++
@@ -338,10 +339,10 @@ func Populate(ctx context.Context, c *memnode.Client, vol memnode.VolumeInfo) er
 // into the store itself (the local baseline, whose data never leaves host
 // memory).
 func PrewarmStore(ctx context.Context, st *pagestore.Store) error {
-	p := make([]byte, pagestore.PageSize)
+	p := make([]byte, pageid.Size)
 	for _, v := range st.Volumes() {
-		for pg := uint64(0); pg < v.Size/pagestore.PageSize; pg++ {
-			k := memnode.MakeKey(v.ID, pg)
+		for pg := uint64(0); pg < v.Size/pageid.Size; pg++ {
+			k := pageid.MakeKey(v.ID, pg)
 			FillPage(k, p)
 			if err := st.Put(ctx, k, p); err != nil {
 				return err

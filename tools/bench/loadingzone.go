@@ -10,6 +10,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/loadingzone"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // LZOptions configure the Loading Zone benchmark.
@@ -60,7 +61,7 @@ func LoadingZone(ctx context.Context, opt LZOptions) (*Report, error) {
 		{"copy-only", newCopyOnly(opt.Records)},
 	}
 	rep := &Report{Bench: "loadingzone", Machine: Machine(), Ratios: map[string]float64{}}
-	page := make([]byte, loadingzone.PageSize)
+	page := make([]byte, pageid.Size)
 	for _, t := range opt.Threads {
 		byName := map[string]float64{}
 		for _, sys := range systems {
@@ -79,7 +80,7 @@ func LoadingZone(ctx context.Context, opt LZOptions) (*Report, error) {
 				el += d
 			}
 			res := Result{System: sys.name, Config: "threads=" + strconv.Itoa(t), Ops: total, OpsPerSec: float64(total) / el.Seconds(),
-				GBytesPerSec: float64(total) * loadingzone.PageSize / el.Seconds() / 1e9}
+				GBytesPerSec: float64(total) * pageid.Size / el.Seconds() / 1e9}
 			rep.Results = append(rep.Results, res)
 			byName[sys.name] = res.OpsPerSec
 		}
@@ -101,7 +102,7 @@ func consume(c consumer, n, threads int) (uint64, time.Duration, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dst := make([]byte, loadingzone.PageSize)
+			dst := make([]byte, pageid.Size)
 			for k := uint64(g + 1); k <= uint64(n); k += uint64(threads) {
 				if !c.take(k, dst) {
 					failed.Store(true)
@@ -127,7 +128,7 @@ func (c zoneConsumer) fill(n int, page []byte) {
 }
 
 func (c zoneConsumer) take(k uint64, dst []byte) bool {
-	return c.z.CheckAndReturn(k, dst) == loadingzone.PageSize
+	return c.z.CheckAndReturn(k, dst) == pageid.Size
 }
 
 type mutexMap struct {
@@ -137,7 +138,7 @@ type mutexMap struct {
 }
 
 func newMutexMap(n int) *mutexMap {
-	return &mutexMap{m: make(map[uint64]int, n), data: make([]byte, n*loadingzone.PageSize)}
+	return &mutexMap{m: make(map[uint64]int, n), data: make([]byte, n*pageid.Size)}
 }
 
 func (c *mutexMap) fill(n int, page []byte) {
@@ -146,7 +147,7 @@ func (c *mutexMap) fill(n int, page []byte) {
 	clear(c.m)
 	for k := 1; k <= n; k++ {
 		s := k - 1
-		copy(c.data[s*loadingzone.PageSize:], page)
+		copy(c.data[s*pageid.Size:], page)
 		c.m[uint64(k)] = s
 	}
 }
@@ -158,7 +159,7 @@ func (c *mutexMap) take(k uint64, dst []byte) bool {
 	if !ok {
 		return false
 	}
-	copy(dst, c.data[s*loadingzone.PageSize:(s+1)*loadingzone.PageSize])
+	copy(dst, c.data[s*pageid.Size:(s+1)*pageid.Size])
 	delete(c.m, k)
 	return true
 }
@@ -167,17 +168,17 @@ func (c *mutexMap) take(k uint64, dst []byte) bool {
 // must do at least, without finding the page or claiming it.
 type copyOnly struct{ data []byte }
 
-func newCopyOnly(n int) *copyOnly { return &copyOnly{data: make([]byte, n*loadingzone.PageSize)} }
+func newCopyOnly(n int) *copyOnly { return &copyOnly{data: make([]byte, n*pageid.Size)} }
 
 func (c *copyOnly) fill(n int, page []byte) {
 	for s := 0; s < n; s++ {
-		copy(c.data[s*loadingzone.PageSize:], page)
+		copy(c.data[s*pageid.Size:], page)
 	}
 }
 
 func (c *copyOnly) take(k uint64, dst []byte) bool {
-	s := int(k-1) * loadingzone.PageSize
-	copy(dst, c.data[s:s+loadingzone.PageSize])
+	s := int(k-1) * pageid.Size
+	copy(dst, c.data[s:s+pageid.Size])
 	return true
 }
 
@@ -192,13 +193,13 @@ type ringScan struct {
 }
 
 func newRingScan(n int) *ringScan {
-	return &ringScan{keys: make([]uint64, n), state: make([]atomic.Uint32, n), data: make([]byte, n*loadingzone.PageSize)}
+	return &ringScan{keys: make([]uint64, n), state: make([]atomic.Uint32, n), data: make([]byte, n*pageid.Size)}
 }
 
 func (c *ringScan) fill(n int, page []byte) {
 	for s := 0; s < n; s++ {
 		c.keys[s] = uint64(s + 1)
-		copy(c.data[s*loadingzone.PageSize:], page)
+		copy(c.data[s*pageid.Size:], page)
 		c.state[s].Store(1)
 	}
 	c.head.Store(0)
@@ -211,7 +212,7 @@ func (c *ringScan) take(k uint64, dst []byte) bool {
 		if c.keys[i] != k || !c.state[i].CompareAndSwap(1, 2) {
 			continue
 		}
-		copy(dst, c.data[i*loadingzone.PageSize:(i+1)*loadingzone.PageSize])
+		copy(dst, c.data[i*pageid.Size:(i+1)*pageid.Size])
 		// Advance Head past consumed records (head contention).
 		for {
 			h := c.head.Load()

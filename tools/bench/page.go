@@ -18,6 +18,7 @@ import (
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
 
@@ -131,7 +132,7 @@ func Page(ctx context.Context, opt PageOptions) (*Report, error) {
 	rep := &Report{Bench: "page", Machine: Machine(), Ratios: map[string]float64{}}
 	multi := len(opt.Dists)*len(opt.Workers)*len(sweep) > 1
 	for _, dspec := range opt.Dists {
-		dist, err := workload.Parse(dspec, opt.Dataset/memnode.PageSize)
+		dist, err := workload.Parse(dspec, opt.Dataset/pageid.Size)
 		if err != nil {
 			return nil, err
 		}
@@ -440,7 +441,7 @@ func loadPages(ctx context.Context, addr, metrics string, host, agent, node *Chi
 			defer wg.Done()
 			c := conns[i%opt.Clients]
 			rng := rand.New(rand.NewPCG(uint64(i), 99))
-			buf := make([]byte, pageproto.PageSize)
+			buf := make([]byte, pageid.Size)
 			h := &hs[i]
 			for {
 				var t0 time.Time
@@ -459,7 +460,7 @@ func loadPages(ctx context.Context, addr, metrics string, host, agent, node *Chi
 					}
 					t0 = time.Now()
 				}
-				k := memnode.MakeKey(1, dist.Next(rng))
+				k := pageid.MakeKey(1, dist.Next(rng))
 				err := c.Get(ctx, k, buf)
 				d := time.Since(t0)
 				if err == nil && !CheckPage(k, buf) {
@@ -518,7 +519,7 @@ func loadPages(ctx context.Context, addr, metrics string, host, agent, node *Chi
 	}
 	r := Result{
 		Ops: all.Count(), OpsPerSec: float64(all.Count()) / el.Seconds(),
-		GBytesPerSec: float64(all.Count()) * pageproto.PageSize / el.Seconds() / 1e9,
+		GBytesPerSec: float64(all.Count()) * pageid.Size / el.Seconds() / 1e9,
 		P50us:        us(all.Quantile(0.5)), P99us: us(all.Quantile(0.99)),
 		Errors: errs.Load(), Counters: delta(m0, m1),
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // TransportOptions configure the transport benchmark.
@@ -56,7 +57,7 @@ func meterCPU(srv *Child) cpuMeter {
 // result is the Result of n pages moved in el, with the CPU per op.
 func (m cpuMeter) result(sys, config string, n uint64, el time.Duration) Result {
 	r := Result{System: sys, Config: config, Ops: n, OpsPerSec: float64(n) / el.Seconds(),
-		GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}
+		GBytesPerSec: float64(n) * pageid.Size / el.Seconds() / 1e9}
 	m.record(&r)
 	return r
 }
@@ -113,7 +114,7 @@ func fnRing(c *memnode.Client, vol uint16, pages uint64, d time.Duration, bufs [
 	)
 	fns := make([]func(error), len(bufs))
 	for i := range fns {
-		offs[i] = rng.Uint64N(pages) * memnode.PageSize
+		offs[i] = rng.Uint64N(pages) * pageid.Size
 		fns[i] = func(err error) {
 			if err != nil {
 				errOnce.Do(func() { first = err })
@@ -127,7 +128,7 @@ func fnRing(c *memnode.Client, vol uint16, pages uint64, d time.Duration, bufs [
 				}
 				return
 			}
-			c.ReadFn(vol, rng.Uint64N(pages)*memnode.PageSize, bufs[i], fns[i])
+			c.ReadFn(vol, rng.Uint64N(pages)*pageid.Size, bufs[i], fns[i])
 		}
 	}
 	out.Store(int64(len(fns)))
@@ -298,11 +299,11 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 	if err := Populate(ctx, c, vol); err != nil {
 		return nil, err
 	}
-	pages := opt.Region / memnode.PageSize
+	pages := opt.Region / pageid.Size
 	rng := rand.New(rand.NewPCG(1, 2))
 	bufs := make([][]byte, opt.Depth)
 	for i := range bufs {
-		bufs[i] = make([]byte, memnode.PageSize)
+		bufs[i] = make([]byte, pageid.Size)
 	}
 	var deep, fn Result
 	waits := func() error {
@@ -310,14 +311,14 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 		cpu := meterCPU(node)
 		n, el, err := ring(ctx, opt.Duration, opt.Depth, func() memnode.Call {
 			slot = (slot + 1) % len(bufs)
-			return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[slot])
+			return c.ReadAsync(ctx, vol.ID, rng.Uint64N(pages)*pageid.Size, bufs[slot])
 		})
 		if err != nil {
 			return fmt.Errorf("%s reads: %w", sys, err)
 		}
 		hostRSS, _ := procstat.RSS(0)
 		deep = Result{System: sys, Config: "4KiB READ", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
-			GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9,
+			GBytesPerSec: float64(n) * pageid.Size / el.Seconds() / 1e9,
 			MemnodeRSS:   node.RSS(), MemnodeStored: vol.Size, MemnodePrivate: node.Private(), HostRSS: hostRSS}
 		cpu.record(&deep)
 		return nil
@@ -329,7 +330,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 			return fmt.Errorf("%s reads with completion functions: %w", sys, err)
 		}
 		fn = Result{System: sys, Config: "4KiB READ fn", Ops: n, OpsPerSec: float64(n) / el.Seconds(),
-			GBytesPerSec: float64(n) * memnode.PageSize / el.Seconds() / 1e9}
+			GBytesPerSec: float64(n) * pageid.Size / el.Seconds() / 1e9}
 		cpu.record(&fn)
 		return nil
 	}
@@ -360,7 +361,7 @@ func nodeReads(ctx context.Context, opt TransportOptions, tlsDir string, full bo
 	start := time.Now()
 	for time.Since(start) < opt.Duration/2 {
 		t0 := time.Now()
-		if err := c.ReadAt(ctx, vol.ID, rng.Uint64N(pages)*memnode.PageSize, bufs[0]); err != nil {
+		if err := c.ReadAt(ctx, vol.ID, rng.Uint64N(pages)*pageid.Size, bufs[0]); err != nil {
 			return nil, fmt.Errorf("%s reads at Q1: %w", sys, err)
 		}
 		lat.Record(time.Since(t0))
@@ -387,7 +388,7 @@ func sealOpen(d time.Duration) Result {
 	block, _ := aes.NewCipher(make([]byte, 16))
 	aead, _ := cipher.NewGCM(block)
 	nonce := make([]byte, aead.NonceSize())
-	page := make([]byte, memnode.PageSize)
+	page := make([]byte, pageid.Size)
 	sealed := make([]byte, 0, len(page)+aead.Overhead())
 	var n uint64
 	start := time.Now()
@@ -398,7 +399,7 @@ func sealOpen(d time.Duration) Result {
 		}
 	}
 	return Result{System: "aes-gcm", Config: "seal+open 4KiB", Ops: n, OpsPerSec: float64(n) / time.Since(start).Seconds(),
-		GBytesPerSec: float64(n) * memnode.PageSize / time.Since(start).Seconds() / 1e9}
+		GBytesPerSec: float64(n) * pageid.Size / time.Since(start).Seconds() / 1e9}
 }
 
 // rawStream measures the raw stream of system sys: "raw", "raw-random"
@@ -418,7 +419,7 @@ func rawStream(ctx context.Context, opt TransportOptions, sys string) (Result, e
 	defer srv.Stop()
 	defer nc.Close()
 	r := bufio.NewReaderSize(nc, 256<<10)
-	buf := make([]byte, memnode.PageSize)
+	buf := make([]byte, pageid.Size)
 	var n uint64
 	cpu := meterCPU(srv)
 	start := time.Now()
@@ -464,13 +465,13 @@ func rrStream(ctx context.Context, opt TransportOptions) (Result, error) {
 	}
 	defer srv.Stop()
 	defer nc.Close()
-	pages := opt.Region / memnode.PageSize
+	pages := opt.Region / pageid.Size
 	rng := rand.New(rand.NewPCG(1, 2))
 	reqs := make([]byte, opt.Depth*rrRequest)
 	ask := func(k int) error {
 		for i := range k {
 			r := reqs[i*rrRequest : (i+1)*rrRequest]
-			binary.LittleEndian.PutUint64(r[16:], rng.Uint64N(pages)*memnode.PageSize)
+			binary.LittleEndian.PutUint64(r[16:], rng.Uint64N(pages)*pageid.Size)
 		}
 		_, err := nc.Write(reqs[:k*rrRequest])
 		return err
@@ -485,7 +486,7 @@ func rrStream(ctx context.Context, opt TransportOptions) (Result, error) {
 	// cost, and a client cannot choose where its callers want their pages.
 	dst := make([][]byte, opt.Depth)
 	for i := range dst {
-		dst[i] = make([]byte, memnode.PageSize)
+		dst[i] = make([]byte, pageid.Size)
 	}
 	slot := 0
 	var n uint64
@@ -522,7 +523,7 @@ func rrStream(ctx context.Context, opt TransportOptions) (Result, error) {
 const (
 	rrRequest = 32
 	rrHeader  = 16
-	rrAnswer  = rrHeader + memnode.PageSize
+	rrAnswer  = rrHeader + pageid.Size
 )
 
 // answerRequests is ServeRaw's answer mode on one connection: it reads
@@ -546,10 +547,10 @@ func answerRequests(nc net.Conn, mem []byte) {
 		for first := 0; first < k; first += batch {
 			iov = iov[:0]
 			for i := first; i < min(k, first+batch); i++ {
-				o := binary.LittleEndian.Uint64(in[i*rrRequest+16:]) % uint64(len(mem)) &^ (memnode.PageSize - 1)
+				o := binary.LittleEndian.Uint64(in[i*rrRequest+16:]) % uint64(len(mem)) &^ (pageid.Size - 1)
 				h := heads[(i-first)*rrHeader : (i-first+1)*rrHeader]
 				copy(h[8:], in[i*rrRequest+8:i*rrRequest+16]) // the tag, echoed
-				iov = append(iov, h, mem[o:o+memnode.PageSize])
+				iov = append(iov, h, mem[o:o+pageid.Size])
 			}
 			v := net.Buffers(iov)
 			if _, err := v.WriteTo(nc); err != nil {
@@ -574,27 +575,27 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy, ans
 	var mem []byte
 	if region > 0 {
 		mem = make([]byte, region)
-		for i := 0; i < len(mem); i += memnode.PageSize {
-			FillPage(memnode.Key(i/memnode.PageSize), mem[i:i+memnode.PageSize])
+		for i := 0; i < len(mem); i += pageid.Size {
+			FillPage(pageid.Key(i/pageid.Size), mem[i:i+pageid.Size])
 		}
 	}
 	var g netsrv.Group
 	defer g.Close()
 	return g.Serve(ctx, ln, func(nc net.Conn) {
 		buf := make([]byte, 256<<10)
-		for i := 0; i < len(buf); i += memnode.PageSize {
-			FillPage(memnode.Key(i/memnode.PageSize), buf[i:i+memnode.PageSize])
+		for i := 0; i < len(buf); i += pageid.Size {
+			FillPage(pageid.Key(i/pageid.Size), buf[i:i+pageid.Size])
 		}
 		if answer && mem != nil {
 			answerRequests(nc, mem)
 			return
 		}
 		rng := rand.New(rand.NewPCG(3, 4))
-		var iov [256 << 10 / memnode.PageSize][]byte
+		var iov [256 << 10 / pageid.Size][]byte
 		for zeroCopy && mem != nil {
 			for i := range iov {
-				o := rng.Uint64N(region/memnode.PageSize) * memnode.PageSize
-				iov[i] = mem[o : o+memnode.PageSize]
+				o := rng.Uint64N(region/pageid.Size) * pageid.Size
+				iov[i] = mem[o : o+pageid.Size]
 			}
 			v := net.Buffers(iov[:])
 			if _, err := v.WriteTo(nc); err != nil {
@@ -603,9 +604,9 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy, ans
 		}
 		for {
 			if mem != nil {
-				for i := 0; i < len(buf); i += memnode.PageSize {
-					o := rng.Uint64N(region/memnode.PageSize) * memnode.PageSize
-					copy(buf[i:i+memnode.PageSize], mem[o:o+memnode.PageSize])
+				for i := 0; i < len(buf); i += pageid.Size {
+					o := rng.Uint64N(region/pageid.Size) * pageid.Size
+					copy(buf[i:i+pageid.Size], mem[o:o+pageid.Size])
 				}
 			}
 			if _, err := nc.Write(buf); err != nil {

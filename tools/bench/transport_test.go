@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // TestAnswerModeServesThePagesAskedFor checks that the request-and-answer
@@ -36,8 +36,8 @@ func TestAnswerModeServesThePagesAskedFor(t *testing.T) {
 	reqs := make([]byte, n*rrRequest)
 	for i := range n {
 		r := reqs[i*rrRequest:]
-		binary.LittleEndian.PutUint64(r[8:], uint64(1000+i))                     // tag
-		binary.LittleEndian.PutUint64(r[16:], uint64(i*37%256)*memnode.PageSize) // offset
+		binary.LittleEndian.PutUint64(r[8:], uint64(1000+i))                // tag
+		binary.LittleEndian.PutUint64(r[16:], uint64(i*37%256)*pageid.Size) // offset
 	}
 	// A burst split mid-request.
 	for _, part := range [][]byte{reqs[:45], reqs[45:3000], reqs[3000:]} {
@@ -49,6 +49,6 @@ func TestAnswerModeServesThePagesAskedFor(t *testing.T) {
 		_, err := io.ReadFull(nc, ans)
 		require.NoError(t, err, "answer %d", i)
 		assert.Equal(t, uint64(1000+i), binary.LittleEndian.Uint64(ans[8:]), "answer %d's tag", i)
-		assert.True(t, CheckPage(memnode.Key(i*37%256), ans[rrHeader:]), "answer %d carries the page asked for", i)
+		assert.True(t, CheckPage(pageid.Key(i*37%256), ans[rrHeader:]), "answer %d carries the page asked for", i)
 	}
 }

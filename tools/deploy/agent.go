@@ -16,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // AgentConfig configures a DPU agent process (pd3 dpu): split mode, the
@@ -65,8 +66,8 @@ type Agent struct {
 // stopped before it returns.
 func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 	log := cmp.Or(cfg.Log, slog.Default())
-	lzRecords := int(cmp.Or(cfg.LZBytes, 16<<20) / memnode.PageSize)
-	hostPages := int(cmp.Or(cfg.CacheBytes, 64<<20) / memnode.PageSize)
+	lzRecords := int(cmp.Or(cfg.LZBytes, 16<<20) / pageid.Size)
+	hostPages := int(cmp.Or(cfg.CacheBytes, 64<<20) / pageid.Size)
 	if cfg.Memnode == "" {
 		return errors.New("agent: no memory node address")
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/pd3-go/pd3/replica"
@@ -53,7 +54,7 @@ func ParseVolume(s string) (VolumeSpec, error) {
 	if !ok || name == "" {
 		return VolumeSpec{}, fmt.Errorf("bad volume %q: want NAME:SIZE, e.g. disk0:1GiB", s)
 	}
-	n, err := units.ParseMultiple(size, memnode.PageSize)
+	n, err := units.ParseMultiple(size, pageid.Size)
 	if err != nil {
 		return VolumeSpec{}, fmt.Errorf("volume %q: %w", name, err)
 	}
@@ -231,7 +232,7 @@ func (m *Memnode) Close() error {
 // before Serve first ran (a SIGTERM right after start): the stop was ours,
 // and reporting it as a failure would make systemd record a failed service.
 func closedByUs(err error) error {
-	if errors.Is(err, netsrv.ErrClosed) || errors.Is(err, memnode.ErrClosed) {
+	if errors.Is(err, netsrv.ErrClosed) || errors.Is(err, pageid.ErrClosed) {
 		return nil
 	}
 	return err
@@ -332,7 +333,7 @@ type Host struct {
 	PageAddr string
 	NBD      *nbd.Server
 	NBDAddr  string
-	Volumes  []memnode.VolumeInfo
+	Volumes  []pageid.VolumeInfo
 	Agent    *dpu.Agent  // nil without an agent
 	Engine   *dpu.Engine // nil without an agent or host-side prefetcher
 	Leap     *dpu.Leap   // nil unless Prefetch is "leap"
@@ -435,7 +436,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("host: volume %q: %w", vs.Name, err)
 		}
-		if v.Size != (vs.Size+pagestore.PageSize-1)&^(pagestore.PageSize-1) {
+		if v.Size != (vs.Size+pageid.Size-1)&^(pageid.Size-1) {
 			cfg.Log.Warn(fmt.Sprintf("volume %s exists at the memory node with size %s, not %s: serving the node's size", v.Name, units.FormatSize(v.Size), units.FormatSize(vs.Size)))
 		}
 		h.Volumes = append(h.Volumes, v)
@@ -470,7 +471,7 @@ func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store
 		h.Agent.Resident = st.Resident
 		h.Agent.VolumePages = st.Pages
 		if cfg.NBDListen != "" {
-			h.Agent.StreamPages = int(cfg.NBDStreamFrom / pagestore.PageSize)
+			h.Agent.StreamPages = int(cfg.NBDStreamFrom / pageid.Size)
 		}
 	}
 	if h.Link != nil {
@@ -550,10 +551,10 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 				err := vl.l.Renew(rctx)
 				cancel()
 				switch {
-				case errors.Is(err, memnode.ErrLeaseHeld):
+				case errors.Is(err, pageid.ErrHeld):
 					h.Store.FenceVolume(vl.v.ID)
 					log.Error("host: another host took the volume over; no longer serving it", "volume", vl.v.Name, "err", err)
-				case errors.Is(err, memnode.ErrClosed), ctx.Err() != nil:
+				case errors.Is(err, pageid.ErrClosed), ctx.Err() != nil:
 					// Shutting down: renewing could only fail from now on.
 					return
 				case err != nil:
@@ -566,7 +567,7 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 }
 
 type volumeLease struct {
-	v       memnode.VolumeInfo
+	v       pageid.VolumeInfo
 	l       *memnode.Lease // nil when etcd holds the volume
 	release func(context.Context) error
 }
@@ -577,7 +578,7 @@ type volumeLease struct {
 // connection that writes the volume back. The node then refuses the
 // write-backs a superseded host (one partitioned past its lease) still
 // has in flight.
-func (h *Host) presentToken(ctx context.Context, v memnode.VolumeInfo, epochs uint16, hold *cluster.Hold) error {
+func (h *Host) presentToken(ctx context.Context, v pageid.VolumeInfo, epochs uint16, hold *cluster.Hold) error {
 	var tok uint64
 	var err error
 	if h.Replicated != nil {
@@ -706,8 +707,8 @@ func (h *Host) holdFS(ctx context.Context, cfg HostConfig, fcfg *fs.Config) erro
 // held by this host: one is written for a volume created here (or before
 // the records existed). A volume being removed (pd3 volume rm) is not
 // served.
-func recordVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, v memnode.VolumeInfo) error {
-	rec := cluster.VolumeRecord{Name: v.Name, ID: v.ID, Size: v.Size, PageSize: pagestore.PageSize, NodeAddr: cfg.Memnode}
+func recordVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, v pageid.VolumeInfo) error {
+	rec := cluster.VolumeRecord{Name: v.Name, ID: v.ID, Size: v.Size, PageSize: pageid.Size, NodeAddr: cfg.Memnode}
 	if nodes, err := cluster.Nodes(ctx, cli, cfg.Cluster); err == nil {
 		for _, n := range nodes {
 			if n.Addr == cfg.Memnode {
@@ -785,7 +786,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	}
 	// The FUSE request mirror and the tracker's events go to the agent:
 	// in this process, or as messages to an agent process.
-	var readAhead func(src int, first memnode.Key, n int, end uint64)
+	var readAhead func(src int, first pageid.Key, n int, end uint64)
 	switch {
 	case h.Agent != nil:
 		readAhead, fcfg.OnWrite = h.Agent.ReadAhead, h.Agent.Written
@@ -793,7 +794,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 		readAhead, fcfg.OnWrite = h.Link.ReadAhead, h.Link.Written
 	}
 	if readAhead != nil {
-		fcfg.OnRead = func(first memnode.Key, n int, end uint64) { readAhead(dpu.SourceFUSE, first, n, end) }
+		fcfg.OnRead = func(first pageid.Key, n int, end uint64) { readAhead(dpu.SourceFUSE, first, n, end) }
 	}
 	if h.control != nil {
 		if err := h.holdFS(ctx, cfg, &fcfg); err != nil {
@@ -832,7 +833,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	// A file the mount reads ahead itself (fs: stream read-ahead) is not
 	// the agent's to prefetch: it would fetch every page twice, and copy
 	// it into the Loading Zone for nothing.
-	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first memnode.Key, n int) {
+	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first pageid.Key, n int) {
 		if !f.ReadingAhead(first) {
 			readAhead(dpu.SourceKernel, first, n, f.EndOf(first))
 		}
@@ -863,15 +864,15 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 	var total uint64
 	for _, vs := range cfg.Volumes {
-		total += (vs.Size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
+		total += (vs.Size + pageid.Size - 1) &^ (pageid.Size - 1)
 	}
-	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: int64(total) + 16*pagestore.PageSize, Policy: cfg.Policy})
+	st, err := pagestore.New(pagestore.NewMemRemote(), pagestore.Options{CacheBytes: int64(total) + 16*pageid.Size, Policy: cfg.Policy})
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	h := &Host{Store: st, busy: new(sockio.Busy), done: make(chan error, 1)}
 	for i, vs := range cfg.Volumes {
-		v := memnode.VolumeInfo{ID: uint16(i + 1), Name: vs.Name, Size: (vs.Size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)}
+		v := pageid.VolumeInfo{ID: uint16(i + 1), Name: vs.Name, Size: (vs.Size + pageid.Size - 1) &^ (pageid.Size - 1)}
 		st.AddVolume(v)
 		h.Volumes = append(h.Volumes, v)
 	}
@@ -1083,7 +1084,7 @@ func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn
 	if lzBytes == 0 {
 		lzBytes = 16 << 20
 	}
-	records := int(lzBytes / loadingzone.PageSize)
+	records := int(lzBytes / pageid.Size)
 	if records < 1 {
 		return fmt.Errorf("host: Loading Zone of %d bytes holds no page", lzBytes)
 	}
@@ -1102,7 +1103,7 @@ func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn
 	}
 	var hv *hostview.Set
 	if cfg.DPU == "embedded" {
-		hv = hostview.New(int(cache/pagestore.PageSize)+records+1024, 2)
+		hv = hostview.New(int(cache/pageid.Size)+records+1024, 2)
 		z.OnDrop = func(k uint64) { hv.Delete(k) }
 	}
 	h.Engine = dpu.NewEngine(conn, hv, z, 1024)

@@ -14,8 +14,7 @@ import (
 
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/testutil"
-	"github.com/pd3-go/pd3/memnode"
-	"github.com/pd3-go/pd3/pagestore"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,7 +50,7 @@ func TestUnixSockets(t *testing.T) {
 	require.NoError(t, err)
 	p := make([]byte, 4096)
 	p[0] = 42
-	require.NoError(t, c.Put(ctx, memnode.MakeKey(1, 3), p))
+	require.NoError(t, c.Put(ctx, pageid.MakeKey(1, 3), p))
 	c.Close()
 	require.NoError(t, h.Close(ctx)) // writes the page back
 	got := make([]byte, 4096)
@@ -96,16 +95,16 @@ func TestFlushKeepsPagesInHostView(t *testing.T) {
 	p := make([]byte, 4096)
 	const pages = 32
 	for i := uint64(0); i < pages; i++ {
-		require.NoError(t, c.Put(ctx, memnode.MakeKey(1, i), p))
+		require.NoError(t, c.Put(ctx, pageid.MakeKey(1, i), p))
 	}
 	// Let the agent apply the PUTs (Host View adds) before the flush, so a
 	// write-back that dropped keys would drop these.
 	require.Eventually(t, func() bool { return h.Agent.Parsed.Load() >= pages }, 5*time.Second, time.Millisecond)
-	require.Eventually(t, func() bool { return h.HostView.Contains(uint64(memnode.MakeKey(1, pages-1))) }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.HostView.Contains(uint64(pageid.MakeKey(1, pages-1))) }, 5*time.Second, time.Millisecond)
 	require.NoError(t, c.Sync(ctx))
 	require.EqualValues(t, pages, h.Store.Stats().WriteBacks, "SYNC wrote every page back")
 	for i := uint64(0); i < pages; i++ {
-		assert.True(t, h.HostView.Contains(uint64(memnode.MakeKey(1, i))), "page %d", i)
+		assert.True(t, h.HostView.Contains(uint64(pageid.MakeKey(1, i))), "page %d", i)
 	}
 	assert.Zero(t, h.Engine.Issued.Load(), "nothing the host holds is prefetched")
 }
@@ -170,7 +169,7 @@ func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	defer c.Close()
 	buf := make([]byte, 4096)
 	for p := uint64(0); p < 400; p++ {
-		require.NoError(t, c.Get(ctx, memnode.MakeKey(1, p), buf))
+		require.NoError(t, c.Get(ctx, pageid.MakeKey(1, p), buf))
 	}
 	assert.Positive(t, h.Leap.Predictions.Load())
 	assert.Greater(t, h.Store.Stats().PrefetchHits, uint64(200), "most of a sequential scan comes from the Loading Zone")
@@ -242,7 +241,7 @@ func TestVolumeLease(t *testing.T) {
 	a, err := StartHost(ctx, cfg)
 	require.NoError(t, err)
 	_, err = StartHost(ctx, cfg)
-	require.ErrorIs(t, err, memnode.ErrLeaseHeld)
+	require.ErrorIs(t, err, pageid.ErrHeld)
 	assert.ErrorContains(t, err, `volume "disk0" is served by another host`)
 
 	other := cfg
@@ -285,8 +284,8 @@ func TestVolumeLeaseLostFences(t *testing.T) {
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool { return h.Store.Fenced(v.ID) }, 5*time.Second, 10*time.Millisecond)
-	assert.ErrorIs(t, h.Store.ReadRange(ctx, v.ID, 0, make([]byte, 4096)), pagestore.ErrFenced)
-	assert.ErrorIs(t, h.Store.WriteRange(ctx, v.ID, 0, page), pagestore.ErrFenced)
+	assert.ErrorIs(t, h.Store.ReadRange(ctx, v.ID, 0, make([]byte, 4096)), pageid.ErrFenced)
+	assert.ErrorIs(t, h.Store.WriteRange(ctx, v.ID, 0, page), pageid.ErrFenced)
 	require.NoError(t, h.Close(ctx))
 	got := make([]byte, 4096)
 	require.NoError(t, node.Server.Store.ReadAt(v.ID, 0, got))

@@ -13,7 +13,7 @@ import (
 	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/testnet"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,7 +56,7 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	link.Release()
 	select {
 	case err := <-flushed:
-		assert.ErrorIs(t, err, memnode.ErrFenced, "the late write-back is refused")
+		assert.ErrorIs(t, err, pageid.ErrFenced, "the late write-back is refused")
 	case <-time.After(30 * time.Second):
 		t.Fatal("the old host's flush never returned")
 	}
@@ -115,8 +115,8 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	}
 	// Volumes holding a file's data (not the metadata, nor the empty
 	// ones a mount makes ahead of its creates).
-	dataVolumes := func() map[string]memnode.VolumeInfo {
-		m := map[string]memnode.VolumeInfo{}
+	dataVolumes := func() map[string]pageid.VolumeInfo {
+		m := map[string]pageid.VolumeInfo{}
 		for _, v := range node.Server.Store.List() {
 			if strings.HasPrefix(v.Name, "fs.pd3.") && v.Name != "fs.pd3.meta" && v.Stored > 0 {
 				m[v.Name] = v
@@ -154,7 +154,7 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	etcdLink.Release()
 	select {
 	case err := <-flushed:
-		assert.ErrorIs(t, err, memnode.ErrFenced, "the late write-back is refused")
+		assert.ErrorIs(t, err, pageid.ErrFenced, "the late write-back is refused")
 	case <-time.After(30 * time.Second):
 		t.Fatal("the old host's flush never returned")
 	}

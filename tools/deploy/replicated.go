@@ -15,6 +15,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/replica"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -106,7 +107,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 			v.Local[id] = info.ID
 		}
 		vols = append(vols, v)
-		h.Volumes = append(h.Volumes, memnode.VolumeInfo{ID: rec.ID, Size: rec.Size, Name: rec.Name})
+		h.Volumes = append(h.Volumes, pageid.VolumeInfo{ID: rec.ID, Size: rec.Size, Name: rec.Name})
 	}
 	reach := make(map[string]*memnode.Client)
 	for id, c := range clients {
@@ -229,7 +230,7 @@ type tender struct {
 	cli    *clientv3.Client
 	cfg    HostConfig
 	r      *replica.Remote
-	vols   []memnode.VolumeInfo
+	vols   []pageid.VolumeInfo
 	groups []fsGroup
 	dial   func(ctx context.Context, addr string) (*memnode.Client, error)
 
@@ -547,7 +548,7 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig,
 // it). A volume of that name is cluster.ErrVolumeExists; on any failure
 // the record and the copies made are removed.
 func CreateReplicated(ctx context.Context, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
-	size = (size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
+	size = (size + pageid.Size - 1) &^ (pageid.Size - 1)
 	stripes, err := cluster.PlaceStripes(nodes, size, cluster.DefaultExtentBytes, replicas, rand.IntN)
 	if err != nil {
 		return cluster.VolumeRecord{}, err
@@ -571,7 +572,7 @@ func reserveReplicated(ctx context.Context, cli *clientv3.Client, clusterName st
 	if err != nil {
 		return cluster.VolumeRecord{}, err
 	}
-	rec.ID, rec.PageSize = id, pagestore.PageSize
+	rec.ID, rec.PageSize = id, pageid.Size
 	rec, err = cluster.ReserveVolume(ctx, cli, clusterName, rec)
 	if err != nil {
 		return rec, err
@@ -607,7 +608,7 @@ func ResizeReplicated(ctx context.Context, cli *clientv3.Client, clusterName str
 	if rec.Stripes == nil {
 		return rec, fmt.Errorf("volume %s is not replicated", rec.Name)
 	}
-	size = (size + pagestore.PageSize - 1) &^ (pagestore.PageSize - 1)
+	size = (size + pageid.Size - 1) &^ (pageid.Size - 1)
 	s := rec.Stripes.Clone()
 	if want := int((size + s.ExtentBytes - 1) / s.ExtentBytes); want > len(s.Extents) {
 		add, err := cluster.PlaceStripes(nodes, uint64(want-len(s.Extents))*s.ExtentBytes, s.ExtentBytes, s.Replicas, rand.IntN)

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/internal/units"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/spf13/cobra"
 )
@@ -38,7 +38,7 @@ Systems take turns in fresh processes, round by round; each row is the median of
 					opt.Budgets = append(opt.Budgets, 0)
 					continue
 				}
-				n, err := units.ParseMultiple(b, memnode.PageSize)
+				n, err := units.ParseMultiple(b, pageid.Size)
 				if err != nil {
 					return usageError{fmt.Errorf("--local-memory %q: %w (a size such as 96MiB, or none)", b, err)}
 				}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pd3-go/pd3/hostview/pagecache"
 	"github.com/pd3-go/pd3/internal/shm"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 func cachestatCmd() *cobra.Command {
@@ -38,7 +38,7 @@ root; residency does not.`,
 			if err != nil {
 				return err
 			}
-			view := &pagecache.View{KeyOf: func(uint64, uint64) (memnode.Key, bool) { return 0, false }}
+			view := &pagecache.View{KeyOf: func(uint64, uint64) (pageid.Key, bool) { return 0, false }}
 			tr, err := pagecache.Start(dev, view)
 			if err != nil {
 				logger().Warn(fmt.Sprintf("hits and misses unavailable (%v); showing residency only", err))

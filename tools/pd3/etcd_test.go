@@ -97,7 +97,7 @@ func TestEtcdMemberAndLeaderLoss(t *testing.T) {
 	out, err = run(t, "", "page", "get", "--page", page, "1:5")
 	require.Error(t, err, "a host without its session must not serve the volume: %s", out)
 	assert.Contains(t, out, "I/O error", "EIO, as NBD would answer")
-	assert.Contains(t, host.Output(), "volume taken over by another host", "the host's log says why")
+	assert.Contains(t, host.Output(), "taken over by another host", "the host's log says why")
 	// A host whose session is gone stops without complaint about it.
 	p, _ := os.FindProcess(host.Pid)
 	require.NoError(t, p.Signal(syscall.SIGTERM))
@@ -147,10 +147,10 @@ func TestVolumeCommands(t *testing.T) {
 	assert.Regexp(t, `made-by-host\s+1MiB\s+\w+\s+ready\s+\S+ pid `+strconv.Itoa(host.Pid), out, "a host records the volumes it creates")
 	out, err = vol("rm", "big")
 	require.Error(t, err)
-	assert.Contains(t, out, `cluster: volume is held by a host: "big"`)
+	assert.Contains(t, out, `cluster: volume "big": held by another host`)
 	out, err = vol("resize", "big", "--size", "32MiB")
 	require.Error(t, err)
-	assert.Contains(t, out, `cluster: volume is held by a host: "big"`)
+	assert.Contains(t, out, `cluster: volume "big": held by another host`)
 	recs := func() map[string]cluster.VolumeRecord {
 		out, err := vol("ls", "--json")
 		require.NoError(t, err, out)
@@ -311,7 +311,7 @@ func TestPartitionedHostIsFencedOverARealLink(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("the old host's sync never returned")
 	}
-	assert.Contains(t, old.Output(), "write fenced", "refused by the node, and the old host says so")
+	assert.Contains(t, old.Output(), "fenced: the volume was taken over", "refused by the node, and the old host says so")
 	next.Stop() // everything written back, the volume let go
 	third := start(t, []string{"page server"}, append(serve, "--page", "127.0.0.1:0")...)
 	out, err = run(t, "", "page", "get", "--page", third.Addrs["page server"], "1:0")

@@ -12,7 +12,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/tools/deploy"
 )
 
@@ -28,7 +28,7 @@ type pagesValue struct {
 
 // pagesVar registers a page-multiple size flag with default def.
 func pagesVar(fl *pflag.FlagSet, p *uint64, name, def, usage string) {
-	n, err := units.ParseMultiple(def, memnode.PageSize)
+	n, err := units.ParseMultiple(def, pageid.Size)
 	if err != nil {
 		panic("flag --" + name + " default: " + err.Error())
 	}
@@ -39,7 +39,7 @@ func pagesVar(fl *pflag.FlagSet, p *uint64, name, def, usage string) {
 func (v *pagesValue) String() string { return v.text }
 func (v *pagesValue) Type() string   { return "size" }
 func (v *pagesValue) Set(s string) error {
-	n, err := units.ParseMultiple(s, memnode.PageSize)
+	n, err := units.ParseMultiple(s, pageid.Size)
 	if err != nil {
 		return err
 	}

@@ -10,13 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 	"github.com/spf13/cobra"
 )
 
-func parseID(s string) (memnode.Key, error) {
+func parseID(s string) (pageid.Key, error) {
 	v, p, ok := strings.Cut(s, ":")
 	if !ok {
 		return 0, fmt.Errorf("bad page id %q: want VOLUME:PAGE, e.g. 1:0", s)
@@ -29,7 +28,7 @@ func parseID(s string) (memnode.Key, error) {
 	if err != nil {
 		return 0, fmt.Errorf("bad page number in %q", s)
 	}
-	return memnode.MakeKey(uint16(vol), pg), nil
+	return pageid.MakeKey(uint16(vol), pg), nil
 }
 
 func pageCmd() *cobra.Command {
@@ -57,7 +56,7 @@ func pageCmd() *cobra.Command {
 				return err
 			}
 			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
-				buf := make([]byte, pageproto.PageSize)
+				buf := make([]byte, pageid.Size)
 				if err := c.Get(ctx, id, buf); err != nil {
 					return describe(ctx, c, id, err)
 				}
@@ -72,16 +71,16 @@ func pageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			buf := make([]byte, pageproto.PageSize+1)
+			buf := make([]byte, pageid.Size+1)
 			n, err := io.ReadFull(os.Stdin, buf)
 			if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
 				return err
 			}
-			if n > pageproto.PageSize {
-				return fmt.Errorf("stdin holds more than one page (%d bytes)", pageproto.PageSize)
+			if n > pageid.Size {
+				return fmt.Errorf("stdin holds more than one page (%d bytes)", pageid.Size)
 			}
 			return with(cmd, func(ctx context.Context, c *pageproto.Client) error {
-				return describe(ctx, c, id, c.Put(ctx, id, buf[:pageproto.PageSize]))
+				return describe(ctx, c, id, c.Put(ctx, id, buf[:pageid.Size]))
 			})
 		},
 	}, &cobra.Command{
@@ -97,7 +96,7 @@ func pageCmd() *cobra.Command {
 
 // describe adds to an error about page id what the user needs to fix the
 // id: the size of its volume, or the volumes the server has.
-func describe(ctx context.Context, c *pageproto.Client, id memnode.Key, err error) error {
+func describe(ctx context.Context, c *pageproto.Client, id pageid.Key, err error) error {
 	noVol, past := errors.Is(err, pageid.ErrNoVolume), errors.Is(err, pageid.ErrOutOfRange)
 	if !noVol && !past {
 		return err
@@ -109,14 +108,14 @@ func describe(ctx context.Context, c *pageproto.Client, id memnode.Key, err erro
 	if past {
 		for _, v := range vs {
 			if v.ID == id.Volume() {
-				n := v.Size / pageproto.PageSize
+				n := v.Size / pageid.Size
 				return fmt.Errorf("%w: volume %d (%s) has %d pages, %d:0 to %d:%d", err, v.ID, v.Name, n, v.ID, v.ID, n-1)
 			}
 		}
 	}
 	list := make([]string, 0, len(vs)+1)
 	for _, v := range vs {
-		list = append(list, fmt.Sprintf("%d (%s, %d pages)", v.ID, v.Name, v.Size/pageproto.PageSize))
+		list = append(list, fmt.Sprintf("%d (%s, %d pages)", v.ID, v.Name, v.Size/pageid.Size))
 	}
 	if more {
 		list = append(list, "…")

@@ -1204,7 +1204,7 @@ func TestReplicatedHandOverDuringPartition(t *testing.T) {
 	heal()
 	// Its write-back, sent into the cut link, arrives (TCP retransmits it)
 	// and is refused.
-	require.NoError(t, old.WaitOutput("write fenced", time.Minute), "the late write-back is refused")
+	require.NoError(t, old.WaitOutput("fenced: the volume was taken over", time.Minute), "the late write-back is refused")
 	require.NoError(t, old.WaitOutput("lost this host's session", time.Minute), "the old host learns it lost the volume")
 	ctx := context.Background()
 	for _, addr := range nodeAddrs {
@@ -1401,7 +1401,7 @@ func TestTopOnce(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	go func() { // load while top measures; bounded by the test
-		buf := make([]byte, pageproto.PageSize)
+		buf := make([]byte, pageid.Size)
 		for i := uint64(0); ctx.Err() == nil && i < 1e6; i++ {
 			if c.Get(ctx, pageid.MakeKey(1, i%4096), buf) != nil {
 				return
@@ -1564,7 +1564,7 @@ func TestVolumesHeldInEtcd(t *testing.T) {
 	out, err = run(t, "", serve...)
 	require.Error(t, err)
 	assert.Contains(t, out, `volume "disk0" is served by another host`)
-	assert.Contains(t, out, "cluster: volume held by another host")
+	assert.Contains(t, out, `cluster: volume "disk0": held by another host`)
 
 	p, _ := os.FindProcess(first.Pid)
 	require.NoError(t, p.Signal(syscall.SIGKILL))

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd3-go/pd3/internal/testutil"
-	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -24,13 +24,13 @@ import (
 // terminal only.
 func TestWritebackProgress(t *testing.T) {
 	rem := pagestore.NewFaults(pagestore.NewMemRemote())
-	st, err := pagestore.New(rem, pagestore.Options{CacheBytes: 1024 * memnode.PageSize})
+	st, err := pagestore.New(rem, pagestore.Options{CacheBytes: 1024 * pageid.Size})
 	require.NoError(t, err)
-	st.AddVolume(memnode.VolumeInfo{ID: 1, Name: "v", Size: 1024 * memnode.PageSize})
+	st.AddVolume(pageid.VolumeInfo{ID: 1, Name: "v", Size: 1024 * pageid.Size})
 	ctx := context.Background()
-	page := make([]byte, memnode.PageSize)
+	page := make([]byte, pageid.Size)
 	for p := uint64(0); p < 1024; p++ {
-		require.NoError(t, st.Put(ctx, memnode.MakeKey(1, p), page))
+		require.NoError(t, st.Put(ctx, pageid.MakeKey(1, p), page))
 	}
 
 	var quiet testutil.SyncBuffer

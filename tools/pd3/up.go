@@ -24,6 +24,7 @@ import (
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/pd3-go/pd3/tools/deploy"
@@ -377,7 +378,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 	if st.DirtyPages == 0 {
 		log.Info("stopping: no dirty pages to write back")
 	} else {
-		log.Info(fmt.Sprintf("stopping: writing back %d dirty pages (%s) to the memory node", st.DirtyPages, units.FormatSize(uint64(st.DirtyPages)*memnode.PageSize)))
+		log.Info(fmt.Sprintf("stopping: writing back %d dirty pages (%s) to the memory node", st.DirtyPages, units.FormatSize(uint64(st.DirtyPages)*pageid.Size)))
 	}
 	if h.Agent != nil {
 		log.Info(fmt.Sprintf("agent: parsed %d, prefetched %d (placed %d, consumed %d, dropped unconsumed %d, stale %d), skipped as cached %d",
@@ -396,7 +397,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 		log.Info(fmt.Sprintf("filesystem unmounted from %s", h.Mounted.Dir))
 	}
 	if wrote := h.Store.Stats().WriteBacks - st.WriteBacks; wrote > 0 {
-		log.Info(fmt.Sprintf("stopped: %d pages (%s) written back to the memory node while stopping", wrote, units.FormatSize(wrote*memnode.PageSize)))
+		log.Info(fmt.Sprintf("stopped: %d pages (%s) written back to the memory node while stopping", wrote, units.FormatSize(wrote*pageid.Size)))
 	} else {
 		log.Info("stopped")
 	}
@@ -552,7 +553,7 @@ func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (s
 	if dirty == 0 || !tty {
 		return func() {}
 	}
-	total := int64(dirty) * memnode.PageSize
+	total := int64(dirty) * pageid.Size
 	bar := bytesBar(w, total, "writing back")
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -565,7 +566,7 @@ func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (s
 				bar.Finish()
 				return
 			case <-t.C:
-				left := int64(st.Stats().DirtyPages) * memnode.PageSize
+				left := int64(st.Stats().DirtyPages) * pageid.Size
 				bar.Set64(max(0, total-left))
 			}
 		}

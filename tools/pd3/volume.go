@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -110,7 +111,7 @@ func volumeCmd() *cobra.Command {
 					return err
 				}
 				rec, err := cluster.ReserveVolume(ctx, cli, etcd.cluster, cluster.VolumeRecord{Name: args[0], Size: n,
-					PageSize: memnode.PageSize, Node: target.ID, NodeAddr: target.Addr})
+					PageSize: pageid.Size, Node: target.ID, NodeAddr: target.Addr})
 				if err != nil {
 					return err
 				}
@@ -168,7 +169,7 @@ func volumeCmd() *cobra.Command {
 					}
 					err = c.Delete(ctx, args[0])
 					c.Close()
-					if err != nil && !errors.Is(err, memnode.ErrNoVolume) {
+					if err != nil && !errors.Is(err, pageid.ErrNoVolume) {
 						return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
 					}
 				}
@@ -203,7 +204,7 @@ takes it until resize runs again.`,
 				}
 				from := rec.Size
 				if rec, err = cluster.MarkResizing(ctx, cli, etcd.cluster, rec); err != nil {
-					if errors.Is(err, cluster.ErrVolumeHeld) {
+					if errors.Is(err, pageid.ErrHeld) {
 						err = fmt.Errorf("%w; stop the host serving it, resize, and start it again (an NBD client learns the size when it connects)", err)
 					}
 					return err
@@ -249,10 +250,10 @@ takes it until resize runs again.`,
 
 // createAt creates the volume at node n; a volume of that name already
 // at the node (left by a host outside the control plane) is an error.
-func createAt(ctx context.Context, dial func(context.Context, string) (*memnode.Client, error), n cluster.Node, vol string, size uint64) (memnode.VolumeInfo, error) {
+func createAt(ctx context.Context, dial func(context.Context, string) (*memnode.Client, error), n cluster.Node, vol string, size uint64) (pageid.VolumeInfo, error) {
 	c, err := dial(ctx, n.Addr)
 	if err != nil {
-		return memnode.VolumeInfo{}, fmt.Errorf("node %s: %w", n.ID, err)
+		return pageid.VolumeInfo{}, fmt.Errorf("node %s: %w", n.ID, err)
 	}
 	defer c.Close()
 	info, err := c.Create(ctx, vol, size)
@@ -285,10 +286,10 @@ func nodeAddr(ctx context.Context, cli *clientv3.Client, clusterName string, rec
 }
 
 // openAt reads what the node at addr has of volume name.
-func openAt(ctx context.Context, dial func(context.Context, string) (*memnode.Client, error), addr, name string) (memnode.VolumeInfo, error) {
+func openAt(ctx context.Context, dial func(context.Context, string) (*memnode.Client, error), addr, name string) (pageid.VolumeInfo, error) {
 	c, err := dial(ctx, addr)
 	if err != nil {
-		return memnode.VolumeInfo{}, err
+		return pageid.VolumeInfo{}, err
 	}
 	defer c.Close()
 	return c.Open(ctx, name)
