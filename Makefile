@@ -32,7 +32,7 @@ FUZZ_TARGETS := \
 	./dpu/mirror/packet:FuzzSegment:300000 \
 	./dpu/mirror/packet:FuzzSegmentStreams:200000
 
-.PHONY: all build run deps-run test test-long vet fuzz bench bench-nbd bench-fuse pgbench-nbd deps deps-system deps-bpf generate tools-check clean
+.PHONY: all build run deps-run test test-long vet fuzz bench bench-nbd bench-fuse pgbench-nbd deps deps-system deps-bpf generate docs tools-check clean
 
 # $(call apt-missing,PACKAGES,WHAT) installs the PACKAGES not installed
 # yet as root; otherwise it prints the apt-get line, saying what WHAT needs.
@@ -66,6 +66,11 @@ BPF_PACKAGES := clang llvm libbpf-dev linux-libc-dev
 deps-bpf:
 	@missing=$$(for p in $(BPF_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+# docs/cli: every command's --help as Markdown, generated from the command
+# tree (a test fails when it is stale).
+docs:
+	$(GO) test ./tools/pd3 -run TestCLIDocsAreCurrent -count=1 -update-docs
 
 generate: deps deps-bpf
 	$(GO) generate ./hostview/pagecache

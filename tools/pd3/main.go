@@ -17,6 +17,30 @@ import (
 )
 
 func main() {
+	root := newRoot()
+	// PD3_CPUPROFILE=prefix profiles this process (and the children a
+	// benchmark starts) into prefix.<pid>, for `go tool pprof`.
+	if prefix := os.Getenv("PD3_CPUPROFILE"); prefix != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", prefix, os.Getpid()))
+		if err == nil {
+			pprof.StartCPUProfile(f)
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
+	if cmd, err := root.ExecuteC(); err != nil {
+		log := logger()
+		log.Error(err.Error())
+		if errors.As(err, new(usageError)) {
+			log.Info(fmt.Sprintf("run '%s --help' for usage", cmd.CommandPath()))
+		}
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+// newRoot builds the command tree: every command, flag and help text
+// (docs/cli is generated from it).
+func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "pd3",
 		Short:         "pd3 — pages in remote memory, prefetched by a DPU agent",
@@ -37,29 +61,12 @@ func main() {
 		return nil
 	}
 	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd(), topCmd(), clusterCmd(), volumeCmd(), coordCmd(), nodeCmd())
-	// PD3_CPUPROFILE=prefix profiles this process (and the children a
-	// benchmark starts) into prefix.<pid>, for `go tool pprof`.
-	if prefix := os.Getenv("PD3_CPUPROFILE"); prefix != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%d", prefix, os.Getpid()))
-		if err == nil {
-			pprof.StartCPUProfile(f)
-			defer func() { pprof.StopCPUProfile(); f.Close() }()
-		}
-	}
 	// Runnable, so that "pd3 frob" fails NoArgs (an unknown command, a
 	// usage error) instead of printing the help and exiting 0.
 	root.Args = cobra.NoArgs
 	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 	markUsageErrors(root)
-	if cmd, err := root.ExecuteC(); err != nil {
-		log := logger()
-		log.Error(err.Error())
-		if errors.As(err, new(usageError)) {
-			log.Info(fmt.Sprintf("run '%s --help' for usage", cmd.CommandPath()))
-		}
-		pprof.StopCPUProfile()
-		os.Exit(1)
-	}
+	return root
 }
 
 // usageError is a command line cobra could not take (an unknown command
