@@ -43,9 +43,9 @@ func TestRemoteConformance(t *testing.T) {
 		{"Faults(bare Remote): fallbacks", sync, func(t *testing.T) (pagestore.Remote, uint16) {
 			return pagestore.NewFaults(bareRemote{pagestore.NewMemRemote()}), 1
 		}},
-		{"MemnodeRemote", all, func(t *testing.T) (pagestore.Remote, uint16) {
+		{"memnode.Remote", all, func(t *testing.T) (pagestore.Remote, uint16) {
 			c, vol := testNode(t, context.Background())
-			return pagestore.MemnodeRemote{C: c}, vol.ID
+			return memnode.Remote{C: c}, vol.ID
 		}},
 		{"Engine", all, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newRig(t, 64)
@@ -64,7 +64,7 @@ func TestRemoteConformance(t *testing.T) {
 			agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
 			require.NoError(t, err)
 			t.Cleanup(func() { agentConn.Close() })
-			l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+			l := OpenLink(r.name, memnode.Remote{C: r.c})
 			t.Cleanup(l.Close)
 			r.startAgent(t, agentConn) // it serves a host's link once one is open
 			require.Eventually(t, l.Attached, 5*time.Second, time.Millisecond)
@@ -72,7 +72,7 @@ func TestRemoteConformance(t *testing.T) {
 		}},
 		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true}, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newSplitRig(t)
-			l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+			l := OpenLink(r.name, memnode.Remote{C: r.c})
 			t.Cleanup(l.Close)
 			require.False(t, l.Attached())
 			return l, r.vol.ID

@@ -10,7 +10,6 @@ import (
 
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
-	"github.com/pd3-go/pd3/pagestore"
 )
 
 // reencode encodes r as the host would have sent it: the bytes its
@@ -115,7 +114,7 @@ func TestRingMsgNames(t *testing.T) {
 // agent's token may reach less than the host's).
 func TestAgentReplyCarriesTheStatus(t *testing.T) {
 	r := newSplitRig(t)
-	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	l := OpenLink(r.name, memnode.Remote{C: r.c})
 	t.Cleanup(l.Close)
 	r.startAgent(t, r.c)
 	require.Eventually(t, l.Attached, 5e9, 1e7)

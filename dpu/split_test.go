@@ -104,7 +104,7 @@ func TestAttachWaitsForDirectWrites(t *testing.T) {
 	agentConn, err := memnode.Dial(ctx, r.c.Addr(), memnode.ClientOptions{})
 	require.NoError(t, err)
 	defer agentConn.Close()
-	direct := &blockingRemote{Remote: pagestore.MemnodeRemote{C: r.c}, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	direct := &blockingRemote{Remote: memnode.Remote{C: r.c}, entered: make(chan struct{}, 1), release: make(chan struct{})}
 	l := OpenLink(r.name, direct)
 	defer l.Close()
 
@@ -155,7 +155,7 @@ func TestInvalidateDropsOldCopies(t *testing.T) {
 func TestAttachResyncsHostView(t *testing.T) {
 	r := newSplitRig(t)
 	vol := r.vol
-	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	l := OpenLink(r.name, memnode.Remote{C: r.c})
 	defer l.Close()
 	held := []pageid.Key{pageid.MakeKey(vol.ID, 3), pageid.MakeKey(vol.ID, 9), pageid.MakeKey(vol.ID, 200)}
 	// Enough keys for several 512-key messages; repeats are harmless.
@@ -190,7 +190,7 @@ func TestAttachResyncsHostView(t *testing.T) {
 // still holds is not.
 func TestEvictionNoticeReachesAgent(t *testing.T) {
 	r := newSplitRig(t)
-	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	l := OpenLink(r.name, memnode.Remote{C: r.c})
 	defer l.Close()
 	held := []pageid.Key{pageid.MakeKey(r.vol.ID, 4), pageid.MakeKey(r.vol.ID, 7)}
 	for _, k := range held {
@@ -231,7 +231,7 @@ func TestEvictionNoticeReachesAgent(t *testing.T) {
 func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 	r := newSplitRig(t)
 	vol := r.vol
-	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	l := OpenLink(r.name, memnode.Remote{C: r.c})
 	defer l.Close()
 	a := r.startAgent(t, r.c)
 	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond)
@@ -275,7 +275,7 @@ func (r *splitRig) agentLink(t *testing.T) (*Link, *memnode.Client) {
 	agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { agentConn.Close() })
-	l := OpenLink(r.name, pagestore.MemnodeRemote{C: r.c})
+	l := OpenLink(r.name, memnode.Remote{C: r.c})
 	t.Cleanup(l.Close)
 	return l, agentConn
 }

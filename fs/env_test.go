@@ -72,7 +72,7 @@ func mountWith(t *testing.T, addr, dir string, cache int64, tweak func(*fs.Confi
 	}
 	c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{OpTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	st, err := pagestore.New(pagestore.MemnodeRemote{C: c}, pagestore.Options{CacheBytes: cache})
+	st, err := pagestore.New(memnode.Remote{C: c}, pagestore.Options{CacheBytes: cache})
 	require.NoError(t, err)
 	e := &env{t: t, addr: addr, dir: dir, c: c, st: st, cache: cache}
 	for _, vs := range nbdVolumes {

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/pd3-go/pd3/caslease"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 )
@@ -69,9 +69,10 @@ type Config struct {
 	Log   *slog.Logger
 }
 
-// Backend is where a filesystem's volumes live. Only a *memnode.Client
-// also holds the mount lease (memnode.Lease): with any other, the mount
-// must be held elsewhere (Config.Fencing), or Open refuses.
+// Backend is where a filesystem's volumes live. A Backend that is also a
+// caslease.CAS (one memory node: a *memnode.Client) holds the mount lease
+// itself; with any other, the mount must be held elsewhere
+// (Config.Fencing), or Open refuses.
 type Backend interface {
 	OpenOrCreate(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error)
 	Create(ctx context.Context, name string, size uint64) (pageid.VolumeInfo, error)
@@ -128,7 +129,7 @@ type FS struct {
 	unstaled atomic.Uint64
 
 	syncMu sync.Mutex // serialises snapshots
-	lease  memnode.Lease
+	lease  caslease.Lease
 	token  uint64      // with cfg.Fencing: the mount's fencing token
 	fenced atomic.Bool // the lease was lost: write nothing more
 	stop   chan struct{}
@@ -167,7 +168,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 5 * time.Second
 	}
-	node, onNode := cfg.Backend.(*memnode.Client)
+	node, onNode := cfg.Backend.(caslease.CAS)
 	if !onNode && cfg.Fencing == nil {
 		return nil, errors.New("fs: a filesystem over many memory nodes is held through the control plane: Fencing is needed")
 	}
@@ -202,7 +203,7 @@ func Open(ctx context.Context, cfg Config) (*FS, error) {
 			return nil, err
 		}
 	} else {
-		f.lease = memnode.Lease{C: node, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
+		f.lease = caslease.Lease{C: node, Vol: mv.ID, Off: leaseOff, TTL: cfg.LeaseTTL}
 		if err := f.lease.Acquire(ctx, cfg.LeaseTTL+time.Second); err != nil {
 			return nil, mountErr(err)
 		}

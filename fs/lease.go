@@ -11,7 +11,7 @@ import (
 // writing one tree would each delete the other's new files as orphans.
 var ErrMounted = errors.New("filesystem is mounted by another host")
 
-// The mount lease is a memnode.Lease on one word of the metadata volume.
+// The mount lease is a caslease.Lease on one word of the metadata volume.
 const leaseOff = pageid.Size
 
 // mountErr names a lease conflict as the filesystem's.

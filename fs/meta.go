@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
 
@@ -31,6 +30,10 @@ const (
 // MaxFileSize is the size of a file's data volume at the memory node: a
 // sparse 4 TiB, of which only written chunks use memory.
 const MaxFileSize = 4 << 40
+
+// metaIO is the most the metadata's reads and writes move in one request:
+// a memory node's largest (memnode.MaxIO; fs's tests check they agree).
+const metaIO = 1 << 20
 
 // maxName is NAME_MAX.
 const maxName = 255
@@ -304,8 +307,8 @@ func (m *metaStore) markClean(ctx context.Context) error {
 
 // read fills p from off of the metadata volume, a chunk per request.
 func (m *metaStore) read(ctx context.Context, off uint64, p []byte) error {
-	for at := 0; at < len(p); at += memnode.MaxIO {
-		if err := m.c.ReadAt(ctx, m.vol, off+uint64(at), p[at:min(len(p), at+memnode.MaxIO)]); err != nil {
+	for at := 0; at < len(p); at += metaIO {
+		if err := m.c.ReadAt(ctx, m.vol, off+uint64(at), p[at:min(len(p), at+metaIO)]); err != nil {
 			return err
 		}
 	}
@@ -315,15 +318,15 @@ func (m *metaStore) read(ctx context.Context, off uint64, p []byte) error {
 // write writes p at off of the metadata volume, its chunks at once: one
 // round trip, not one per MiB.
 func (m *metaStore) write(ctx context.Context, off uint64, p []byte) error {
-	if len(p) <= memnode.MaxIO {
+	if len(p) <= metaIO {
 		return m.c.WriteAt(ctx, m.vol, off, p)
 	}
-	errs := make([]error, (len(p)+memnode.MaxIO-1)/memnode.MaxIO)
+	errs := make([]error, (len(p)+metaIO-1)/metaIO)
 	var wg sync.WaitGroup
 	for i := range errs {
-		at := i * memnode.MaxIO
+		at := i * metaIO
 		wg.Go(func() {
-			errs[i] = m.c.WriteAt(ctx, m.vol, off+uint64(at), p[at:min(len(p), at+memnode.MaxIO)])
+			errs[i] = m.c.WriteAt(ctx, m.vol, off+uint64(at), p[at:min(len(p), at+metaIO)])
 		})
 	}
 	wg.Wait()
@@ -347,7 +350,7 @@ func (j *journalReader) fill(n uint64) (bool, error) {
 	}
 	for uint64(len(j.buf)) < n {
 		have := uint64(len(j.buf))
-		more := min(uint64(memnode.MaxIO), j.end-j.at-have)
+		more := min(uint64(metaIO), j.end-j.at-have)
 		j.buf = append(j.buf, make([]byte, more)...)
 		if err := j.m.c.ReadAt(j.ctx, j.m.vol, j.at+have, j.buf[have:]); err != nil {
 			return false, err

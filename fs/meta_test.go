@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
 
@@ -294,4 +295,9 @@ func TestOldSnapshotIsReplacedFirst(t *testing.T) {
 	buf := make([]byte, m.n)
 	require.NoError(t, m.read(ctx, slotOff(m.slot), buf))
 	assert.Contains(t, string(buf), `"Version":3`, "the newest snapshot is this version's")
+}
+
+// The metadata's requests fit the memory node's largest.
+func TestMetaIOFitsAMemoryNodeRequest(t *testing.T) {
+	assert.LessOrEqual(t, metaIO, memnode.MaxIO)
 }

@@ -215,7 +215,7 @@ func TestLease(t *testing.T) {
 	c2, err := memnode.Dial(ctx, addr, memnode.ClientOptions{})
 	require.NoError(t, err)
 	defer c2.Close()
-	st2, err := pagestore.New(pagestore.MemnodeRemote{C: c2}, pagestore.Options{CacheBytes: 1 << 20})
+	st2, err := pagestore.New(memnode.Remote{C: c2}, pagestore.Options{CacheBytes: 1 << 20})
 	require.NoError(t, err)
 	start := time.Now()
 	_, err = fs.Open(ctx, fs.Config{Backend: c2, Store: st2, LeaseTTL: time.Second})

@@ -75,7 +75,7 @@ func TestFailedWriteLeavesNoBytesPastTheSize(t *testing.T) {
 	const cachePages = 16
 	var faults *pagestore.Faults
 	tweak := func(cfg *fs.Config) {
-		faults = pagestore.NewFaults(pagestore.MemnodeRemote{C: cfg.Backend.(*memnode.Client)})
+		faults = pagestore.NewFaults(memnode.Remote{C: cfg.Backend.(*memnode.Client)})
 		st, err := pagestore.New(faults, pagestore.Options{CacheBytes: cachePages * 4096})
 		require.NoError(t, err)
 		cfg.Store = st

@@ -55,7 +55,7 @@ func newRig(t *testing.T, size uint64, cache int64, configure ...func(*Server)) 
 	require.NoError(t, err)
 	direct, err := memnode.Dial(ctx, mln.Addr().String(), memnode.ClientOptions{})
 	require.NoError(t, err)
-	st, err := pagestore.New(pagestore.MemnodeRemote{C: mc}, pagestore.Options{CacheBytes: cache})
+	st, err := pagestore.New(memnode.Remote{C: mc}, pagestore.Options{CacheBytes: cache})
 	require.NoError(t, err)
 	srv := &Server{Backend: st}
 	for _, v := range []struct {

@@ -225,10 +225,3 @@ type asyncState struct {
 	loads      sync.Pool // *asyncLoad
 	claimClean func(int32) bool
 }
-
-// ReadPageAsync implements AsyncReader.
-func (r MemnodeRemote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
-	r.C.ReadFn(k.Volume(), k.Page()*pageid.Size, dst, done)
-}
-
-var _ AsyncReader = MemnodeRemote{}

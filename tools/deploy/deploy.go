@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pd3-go/pd3/caslease"
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
@@ -422,7 +423,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 	// A write-back that cannot reach the node is retried for one operation
 	// timeout before clients see EIO: a node restart inside it is invisible.
 	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
-	remote, err := h.missPath(cfg, &opt, dpu.NodeConn{Client: c}, pagestore.MemnodeRemote{C: c})
+	remote, err := h.missPath(cfg, &opt, dpu.NodeConn{Client: c}, memnode.Remote{C: c})
 	if err != nil {
 		return nil, err
 	}
@@ -494,7 +495,7 @@ const (
 	epochsVolume = "pd3.epochs"
 )
 
-// leaseVolumes claims every served volume for this host (memnode.Lease on
+// leaseVolumes claims every served volume for this host (caslease.Lease on
 // the volume's word of leasesVolume), waiting out a crashed holder's
 // lease, and keeps the claims renewed. A claim lost to another host fences
 // the volume: the two hosts' caches would otherwise each overwrite the
@@ -521,7 +522,7 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 		return fmt.Errorf("host: volume leases: %w", err)
 	}
 	for _, v := range h.Volumes {
-		l := &memnode.Lease{C: h.Client, Vol: lv.ID, Off: uint64(v.ID) * 8, TTL: ttl}
+		l := &caslease.Lease{C: h.Client, Vol: lv.ID, Off: uint64(v.ID) * 8, TTL: ttl}
 		if err := l.Acquire(ctx, ttl+time.Second); err != nil {
 			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
 		}
@@ -568,7 +569,7 @@ func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
 
 type volumeLease struct {
 	v       pageid.VolumeInfo
-	l       *memnode.Lease // nil when etcd holds the volume
+	l       *caslease.Lease // nil when etcd holds the volume
 	release func(context.Context) error
 }
 

@@ -1,4 +1,8 @@
-package memnode
+// Package caslease is a time-limited claim on one 8-byte word of a volume
+// at a memory node, taken and renewed with compare-and-swap alone: the
+// mount lease of a filesystem, and a host's lease on a volume when no
+// control plane holds it.
+package caslease
 
 import (
 	"context"
@@ -9,6 +13,13 @@ import (
 	"github.com/pd3-go/pd3/pageid"
 )
 
+// CAS is the one verb a lease needs: an 8-byte compare-and-swap of the
+// word at off in volume vol, returning the word it found (a
+// *memnode.Client).
+type CAS interface {
+	CompareAndSwap(ctx context.Context, vol uint16, off, old, new uint64) (uint64, error)
+}
+
 // Lease is a time-limited claim on one 8-byte word of a volume, taken and
 // renewed with the node's CAS alone — a one-sided verb, no lock service on
 // the node, as OneSidedMW allocates without the memory node's CPU. The
@@ -16,7 +27,7 @@ import (
 // random id (low 32 bits, never 0); 0 is a free word. Expiry is wall-clock
 // time, so hosts sharing a node need roughly synchronised clocks.
 type Lease struct {
-	C   *Client
+	C   CAS
 	Vol uint16
 	Off uint64
 	TTL time.Duration

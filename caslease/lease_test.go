@@ -1,7 +1,8 @@
-package memnode
+package caslease
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,12 +12,26 @@ import (
 	"github.com/pd3-go/pd3/pageid"
 )
 
+// words is a memory node's CAS over a map of words, for one volume.
+type words struct {
+	mu sync.Mutex
+	w  map[uint64]uint64
+}
+
+func (m *words) CompareAndSwap(_ context.Context, _ uint16, off, old, new uint64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur := m.w[off]
+	if cur == old {
+		m.w[off] = new
+	}
+	return cur, nil
+}
+
 func TestLease(t *testing.T) {
 	ctx := context.Background()
-	_, addr := startNode(t, "", 0)
-	c := dialT(t, addr, "")
-	v, err := c.Create(ctx, "leases", 1<<20)
-	require.NoError(t, err)
+	c := &words{w: map[uint64]uint64{}}
+	v := struct{ ID uint16 }{1}
 	a := &Lease{C: c, Vol: v.ID, Off: 64, TTL: time.Second}
 	b := &Lease{C: c, Vol: v.ID, Off: 64, TTL: time.Second}
 	other := &Lease{C: c, Vol: v.ID, Off: 72, TTL: time.Second}
@@ -29,7 +44,7 @@ func TestLease(t *testing.T) {
 	// A node that lost its last writes shows an older lease of a's: still a's.
 	old := a.cur
 	require.NoError(t, a.Renew(ctx))
-	_, err = c.CompareAndSwap(ctx, v.ID, 64, a.cur, old)
+	_, err := c.CompareAndSwap(ctx, v.ID, 64, a.cur, old)
 	require.NoError(t, err)
 	require.NoError(t, a.Renew(ctx), "an older word of our own is ours")
 
