@@ -53,7 +53,17 @@ func benchCmd() *cobra.Command {
 	transport := &cobra.Command{
 		Use:   "transport",
 		Short: "4 KiB READs through the memnode protocol vs a raw TCP stream; FAA rate",
-		Args:  cobra.NoArgs,
+		Long: `4 KiB READs through the memory node's protocol against the ceilings of a
+server of random pages: raw-random-zc (a stream of pages, no protocol) and
+rr-random-zc (32-byte requests answered by a header and a page, one
+goroutine at each end). Also: the same READs issued from completion
+functions ("4KiB READ fn": no caller to wake, as the host's misses and the
+agent's prefetches go), the same reads over mutual TLS (tls/plain, beside
+the AES-GCM ceiling measured in the same run), and the 8-byte FAA rate.
+With --rounds N the READ and stream systems take N turns and the report
+gives medians; rr-random-zc runs between the node's two READ runs, which
+swap places each round.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if topt.Exe, err = exe(); err != nil {
@@ -77,7 +87,14 @@ func benchCmd() *cobra.Command {
 	page := &cobra.Command{
 		Use:   "page",
 		Short: "Random page GETs over the page protocol, per system",
-		Args:  cobra.NoArgs,
+		Long: `Random page GETs over the page protocol, per system: local (every page in
+the host), sync (a miss waits for the memory node), leap (Leap's host-side
+prefetcher), pd3 (the embedded agent), pd3-split (the agent in its own
+process), relay-local (a byte relay in front of local: the ceiling of any
+remote design) and sync-deep (sync with a worker per request in flight:
+the ceiling of a host that does a miss's work and no prefetching). The
+report gives ratios, host and agent CPU and the host's counters.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if popt.Exe, err = exe(); err != nil {
@@ -181,7 +198,22 @@ func benchCmd() *cobra.Command {
 	nbdc := &cobra.Command{
 		Use:   "nbd",
 		Short: "fio's nbd engine against pd3, nbdkit memory, the nbdkit cache chain over a remote nbdkit, go-nbd (IOPS ratios)",
-		Args:  cobra.NoArgs,
+		Long: `fio's nbd engine against pd3 and its peers, side by side in one run:
+nbdkit-memory (a C server holding the data: the ceiling), nbdkit-cache-nbd
+(nbdkit's cache filter over its nbd plugin to a second nbdkit holding the
+data: the fair remote peer) and its read-ahead variant, pd3-local (the
+same host with every page cached: the ceiling of any remote setup) and
+go-relay-nbdkit-memory (a Go process that only relays bytes in front of
+nbdkit memory, as pd3's host reads a miss: the ceiling of a miss as pd3
+makes it). Each system's idle CPU is reported too. --rounds 3 runs every
+system three times, taking turns in fresh processes, and reports each
+one's median run with the range: one run on a shared VM swings by a fifth.
+
+--breakdown N reads N pages one at a time instead and prints where a
+miss's and a hit's time goes, stage by stage, stamped by client, host and
+memory node, beside the crossing floor (go-* rows: Go processes that pass
+the same frames and do nothing else).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if nopt.Exe, err = exe(); err != nil {
@@ -230,7 +262,20 @@ func benchCmd() *cobra.Command {
 	fusec := &cobra.Command{
 		Use:   "fuse",
 		Short: "fio and dbench on a pd3 mount against nbdfuse over the nbdkit cache chain and over nbdkit memory, bindfs over tmpfs, tmpfs (ratios; root)",
-		Args:  cobra.NoArgs,
+		Long: `fio and dbench on a pd3 mount against: nbdfuse over the nbdkit cache chain
+(remote) and over nbdkit memory, go-fuse-nbdkit (a Go FUSE server that
+only relays each request to nbdkit memory: the ceiling of a miss through a
+Go FUSE server one hop from its data), bindfs over tmpfs, and tmpfs.
+--systems adds pd3 without prefetching and pd3-cached (the whole file in
+the host cache: the FUSE path's ceiling).
+
+The jobs: 1 MiB sequential reads (direct and buffered), 4 KiB random reads
+by 1 and 4 threads, a 1 MiB sequential write then fsync, dbench;
+seqwrite4k-psync-1-buffered (4 KiB writes), commit4k-psync-1-buffered (a
+database committing a page at a time: a 4 KiB overwrite, then fsync) and
+files-OP (one metadata operation, OP one of create, write4k, stat, rename,
+unlink, on 2000 files). Needs root.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if fopt.Exe, err = exe(); err != nil {
@@ -308,7 +353,11 @@ func benchCmd() *cobra.Command {
 	repairc := &cobra.Command{
 		Use:   "repair",
 		Short: "A replicated volume losing a memory node: time until it is whole again, repair throughput, node memory per byte stored",
-		Args:  cobra.NoArgs,
+		Long: `A replicated volume losing one of its memory nodes: the time until the node
+is seen down and until every extent has its replicas again, the repair's
+throughput, and each node's RSS per byte stored. (pd3 bench nbd --systems
+pd3-r1,pd3-r2 compares the data path at R=2 with R=1.)`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if ropt.Exe, err = exe(); err != nil {
