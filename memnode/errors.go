@@ -10,13 +10,12 @@ import (
 // Per-request errors. The server returns them as a Status in the response and
 // the client turns the Status back into the same sentinel, so callers branch
 // with errors.Is whichever side of the wire they are on. The errors every
-// layer shares are pageid's: a volume that does not exist
-// (pageid.ErrNoVolume), bytes past its end (pageid.ErrOutOfRange), a name taken
-// (pageid.ErrExists), no memory (pageid.ErrNoMemory), no disk room at a persistent node
-// (pageid.ErrNoSpace), a write fenced by a newer holder (pageid.ErrFenced); a connection
-// broken with requests in flight fails them with pageid.ErrUnavailable
-// (the client redials on the next request), and a closed client with
-// pageid.ErrClosed.
+// layer shares are pageid's: a volume that does not exist (ErrNoVolume),
+// bytes past its end (ErrOutOfRange), a name taken (ErrExists), no memory
+// (ErrNoMemory), no disk room at a persistent node (ErrNoSpace), a write
+// fenced by a newer holder (ErrFenced). A connection broken with requests
+// in flight fails them with pageid.ErrUnavailable (the client redials on
+// the next request), and a closed client with pageid.ErrClosed.
 var (
 	// ErrUnauthorised is returned when HELLO carries a wrong token or a
 	// request arrives before HELLO (the connection is closed afterwards),

@@ -225,7 +225,7 @@ func (r *Remote) Stripes(id uint16) (cluster.Stripes, bool) {
 func (r *Remote) volume(vol uint16) (*volume, error) {
 	v := r.vols[vol].Load()
 	if v == nil {
-		return nil, fmt.Errorf("%w: %d", pageid.ErrNoVolume, vol)
+		return nil, fmt.Errorf("replica: volume %d: %w (not served here)", vol, pageid.ErrNoVolume)
 	}
 	return v, nil
 }
