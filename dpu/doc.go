@@ -25,7 +25,7 @@
 //     fuzzed); link.go the host's side (Link: attach, failover, resync,
 //     calls, hints); splitagent.go the agent's (AgentRegion: the region,
 //     the dispatch loop and the workers that carry out host requests;
-//     the agent process's parts are wired by deploy.RunAgent). A
+//     the agent process's parts are wired by host.RunAgent). A
 //     reply carries the memory node's status for the request.
 //
 // The agent is an accelerator: the host never needs it to be correct.

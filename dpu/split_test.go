@@ -51,8 +51,8 @@ func newSplitRig(t *testing.T) *splitRig {
 	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", name, time.Now().UnixNano())}
 }
 
-// testAgent is an agent process's parts, wired here as deploy.RunAgent
-// wires them (this package cannot import deploy, which imports it).
+// testAgent is an agent process's parts, wired here as host.RunAgent
+// wires them (this package cannot import host, which imports it).
 type testAgent struct {
 	Agent  *Agent
 	Engine *Engine

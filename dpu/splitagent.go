@@ -20,7 +20,7 @@ import (
 // The agent's side of split mode (message format: ringmsg.go). The agent
 // process formats a region (CreateAgentRegion), builds its Host View,
 // engine and agent over the region's Loading Zone — that wiring is the
-// composition root's, deploy.RunAgent — and serves the host through the
+// composition root's, host.RunAgent — and serves the host through the
 // region (Serve).
 
 // AgentRegion is a split-mode region as the agent process owns it: the

@@ -9,10 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
-	"github.com/pd3-go/pd3/tools/deploy"
 )
 
 // env is one mounted filesystem over a memory node that outlives it, so a
@@ -43,7 +43,7 @@ func needFUSE(t *testing.T) {
 func startNode(t *testing.T, capacity uint64) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	mn, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Capacity: capacity})
+	mn, err := host.StartMemnode(ctx, host.MemnodeConfig{Capacity: capacity})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		cancel()
@@ -54,13 +54,13 @@ func startNode(t *testing.T, capacity uint64) string {
 
 // mount connects a fresh host (client, page store) to addr and mounts the
 // filesystem in dir ("" = a new temporary directory).
-func mount(t *testing.T, addr, dir string, cache int64, nbdVolumes ...deploy.VolumeSpec) *env {
+func mount(t *testing.T, addr, dir string, cache int64, nbdVolumes ...host.VolumeSpec) *env {
 	t.Helper()
 	return mountWith(t, addr, dir, cache, nil, nbdVolumes...)
 }
 
 // mountWith is mount with a last say over the filesystem's Config.
-func mountWith(t *testing.T, addr, dir string, cache int64, tweak func(*fs.Config), nbdVolumes ...deploy.VolumeSpec) *env {
+func mountWith(t *testing.T, addr, dir string, cache int64, tweak func(*fs.Config), nbdVolumes ...host.VolumeSpec) *env {
 	t.Helper()
 	needFUSE(t)
 	ctx := context.Background()

@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/fsmodel"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
-	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -183,7 +183,7 @@ func TestNoSpace(t *testing.T) {
 // through volumes/, and the other way round.
 func TestVolumesShareTheCache(t *testing.T) {
 	addr := startNode(t, 0)
-	e := mount(t, addr, "", 0, deploy.VolumeSpec{Name: "disk0", Size: 8 << 20})
+	e := mount(t, addr, "", 0, host.VolumeSpec{Name: "disk0", Size: 8 << 20})
 	p := e.path("volumes/disk0")
 	fi, err := os.Stat(p)
 	require.NoError(t, err)

@@ -13,10 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/pacer"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/tools/bench"
-	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -425,7 +425,7 @@ func benchServer(use, role string, serve func(context.Context, net.Listener) err
 	c := &cobra.Command{
 		Use: use, Hidden: true, Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ln, err := deploy.Listen(listen)
+			ln, err := host.Listen(listen)
 			if err != nil {
 				return err
 			}

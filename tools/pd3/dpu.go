@@ -7,8 +7,8 @@ import (
 	"syscall"
 
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
-	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/spf13/cobra"
 )
 
@@ -43,13 +43,13 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 			log := logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			cfg := deploy.AgentConfig{
+			cfg := host.AgentConfig{
 				Name: name, Memnode: addr, Token: token.Value(), MemnodeTLS: nodeTLS, LZBytes: lzBytes, CacheBytes: cacheBytes,
 				Captures: targets, Metrics: metrics, Log: log,
 			}
 			stopping := func() {}
 			defer func() { stopping() }()
-			return deploy.RunAgent(ctx, cfg, func(s *deploy.Agent) {
+			return host.RunAgent(ctx, cfg, func(s *host.Agent) {
 				for _, t := range targets {
 					log.Info(fmt.Sprintf("dpu agent watching %s on an AF_PACKET socket", t.Addr))
 				}
@@ -73,11 +73,11 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 	return cmd
 }
 
-func parseCaptures(specs []string) ([]deploy.Capture, error) {
-	var out []deploy.Capture
+func parseCaptures(specs []string) ([]host.Capture, error) {
+	var out []host.Capture
 	for _, s := range specs {
 		kind, addr, ok := strings.Cut(s, "=")
-		t := deploy.Capture{Addr: addr}
+		t := host.Capture{Addr: addr}
 		switch {
 		case !ok || addr == "":
 			return nil, fmt.Errorf("--packet %q: want page=ADDR or nbd=ADDR", s)

@@ -10,10 +10,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/pageid"
-	"github.com/pd3-go/pd3/tools/deploy"
 )
 
 // Typed flag values: each is parsed once, when cobra sets the flag, so a
@@ -50,11 +50,11 @@ func (v *pagesValue) Set(s string) error {
 // volumesValue is a repeatable NAME:SIZE flag; the first use replaces
 // the default.
 type volumesValue struct {
-	vs      *[]deploy.VolumeSpec
+	vs      *[]host.VolumeSpec
 	changed bool
 }
 
-func volumesVar(fl *pflag.FlagSet, p *[]deploy.VolumeSpec, name string, def []deploy.VolumeSpec, usage string) {
+func volumesVar(fl *pflag.FlagSet, p *[]host.VolumeSpec, name string, def []host.VolumeSpec, usage string) {
 	*p = def
 	fl.Var(&volumesValue{vs: p}, name, usage)
 }
@@ -69,7 +69,7 @@ func (v *volumesValue) String() string {
 }
 
 func (v *volumesValue) Set(s string) error {
-	vs, err := deploy.ParseVolume(s)
+	vs, err := host.ParseVolume(s)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
@@ -27,7 +28,6 @@ import (
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/tools/bench"
-	"github.com/pd3-go/pd3/tools/deploy"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -35,7 +35,7 @@ import (
 )
 
 type hostFlags struct {
-	volumes   []deploy.VolumeSpec
+	volumes   []host.VolumeSpec
 	page      string
 	cache     uint64
 	policy    string
@@ -70,7 +70,7 @@ type hostFlags struct {
 
 func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl := cmd.Flags()
-	volumesVar(fl, &f.volumes, "volume", []deploy.VolumeSpec{{Name: "disk0", Size: 1 << 30}}, "a volume to serve (repeatable); created at the node when missing")
+	volumesVar(fl, &f.volumes, "volume", []host.VolumeSpec{{Name: "disk0", Size: 1 << 30}}, "a volume to serve (repeatable); created at the node when missing")
 	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
 	fl.StringVar(&f.nbd, "nbd", "127.0.0.1:10809", "NBD listen address; every volume is an export (empty disables)")
 	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
@@ -104,12 +104,12 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.MarkHidden("local")
 }
 
-func (f *hostFlags) config(log *slog.Logger) (deploy.HostConfig, error) {
+func (f *hostFlags) config(log *slog.Logger) (host.Config, error) {
 	etcd, err := f.etcd.access()
 	if err != nil {
-		return deploy.HostConfig{}, err
+		return host.Config{}, err
 	}
-	cfg := deploy.HostConfig{
+	cfg := host.Config{
 		Memnode: f.memnode, Token: f.token.Value(), MemnodeTLS: f.nodeTLS, Etcd: etcd, Cluster: f.etcd.cluster, Policy: f.policy, PageListen: f.page,
 		Workers: f.workers, OpTimeout: f.opTimeout, Log: log, Local: f.local, DPU: f.dpu, Prefetch: f.prefetch, Mirror: f.mirror,
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, NBDPollFor: f.nbdPoll, NBDStreamFrom: uint32(min(f.nbdStream, 1<<31)), LoneProcs: f.loneProcs, Writeback: f.writeback,
@@ -190,7 +190,7 @@ func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 
 // runUp runs an embedded memory node (unless cfg names one), registered
 // with the control plane (an embedded etcd unless e names one), and a host.
-func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics string) error {
+func runUp(ctx context.Context, cfg host.Config, e embedFlags, metrics string) error {
 	log := cfg.Log
 	if e.memnodes > 1 && cfg.Replicas == 0 {
 		return usageError{errors.New("--memnodes N>1 serves replicated volumes: give --replicas")}
@@ -222,7 +222,7 @@ func runUp(ctx context.Context, cfg deploy.HostConfig, e embedFlags, metrics str
 			if persist != "" && e.memnodes > 1 {
 				persist = filepath.Join(e.persist, "memnode-"+strconv.Itoa(i))
 			}
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: persist,
+			node, err := host.StartMemnode(ctx, host.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: persist,
 				Etcd: cfg.Etcd, Cluster: cfg.Cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
 			if err != nil {
 				return err
@@ -299,9 +299,9 @@ func serveCmd() *cobra.Command {
 	return cmd
 }
 
-func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
+func runHost(ctx context.Context, cfg host.Config, metrics string) error {
 	log := cfg.Log
-	h, err := deploy.StartHost(ctx, cfg)
+	h, err := host.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -343,7 +343,7 @@ func runHost(ctx context.Context, cfg deploy.HostConfig, metrics string) error {
 			}
 		}
 		log.Info(fmt.Sprintf("NBD server listening on %s (exports: %s)", h.NBDAddr, strings.Join(names, ", ")))
-		uri := deploy.NBDURI(h.NBDAddr, h.Volumes[0].Name)
+		uri := host.NBDURI(h.NBDAddr, h.Volumes[0].Name)
 		if cfg.NBDTLS == "on" || cfg.NBDTLS == "require" {
 			// TLS: the nbds schemes, and a directory holding the CA (and
 			// a client certificate when the server asks for one).
@@ -442,7 +442,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 			if err != nil {
 				return err
 			}
-			node, err := deploy.StartMemnode(ctx, deploy.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: access, Cluster: etcd.cluster,
+			node, err := host.StartMemnode(ctx, host.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: access, Cluster: etcd.cluster,
 				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder(),
 				PollFor: cmp.Or(pollFor, -1)}) // the flag's 0: sleep at once
 			if err != nil {

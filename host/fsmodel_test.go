@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func TestRandomFileOpsOnAHostMount(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
-			cfg := HostConfig{
+			cfg := Config{
 				Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded", CacheBytes: 1 << 20,
 				Writeback: time.Millisecond, OpTimeout: 2 * time.Second, Mount: dir, FSName: "pd3",
 			}
@@ -46,7 +46,7 @@ func TestRandomFileOpsOnAHostMount(t *testing.T) {
 			} else {
 				cfg.Memnode = newNode(t).Addr
 			}
-			h, err := StartHost(ctx, cfg)
+			h, err := Start(ctx, cfg)
 			require.NoError(t, err)
 			// What every host did, summed at each stop.
 			var misses, lzHits, evictions, writeBacks uint64
@@ -76,7 +76,7 @@ func TestRandomFileOpsOnAHostMount(t *testing.T) {
 						}
 						require.Less(t, i, len(nodes)-1, "no node is %s", victim)
 					}
-					h, err = StartHost(ctx, cfg)
+					h, err = Start(ctx, cfg)
 					require.NoError(t, err)
 					return dir
 				},

@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -23,12 +23,12 @@ import (
 
 var _ dpu.Conn = (*replica.Remote)(nil)
 
-// startReplicated is StartHost for volumes striped and replicated over
+// startReplicated is Start for volumes striped and replicated over
 // the cluster's memory nodes (cfg.Replicas > 0): it places a volume the
 // control plane does not know yet, connects to every node holding one of
 // its extents, and serves it through a replica.Remote whose dropped
 // replicas are recorded in etcd.
-func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
+func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if !cfg.Etcd.Enabled() {
 		return nil, errors.New("host: replicated volumes (--replicas) need the control plane (--etcd)")
 	}
@@ -160,7 +160,7 @@ func startReplicated(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 // offset a file can have. One record for the whole tree keeps creates and
 // unlinks off the control plane, and a repair joins a node to the group
 // once.
-func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg HostConfig, nodes []cluster.Node) (cluster.VolumeRecord, error) {
+func fsGroupRecord(ctx context.Context, cli *clientv3.Client, cfg Config, nodes []cluster.Node) (cluster.VolumeRecord, error) {
 	name := "fs." + cfg.FSName
 	rec, err := cluster.GetVolume(ctx, cli, cfg.Cluster, name)
 	switch {
@@ -198,7 +198,7 @@ func checkFSRecord(rec cluster.VolumeRecord) error {
 // openGroup opens the filesystem's group of volumes once it is held: its
 // record as it is now (a previous holder's repairs may have changed it),
 // every node of it reached.
-func (h *Host) openGroup(ctx context.Context, cfg HostConfig) (*replica.Group, error) {
+func (h *Host) openGroup(ctx context.Context, cfg Config) (*replica.Group, error) {
 	rec, err := cluster.GetVolume(ctx, h.etcd, cfg.Cluster, "fs."+cfg.FSName)
 	if err == nil {
 		err = checkFSRecord(rec)
@@ -228,7 +228,7 @@ const tendEvery = time.Second
 // drops it and starts that extent over.
 type tender struct {
 	cli    *clientv3.Client
-	cfg    HostConfig
+	cfg    Config
 	r      *replica.Remote
 	vols   []pageid.VolumeInfo
 	groups []fsGroup
@@ -515,7 +515,7 @@ func (t *tender) client(ctx context.Context, n cluster.Node) (*memnode.Client, e
 // replicatedVolume returns the record of volume vs, placing it over the
 // nodes up and creating its copies at them if the control plane has no
 // record of it.
-func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, nodes []cluster.Node, vs VolumeSpec, dial func(string) *memnode.Client) (cluster.VolumeRecord, error) {
+func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg Config, nodes []cluster.Node, vs VolumeSpec, dial func(string) *memnode.Client) (cluster.VolumeRecord, error) {
 	rec, err := cluster.GetVolume(ctx, cli, cfg.Cluster, vs.Name)
 	switch {
 	case err == nil && rec.Filesystem:

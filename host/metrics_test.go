@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -47,7 +47,7 @@ pd3_y 5
 // The host's registry has every component's metrics, each read from its
 // component (a few spot checks against the components' own counters).
 func TestHostRegistry(t *testing.T) {
-	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: "embedded", NBDListen: "127.0.0.1:0", LoneProcs: 1})
+	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: "embedded", NBDListen: "127.0.0.1:0", LoneProcs: 1})
 	buf := make([]byte, 4096)
 	require.NoError(t, h.Store.Get(context.Background(), 1<<48|3, buf))
 	r := h.Registry()
@@ -76,7 +76,7 @@ func TestHostRegistry(t *testing.T) {
 // /metrics (host with an embedded agent, NBD and the page protocol, after
 // a request on each), with the type the query needs.
 func TestDashboardQueriesExist(t *testing.T) {
-	b, err := os.ReadFile("../../deploy/grafana/pd3-host.json")
+	b, err := os.ReadFile("../deploy/grafana/pd3-host.json")
 	require.NoError(t, err)
 	var dash struct {
 		Panels []struct {
@@ -87,7 +87,7 @@ func TestDashboardQueriesExist(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &dash))
 	require.NotEmpty(t, dash.Panels)
 
-	cfg := HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+	cfg := Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
 		DPU: "embedded", NBDListen: "127.0.0.1:0", PageListen: "127.0.0.1:0", LoneProcs: 1}
 	// The processors panel needs a governor: more than one P to govern.
 	governed := runtime.GOMAXPROCS(0) > 1
@@ -169,7 +169,7 @@ func TestControlMetrics(t *testing.T) {
 	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
 	require.NoError(t, err)
 	defer etcd.Close()
-	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
 		Etcd: cluster.Access{Endpoints: []string{etcd.Endpoint}}})
 	mfs, err := h.Registry().Gather()
 	require.NoError(t, err)

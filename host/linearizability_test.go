@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 			node, err := StartMemnode(ctx, MemnodeConfig{})
 			require.NoError(t, err)
 			defer node.Close()
-			h, err := StartHost(ctx, HostConfig{
+			h, err := Start(ctx, Config{
 				Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
 				CacheBytes: 8 * 4096, LZBytes: 16 * 4096, PageListen: "127.0.0.1:0", NBDListen: "127.0.0.1:0",
 				DPU: mode, Workers: 4,
@@ -122,7 +122,7 @@ func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
 	ctx := context.Background()
 	access, nodes := startCluster(t, 3)
 	// Four extents of 16 MiB, eight of the workload's keys in each.
-	h, err := StartHost(ctx, HostConfig{
+	h, err := Start(ctx, Config{
 		Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 64 << 20}}, DPU: dpuMode,
 		CacheBytes: 8 * 4096, PageListen: "127.0.0.1:0", Workers: 4, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond,
 	})

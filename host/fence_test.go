@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	link := testnet.NewGate(t, node.Addr) // Cut: the link goes down, nothing is reset
 	const lease = time.Second
 	vol := []VolumeSpec{{"disk0", 1 << 20}}
-	old, err := StartHost(ctx, HostConfig{Memnode: link.Addr, Volumes: vol, CacheBytes: 16 * 4096,
+	old, err := Start(ctx, Config{Memnode: link.Addr, Volumes: vol, CacheBytes: 16 * 4096,
 		VolumeLease: lease, Writeback: -1, OpTimeout: time.Minute})
 	require.NoError(t, err)
 	defer old.Close(ctx)
@@ -46,7 +46,7 @@ func TestPartitionedHostIsFencedAtTheNode(t *testing.T) {
 	go func() { flushed <- old.Store.Flush(ctx) }() // its WRITE waits in the cut link
 	// The new host waits for the old host's lease to run out (Lease.Acquire).
 
-	next, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: vol, CacheBytes: 16 * 4096, VolumeLease: lease})
+	next, err := Start(ctx, Config{Memnode: node.Addr, Volumes: vol, CacheBytes: 16 * 4096, VolumeLease: lease})
 	require.NoError(t, err)
 	defer next.Close(ctx)
 	copy(page, "the new owner's data")
@@ -88,12 +88,12 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	nodeLink := testnet.NewGate(t, node.Addr)
 	etcdLink := testnet.NewGate(t, strings.TrimPrefix(etcd.Endpoint, "http://"))
 	const lease = time.Second
-	cfg := func(memnode, etcd, mount string) HostConfig {
-		return HostConfig{Memnode: memnode, Etcd: cluster.Access{Endpoints: []string{etcd}}, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
+	cfg := func(memnode, etcd, mount string) Config {
+		return Config{Memnode: memnode, Etcd: cluster.Access{Endpoints: []string{etcd}}, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
 			CacheBytes: 64 * 4096, VolumeLease: lease, Writeback: -1, OpTimeout: time.Minute, Mount: mount}
 	}
 	dirA, dirB := t.TempDir(), t.TempDir()
-	old, err := StartHost(ctx, cfg(nodeLink.Addr, "http://"+etcdLink.Addr, dirA))
+	old, err := Start(ctx, cfg(nodeLink.Addr, "http://"+etcdLink.Addr, dirA))
 	require.NoError(t, err)
 	defer old.Close(ctx)
 	file := "f"
@@ -142,7 +142,7 @@ func TestPartitionedMountIsFencedAtTheNode(t *testing.T) {
 	removed := make(chan error, 1)
 	go func() { removed <- os.Remove(filepath.Join(dirA, "doomed")) }() // its DELETE too
 
-	next, err := StartHost(ctx, cfg(node.Addr, etcd.Endpoint, dirB)) // waits out the old hold
+	next, err := Start(ctx, cfg(node.Addr, etcd.Endpoint, dirB)) // waits out the old hold
 	require.NoError(t, err)
 	defer next.Close(ctx)
 	got, err := os.ReadFile(filepath.Join(dirB, file))

@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -31,7 +31,7 @@ func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%s%s/structured=%v", tc.dpu, tc.mirror, tc.prefetch, structured), func(t *testing.T) {
 				ctx := context.Background()
 				const size = 8 << 20
-				h, err := StartHost(ctx, HostConfig{
+				h, err := Start(ctx, Config{
 					Memnode: newNode(t).Addr, Volumes: []VolumeSpec{{"disk0", size}},
 					CacheBytes: 16 * 4096, LZBytes: 64 * 4096, NBDListen: "127.0.0.1:0",
 					DPU: tc.dpu, Mirror: tc.mirror, Prefetch: tc.prefetch, Writeback: time.Millisecond,
@@ -104,7 +104,7 @@ func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
 			ctx := context.Background()
 			access, nodes := startCluster(t, 3)
 			const size = 32 << 20 // two extents
-			h, err := StartHost(ctx, HostConfig{
+			h, err := Start(ctx, Config{
 				Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", size}}, DPU: dpuMode,
 				CacheBytes: 16 * 4096, NBDListen: "127.0.0.1:0", OpTimeout: 2 * time.Second, Writeback: time.Millisecond,
 			})

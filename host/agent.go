@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"cmp"
@@ -26,7 +26,7 @@ type AgentConfig struct {
 	Memnode string // memory node address
 	Token   string
 	// MemnodeTLS, if enabled, makes the link to the memory node TLS (as
-	// HostConfig.MemnodeTLS).
+	// Config.MemnodeTLS).
 	MemnodeTLS tlsfiles.Files
 	// LZBytes is the Loading Zone size (default 16 MiB); CacheBytes the
 	// host's cache size, which sizes Host View (default 64 MiB).

@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"bytes"
@@ -38,7 +38,7 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 	}
 	host := func(dir string) *Host {
 		t.Helper()
-		h, err := StartHost(ctx, HostConfig{Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 16 << 20}},
+		h, err := Start(ctx, Config{Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 16 << 20}},
 			CacheBytes: 1 << 20, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond, Mount: dir, FSName: "pd3"})
 		require.NoError(t, err)
 		return h

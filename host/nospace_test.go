@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestFullDiskAtThePersistentNode(t *testing.T) {
 	node, err := StartMemnode(ctx, MemnodeConfig{Persist: dir})
 	require.NoError(t, err)
 	t.Cleanup(func() { node.Close() })
-	h, err := StartHost(ctx, HostConfig{
+	h, err := Start(ctx, Config{
 		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
 		CacheBytes: 64 * 4096, NBDListen: "127.0.0.1:0",
 	})

@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"cmp"
@@ -239,8 +239,8 @@ func closedByUs(err error) error {
 	return err
 }
 
-// HostConfig configures a host.
-type HostConfig struct {
+// Config configures a host.
+type Config struct {
 	Memnode string // memory node address (required unless Local)
 	// Local keeps the volumes in host memory (pagestore.MemRemote) with a
 	// cache as large as all of them: the "local" baseline of the benchmarks.
@@ -381,10 +381,10 @@ type Host struct {
 	lat      *latencies
 }
 
-// StartHost connects to the memory node, opens the volumes and serves.
+// Start connects to the memory node, opens the volumes and serves.
 // When a step fails it undoes every step before it: no goroutine,
 // listener, mapping or connection outlives the error.
-func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
+func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
 	if len(cfg.Volumes) == 0 {
 		return nil, errors.New("host: no volumes")
@@ -464,7 +464,7 @@ func StartHost(ctx context.Context, cfg HostConfig) (_ *Host, err error) {
 // write-back (started here when configured) stops (closers run last
 // first), so the next holder reads every page; on a failed start, those
 // taken.
-func (h *Host) useStore(ctx context.Context, cfg HostConfig, st *pagestore.Store) {
+func (h *Host) useStore(ctx context.Context, cfg Config, st *pagestore.Store) {
 	// What the host cache holds: the embedded agent counts its Host
 	// View's false negatives against it; a split agent gets the list when
 	// it attaches.
@@ -500,7 +500,7 @@ const (
 // lease, and keeps the claims renewed. A claim lost to another host fences
 // the volume: the two hosts' caches would otherwise each overwrite the
 // other's writes.
-func (h *Host) leaseVolumes(ctx context.Context, cfg HostConfig) error {
+func (h *Host) leaseVolumes(ctx context.Context, cfg Config) error {
 	ttl := cfg.VolumeLease
 	if ttl <= 0 {
 		ttl = 5 * time.Second
@@ -623,7 +623,7 @@ func (h *Host) present(ctx context.Context, vol uint16, token uint64) error {
 // one session of a crashed holder. A session that expires (etcd did not
 // hear from this host for ttl) fences every volume: another host may hold
 // them by now.
-func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duration, epochs uint16) error {
+func (h *Host) holdVolumes(ctx context.Context, cfg Config, ttl time.Duration, epochs uint16) error {
 	cli, err := cluster.Dial(ctx, cfg.Etcd)
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
@@ -686,7 +686,7 @@ func (h *Host) holdVolumes(ctx context.Context, cfg HostConfig, ttl time.Duratio
 // are held, and has the mount take a fencing token from the epochs volume
 // and present it on every volume the filesystem writes: the memory node
 // then refuses a superseded mount's late writes, files and metadata alike.
-func (h *Host) holdFS(ctx context.Context, cfg HostConfig, fcfg *fs.Config) error {
+func (h *Host) holdFS(ctx context.Context, cfg Config, fcfg *fs.Config) error {
 	hold, err := h.control.Hold(ctx, "fs."+cfg.FSName, 2*h.ttl+time.Second)
 	if err != nil {
 		return fmt.Errorf("host: fs %q: %w: %w", cfg.FSName, fs.ErrMounted, err)
@@ -708,7 +708,7 @@ func (h *Host) holdFS(ctx context.Context, cfg HostConfig, fcfg *fs.Config) erro
 // held by this host: one is written for a volume created here (or before
 // the records existed). A volume being removed (pd3 volume rm) is not
 // served.
-func recordVolume(ctx context.Context, cli *clientv3.Client, cfg HostConfig, v pageid.VolumeInfo) error {
+func recordVolume(ctx context.Context, cli *clientv3.Client, cfg Config, v pageid.VolumeInfo) error {
 	rec := cluster.VolumeRecord{Name: v.Name, ID: v.ID, Size: v.Size, PageSize: pageid.Size, NodeAddr: cfg.Memnode}
 	if nodes, err := cluster.Nodes(ctx, cli, cfg.Cluster); err == nil {
 		for _, n := range nodes {
@@ -770,7 +770,7 @@ func (h *Host) releaseVolumes() error {
 
 // mount opens the filesystem and mounts it; the directory is created if
 // missing.
-func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
+func (h *Host) mount(ctx context.Context, cfg Config) error {
 	if err := fs.Available(); err != nil {
 		return fmt.Errorf("host: --mount %s: %w", cfg.Mount, err)
 	}
@@ -862,7 +862,7 @@ func (h *Host) mount(ctx context.Context, cfg HostConfig) error {
 	return nil
 }
 
-func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
+func startLocal(ctx context.Context, cfg Config) (*Host, error) {
 	var total uint64
 	for _, vs := range cfg.Volumes {
 		total += (vs.Size + pageid.Size - 1) &^ (pageid.Size - 1)
@@ -884,7 +884,7 @@ func startLocal(ctx context.Context, cfg HostConfig) (*Host, error) {
 	return h, nil
 }
 
-func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
+func (h *Host) serve(ctx context.Context, cfg Config) error {
 	h.lat = newLatencies()
 	if h.procs = procgov.New(cfg.LoneProcs); h.procs != nil {
 		h.onClose(func() error { h.procs.Other(); return nil }) // every P back
@@ -976,7 +976,7 @@ func (h *Host) serve(ctx context.Context, cfg HostConfig) error {
 func (h *Host) onClose(f func() error) { h.closers = append(h.closers, f) }
 
 // Close stops the frontends, writes dirty pages back and disconnects. It
-// also undoes a StartHost that failed part way: whatever was not started
+// also undoes a Start that failed part way: whatever was not started
 // is skipped.
 func (h *Host) Close(ctx context.Context) error {
 	var err error
@@ -1016,7 +1016,7 @@ func (h *Host) Close(ctx context.Context) error {
 }
 
 // checkMirror refuses a --mirror that is unknown or feeds no agent.
-func checkMirror(cfg HostConfig) error {
+func checkMirror(cfg Config) error {
 	switch cfg.Mirror {
 	case "", "tap", "none":
 	case "packet":
@@ -1033,7 +1033,7 @@ func checkMirror(cfg HostConfig) error {
 // --prefetch: direct (the host reads for itself), the transfer engine over
 // conn with the embedded agent or Leap, or a split agent's link with
 // direct as its fallback.
-func (h *Host) missPath(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn, direct pagestore.Remote) (pagestore.Remote, error) {
+func (h *Host) missPath(cfg Config, opt *pagestore.Options, conn dpu.Conn, direct pagestore.Remote) (pagestore.Remote, error) {
 	remote := direct
 	switch cfg.DPU {
 	case "", "none":
@@ -1080,7 +1080,7 @@ func (h *Host) missPath(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn, d
 // startEngine builds Host View, the Loading Zone (in an anonymous shared
 // region) and the transfer engine, and points the store's miss path at the
 // Loading Zone.
-func (h *Host) startEngine(cfg HostConfig, opt *pagestore.Options, conn dpu.Conn) error {
+func (h *Host) startEngine(cfg Config, opt *pagestore.Options, conn dpu.Conn) error {
 	lzBytes := cfg.LZBytes
 	if lzBytes == 0 {
 		lzBytes = 16 << 20

@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"encoding/binary"
@@ -17,7 +17,7 @@ import (
 // not cached (--nbd-stream-from), and every byte is right.
 func TestNBDScanIsPredicted(t *testing.T) {
 	const size, chunk = 16 << 20, 128 << 10
-	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", size}}, CacheBytes: 64 * 4096,
+	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", size}}, CacheBytes: 64 * 4096,
 		DPU: "embedded", NBDListen: "127.0.0.1:0", NBDStreamFrom: 64 << 10})
 	var conns []*nbdclient.Client
 	for range 3 {

@@ -1,4 +1,4 @@
-package deploy
+package host
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func TestUnixSockets(t *testing.T) {
 	node, err := StartMemnode(ctx, MemnodeConfig{Listen: "unix:" + filepath.Join(dir, "mem.sock")})
 	require.NoError(t, err)
 	defer node.Close()
-	h, err := StartHost(ctx, HostConfig{
+	h, err := Start(ctx, Config{
 		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
 		CacheBytes: 16 * 4096, PageListen: "unix:" + filepath.Join(dir, "page.sock"), NBDListen: "unix:" + filepath.Join(dir, "nbd.sock"),
 	})
@@ -70,12 +70,12 @@ func newNode(t *testing.T) *Memnode {
 // hostOnNewNode starts a memory node and a host on it (cfg.Memnode is set
 // here), both stopped when the test ends; it returns the host and the
 // node's address.
-func hostOnNewNode(t *testing.T, cfg HostConfig) (*Host, string) {
+func hostOnNewNode(t *testing.T, cfg Config) (*Host, string) {
 	t.Helper()
 	ctx := context.Background()
 	node := newNode(t)
 	cfg.Memnode = node.Addr
-	h, err := StartHost(ctx, cfg)
+	h, err := Start(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close(ctx) })
 	return h, node.Addr
@@ -86,7 +86,7 @@ func hostOnNewNode(t *testing.T, cfg HostConfig) (*Host, string) {
 // made the agent prefetch pages the host held.
 func TestFlushKeepsPagesInHostView(t *testing.T) {
 	ctx := context.Background()
-	h, _ := hostOnNewNode(t, HostConfig{
+	h, _ := hostOnNewNode(t, Config{
 		Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 64 * 4096, PageListen: "127.0.0.1:0", DPU: "embedded",
 	})
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
@@ -117,7 +117,7 @@ func TestNBDTLSOverUnixSocket(t *testing.T) {
 	}
 	serverDir, clientDir := testutil.TestCA(t)
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
 		NBDListen: "unix:" + sock, NBDTLS: "require", NBDTLSCertificates: serverDir, RequireClientCert: true})
 	require.NotNil(t, h.NBD.TLS)
 	uri := "nbds+unix:///disk0?socket=" + sock + "&tls-certificates=" + clientDir
@@ -161,7 +161,7 @@ func TestParseVolume(t *testing.T) {
 // served from the Loading Zone; without a trend nothing is prefetched.
 func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	ctx := context.Background()
-	h, nodeAddr := hostOnNewNode(t, HostConfig{
+	h, nodeAddr := hostOnNewNode(t, Config{
 		Volumes: []VolumeSpec{{"disk0", 4 << 20}}, CacheBytes: 16 * 4096, PageListen: "127.0.0.1:0", Prefetch: "leap",
 	})
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
@@ -174,7 +174,7 @@ func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	assert.Positive(t, h.Leap.Predictions.Load())
 	assert.Greater(t, h.Store.Stats().PrefetchHits, uint64(200), "most of a sequential scan comes from the Loading Zone")
 
-	_, err = StartHost(ctx, HostConfig{Memnode: nodeAddr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
+	_, err = Start(ctx, Config{Memnode: nodeAddr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
 	assert.ErrorContains(t, err, "use it with --dpu none")
 }
 
@@ -191,7 +191,7 @@ func TestAgentPrefetchesNBDReads(t *testing.T) {
 			node, err := StartMemnode(ctx, MemnodeConfig{})
 			require.NoError(t, err)
 			defer node.Close()
-			h, err := StartHost(ctx, HostConfig{
+			h, err := Start(ctx, Config{
 				Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
 				CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: "embedded", Mirror: mirror,
 			})
@@ -221,11 +221,11 @@ func TestMirrorModeErrors(t *testing.T) {
 		{"embedded", "pcap", "unknown --mirror"},
 		{"none", "packet", "use it with --dpu embedded or shm:NAME"},
 	} {
-		_, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: tc.dpu, Mirror: tc.mirror})
+		_, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: tc.dpu, Mirror: tc.mirror})
 		assert.ErrorContains(t, err, tc.want)
 	}
 	// A server on every address cannot be watched on one interface.
-	_, err = StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded",
+	_, err = Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded",
 		Mirror: "packet", PageListen: "0.0.0.0:0"})
 	assert.ErrorContains(t, err, "needs the server on one IPv4 address")
 }
@@ -237,22 +237,22 @@ func TestVolumeLease(t *testing.T) {
 	node, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
 	defer node.Close()
-	cfg := HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, VolumeLease: 2 * time.Second}
-	a, err := StartHost(ctx, cfg)
+	cfg := Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, VolumeLease: 2 * time.Second}
+	a, err := Start(ctx, cfg)
 	require.NoError(t, err)
-	_, err = StartHost(ctx, cfg)
+	_, err = Start(ctx, cfg)
 	require.ErrorIs(t, err, pageid.ErrHeld)
 	assert.ErrorContains(t, err, `volume "disk0" is served by another host`)
 
 	other := cfg
 	other.Volumes = []VolumeSpec{{"disk1", 1 << 20}}
-	b, err := StartHost(ctx, other)
+	b, err := Start(ctx, other)
 	require.NoError(t, err, "another volume is another lease")
 	require.NoError(t, b.Close(ctx))
 
 	require.NoError(t, a.Close(ctx))
 	start := time.Now()
-	c, err := StartHost(ctx, cfg)
+	c, err := Start(ctx, cfg)
 	require.NoError(t, err)
 	assert.Less(t, time.Since(start), 1500*time.Millisecond, "a released lease is free at once")
 	require.NoError(t, c.Close(ctx))
@@ -266,7 +266,7 @@ func TestVolumeLeaseLostFences(t *testing.T) {
 	node, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
 	defer node.Close()
-	h, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
+	h, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}},
 		CacheBytes: 16 * 4096, VolumeLease: 900 * time.Millisecond})
 	require.NoError(t, err)
 	v := h.Volumes[0]
@@ -303,7 +303,7 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-// A StartHost that fails part way leaves nothing behind: no goroutine (the
+// A Start that fails part way leaves nothing behind: no goroutine (the
 // agent, engine, write-back, lease renewal, NBD server), no listener, no
 // Loading Zone mapping, no memory-node connection.
 func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
@@ -314,22 +314,22 @@ func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer busy.Close()
-	holder, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"held", 1 << 20}}, CacheBytes: 16 * 4096})
+	holder, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"held", 1 << 20}}, CacheBytes: 16 * 4096})
 	require.NoError(t, err)
 	defer holder.Close(ctx)
 
 	for _, tc := range []struct {
 		name, want string
-		cfg        HostConfig
+		cfg        Config
 	}{
 		{"page port in use, after the NBD server started", "address already in use",
-			HostConfig{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond, PageListen: busy.Addr().String()}},
+			Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond, PageListen: busy.Addr().String()}},
 		{"volume served by another host", "served by another host",
-			HostConfig{Volumes: []VolumeSpec{{"disk1", 1 << 20}, {"held", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond}},
+			Config{Volumes: []VolumeSpec{{"disk1", 1 << 20}, {"held", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond}},
 		{"packet capture on every address", "needs the server on one IPv4 address",
-			HostConfig{Volumes: []VolumeSpec{{"disk2", 1 << 20}}, DPU: "embedded", Mirror: "packet", PageListen: "0.0.0.0:0"}},
+			Config{Volumes: []VolumeSpec{{"disk2", 1 << 20}}, DPU: "embedded", Mirror: "packet", PageListen: "0.0.0.0:0"}},
 		{"leap prefetcher, page port in use", "address already in use",
-			HostConfig{Volumes: []VolumeSpec{{"disk3", 1 << 20}}, Prefetch: "leap", PageListen: busy.Addr().String()}},
+			Config{Volumes: []VolumeSpec{{"disk3", 1 << 20}}, Prefetch: "leap", PageListen: busy.Addr().String()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// A free port for NBD, to check it is free again afterwards.
@@ -342,7 +342,7 @@ func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
 
 			cfg := tc.cfg
 			cfg.Memnode, cfg.CacheBytes, cfg.NBDListen, cfg.VolumeLease = node.Addr, 16*4096, nbdAddr, time.Second
-			_, err = StartHost(ctx, cfg)
+			_, err = Start(ctx, cfg)
 			require.ErrorContains(t, err, tc.want)
 
 			goleak.VerifyNone(t, before)
@@ -362,7 +362,7 @@ func TestStopRightAfterStartIsClean(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		node, err := StartMemnode(ctx, MemnodeConfig{})
 		require.NoError(t, err)
-		h, err := StartHost(ctx, HostConfig{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
+		h, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
 			PageListen: "127.0.0.1:0", NBDListen: "127.0.0.1:0"})
 		require.NoError(t, err)
 		require.NoError(t, h.Close(ctx), "host")
@@ -376,7 +376,7 @@ func TestStopRightAfterStartIsClean(t *testing.T) {
 // it still prefetches a small read's page, and what it predicts past a
 // sequential run of stream reads.
 func TestAgentLeavesStreamReadsToTheHost(t *testing.T) {
-	h, _ := hostOnNewNode(t, HostConfig{Volumes: []VolumeSpec{{"disk0", 64 << 20}}, CacheBytes: 1 << 20,
+	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 64 << 20}}, CacheBytes: 1 << 20,
 		NBDListen: "127.0.0.1:0", DPU: "embedded", NBDStreamFrom: 64 << 10})
 	nc, err := nbdclient.Dial(h.NBDAddr, "disk0")
 	require.NoError(t, err)
