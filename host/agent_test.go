@@ -32,7 +32,7 @@ func TestRunAgentServesAHost(t *testing.T) {
 	}()
 	s := <-states
 	assert.NotEmpty(t, s.MetricsAddr)
-	h, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: "shm:" + name})
+	h, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: SplitAgent(name)})
 	require.NoError(t, err)
 	defer h.Close(ctx)
 	require.Eventually(t, h.Link.Attached, 5*time.Second, 10*time.Millisecond)

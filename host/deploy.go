@@ -274,25 +274,23 @@ type Config struct {
 	LoneProcs int
 	// NBDReadOnly names volumes exported read-only over NBD.
 	NBDReadOnly []string
-	// NBDTLS is "" or "off" (plaintext), "on" (STARTTLS offered) or
-	// "require" (nothing but STARTTLS before TLS). NBDTLSCertificates is
+	// NBDTLS is whether the NBD server speaks TLS. NBDTLSCertificates is
 	// the directory in nbdkit's layout: server-cert.pem and
 	// server-key.pem, and ca-cert.pem to verify client certificates
 	// given (RequireClientCert: clients must give one).
-	NBDTLS             string
+	NBDTLS             TLSMode
 	NBDTLSCertificates string
 	RequireClientCert  bool
-	// DPU selects the agent: "embedded" (goroutines in this process) or
-	// "none"/"" (every miss is a direct memory-node read).
-	DPU string
+	// DPU is where the agent runs; the zero value is no agent (every
+	// miss is a direct memory-node read).
+	DPU AgentMode
 	// LZBytes is the Loading Zone size with an agent (default 16 MiB).
 	LZBytes int64
 	// Writeback, if > 0, writes dirty pages back at this interval (and
 	// retries after a memory-node outage) without waiting for a FLUSH.
 	Writeback time.Duration
-	// Prefetch selects a host-side prefetcher for DPU "none": "" or
-	// "leap" (Leap's majority-delta predictor over the host's misses).
-	Prefetch  string
+	// Prefetch is a host-side prefetcher, for a host without an agent.
+	Prefetch  Prefetcher
 	Workers   int
 	OpTimeout time.Duration
 	// Mount, if set, mounts the FUSE filesystem FSName there.
@@ -303,12 +301,9 @@ type Config struct {
 	// lasts without renewal (default 5 s): a second host serving the same
 	// volume is refused, and after a crash the next host waits it out.
 	VolumeLease time.Duration
-	// Mirror is how the agent sees client requests: "tap" (default; each
-	// connection reader hands it the bytes it read), "packet" (an
-	// AF_PACKET capture of the page and NBD ports, run in this process for
-	// an embedded agent; a split agent captures in its own process, pd3
-	// dpu --packet, and the host does nothing) or "none".
-	Mirror string
+	// Mirror is how the agent sees client requests (the zero value is
+	// MirrorTap).
+	Mirror Mirror
 	// KernelViewPages sizes the Host View of the kernel page cache
 	// (default 1 Mi pages: 4 GiB of cached file data).
 	KernelViewPages int
@@ -386,23 +381,14 @@ type Host struct {
 // listener, mapping or connection outlives the error.
 func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
-	if len(cfg.Volumes) == 0 {
-		return nil, errors.New("host: no volumes")
+	if err := cfg.Check(); err != nil {
+		return nil, err
 	}
 	if cfg.Local {
-		if cfg.Mount != "" {
-			return nil, errors.New("host: --local keeps volumes in host memory; a FUSE mount needs a memory node")
-		}
 		return startLocal(ctx, cfg)
 	}
 	if cfg.Replicas > 0 {
 		return startReplicated(ctx, cfg)
-	}
-	if cfg.Memnode == "" {
-		return nil, errors.New("host: no memory node address")
-	}
-	if err := checkMirror(cfg); err != nil {
-		return nil, err
 	}
 	busy := new(sockio.Busy)
 	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages, Busy: busy}
@@ -902,9 +888,9 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 	// starting a packet capture of its address instead when asked to.
 	tapped := func(m mirror.Mirror, addr string) (mirror.Mirror, error) {
 		switch cfg.Mirror {
-		case "", "tap":
+		case MirrorTap:
 			return m, nil
-		case "none":
+		case MirrorNone:
 			return nil, nil
 		}
 		if h.Agent == nil { // split: the agent process captures
@@ -939,7 +925,7 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
-			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == "require", PollFor: cfg.NBDPollFor, StreamFrom: cfg.NBDStreamFrom, Busy: h.busy, Procs: h.procs}
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == TLSRequire, PollFor: cfg.NBDPollFor, StreamFrom: cfg.NBDStreamFrom, Busy: h.busy, Procs: h.procs}
 
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{
@@ -1015,60 +1001,32 @@ func (h *Host) Close(ctx context.Context) error {
 	return err
 }
 
-// checkMirror refuses a --mirror that is unknown or feeds no agent.
-func checkMirror(cfg Config) error {
-	switch cfg.Mirror {
-	case "", "tap", "none":
-	case "packet":
-		if cfg.DPU == "" || cfg.DPU == "none" {
-			return errors.New("host: --mirror packet feeds an agent; use it with --dpu embedded or shm:NAME")
-		}
-	default:
-		return fmt.Errorf("host: unknown --mirror %q (tap, packet or none)", cfg.Mirror)
-	}
-	return nil
-}
-
-// missPath is the Remote the store's misses take, from --dpu and
-// --prefetch: direct (the host reads for itself), the transfer engine over
+// missPath is the Remote the store's misses take, from Config.DPU and
+// Config.Prefetch (checked by Config.check): direct (the host reads for itself), the transfer engine over
 // conn with the embedded agent or Leap, or a split agent's link with
 // direct as its fallback.
 func (h *Host) missPath(cfg Config, opt *pagestore.Options, conn dpu.Conn, direct pagestore.Remote) (pagestore.Remote, error) {
 	remote := direct
-	switch cfg.DPU {
-	case "", "none":
-		switch cfg.Prefetch {
-		case "", "none":
-		case "leap":
+	switch cfg.DPU.Kind {
+	case AgentNone:
+		if cfg.Prefetch == PrefetchLeap {
 			if err := h.startEngine(cfg, opt, conn); err != nil {
 				return nil, err
 			}
 			h.Leap = dpu.NewLeap(h.Zone.Hits.Load)
 			remote = dpu.LeapRemote{Engine: h.Engine, L: h.Leap}
-		default:
-			return nil, fmt.Errorf("host: unknown --prefetch %q (leap or none)", cfg.Prefetch)
 		}
-	case "embedded":
-		if cfg.Prefetch != "" && cfg.Prefetch != "none" {
-			return nil, fmt.Errorf("host: --prefetch %s is a host-side prefetcher; use it with --dpu none", cfg.Prefetch)
-		}
+	case AgentEmbedded:
 		if err := h.startEngine(cfg, opt, conn); err != nil {
 			return nil, err
 		}
 		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() dpu.Parser { return new(dpu.PageParser) })
 		opt.OnEvict = h.Agent.Evicted
 		remote = h.Engine
-	default:
-		name, ok := strings.CutPrefix(cfg.DPU, "shm:")
-		if !ok || name == "" {
-			return nil, fmt.Errorf("host: unknown --dpu mode %q (embedded, none or shm:NAME)", cfg.DPU)
-		}
+	case AgentSplit:
 		// A separate agent process: the host keeps its direct memnode
 		// connection for whenever the agent is absent or dead.
-		if _, one := conn.(dpu.NodeConn); !one {
-			return nil, errors.New("host: a split agent (--dpu shm:NAME) reads one memory node; with --replicas use --dpu embedded")
-		}
-		h.Link = dpu.OpenLink(name, direct)
+		h.Link = dpu.OpenLink(cfg.DPU.Region, direct)
 		h.onClose(func() error { h.Link.Close(); return nil })
 		opt.Prefetched = h.Link
 		opt.OnEvict = h.Link.Evicted
@@ -1103,7 +1061,7 @@ func (h *Host) startEngine(cfg Config, opt *pagestore.Options, conn dpu.Conn) er
 		cache = pagestore.DefaultCacheBytes
 	}
 	var hv *hostview.Set
-	if cfg.DPU == "embedded" {
+	if cfg.DPU.Kind == AgentEmbedded {
 		hv = hostview.New(int(cache/pageid.Size)+records+1024, 2)
 		z.OnDrop = func(k uint64) { hv.Delete(k) }
 	}
@@ -1149,20 +1107,16 @@ func memnodeTLS(f tlsfiles.Files) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// NBDTLSConfig loads the NBD server's TLS configuration for mode ("",
-// "off", "on" or "require") from dir, laid out as nbdkit's
-// --tls-certificates: server-cert.pem, server-key.pem and, to verify
-// client certificates, ca-cert.pem. nil for "" and "off".
-func NBDTLSConfig(mode, dir string, requireClientCert bool) (*tls.Config, error) {
-	switch mode {
-	case "", "off":
+// NBDTLSConfig loads the NBD server's TLS configuration for mode from
+// dir, laid out as nbdkit's --tls-certificates: server-cert.pem,
+// server-key.pem and, to verify client certificates, ca-cert.pem. nil for
+// TLSOff.
+func NBDTLSConfig(mode TLSMode, dir string, requireClientCert bool) (*tls.Config, error) {
+	if mode == TLSOff {
 		return nil, nil
-	case "on", "require":
-	default:
-		return nil, fmt.Errorf("unknown --tls %q (off, on or require)", mode)
 	}
 	if dir == "" {
-		return nil, fmt.Errorf("--tls %s needs --tls-certificates DIR (server-cert.pem, server-key.pem, ca-cert.pem)", mode)
+		return nil, fmt.Errorf("TLS %s needs a certificate directory (server-cert.pem, server-key.pem, ca-cert.pem)", mode)
 	}
 	f := tlsfiles.Files{Cert: filepath.Join(dir, tlsfiles.ServerCert), Key: filepath.Join(dir, tlsfiles.ServerKey)}
 	ca := filepath.Join(dir, tlsfiles.CACert)

@@ -87,7 +87,7 @@ func hostOnNewNode(t *testing.T, cfg Config) (*Host, string) {
 func TestFlushKeepsPagesInHostView(t *testing.T) {
 	ctx := context.Background()
 	h, _ := hostOnNewNode(t, Config{
-		Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 64 * 4096, PageListen: "127.0.0.1:0", DPU: "embedded",
+		Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 64 * 4096, PageListen: "127.0.0.1:0", DPU: EmbeddedAgent,
 	})
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
 	require.NoError(t, err)
@@ -118,7 +118,7 @@ func TestNBDTLSOverUnixSocket(t *testing.T) {
 	serverDir, clientDir := testutil.TestCA(t)
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
 	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
-		NBDListen: "unix:" + sock, NBDTLS: "require", NBDTLSCertificates: serverDir, RequireClientCert: true})
+		NBDListen: "unix:" + sock, NBDTLS: TLSRequire, NBDTLSCertificates: serverDir, RequireClientCert: true})
 	require.NotNil(t, h.NBD.TLS)
 	uri := "nbds+unix:///disk0?socket=" + sock + "&tls-certificates=" + clientDir
 	out, err := exec.Command("nbdinfo", "--size", uri).CombinedOutput()
@@ -127,15 +127,17 @@ func TestNBDTLSOverUnixSocket(t *testing.T) {
 	out, err = exec.Command("nbdinfo", "--size", "nbd+unix:///disk0?socket="+sock).CombinedOutput()
 	assert.Error(t, err, "plaintext refused: %s", out)
 
-	for _, tc := range []struct{ mode, dir, want string }{
-		{"maybe", serverDir, `unknown --tls "maybe"`},
-		{"require", "", "needs --tls-certificates DIR"},
-		{"on", t.TempDir(), "server-cert.pem"},
+	for _, tc := range []struct {
+		mode      TLSMode
+		dir, want string
+	}{
+		{TLSRequire, "", "needs a certificate directory"},
+		{TLSOn, t.TempDir(), "server-cert.pem"},
 	} {
 		_, err := NBDTLSConfig(tc.mode, tc.dir, false)
 		assert.ErrorContains(t, err, tc.want)
 	}
-	cfg, err := NBDTLSConfig("off", "", false)
+	cfg, err := NBDTLSConfig(TLSOff, "", false)
 	assert.NoError(t, err)
 	assert.Nil(t, cfg)
 }
@@ -162,7 +164,7 @@ func TestParseVolume(t *testing.T) {
 func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	ctx := context.Background()
 	h, nodeAddr := hostOnNewNode(t, Config{
-		Volumes: []VolumeSpec{{"disk0", 4 << 20}}, CacheBytes: 16 * 4096, PageListen: "127.0.0.1:0", Prefetch: "leap",
+		Volumes: []VolumeSpec{{"disk0", 4 << 20}}, CacheBytes: 16 * 4096, PageListen: "127.0.0.1:0", Prefetch: PrefetchLeap,
 	})
 	c, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
 	require.NoError(t, err)
@@ -174,8 +176,8 @@ func TestLeapPrefetchesSequentialScans(t *testing.T) {
 	assert.Positive(t, h.Leap.Predictions.Load())
 	assert.Greater(t, h.Store.Stats().PrefetchHits, uint64(200), "most of a sequential scan comes from the Loading Zone")
 
-	_, err = Start(ctx, Config{Memnode: nodeAddr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: "embedded", Prefetch: "leap"})
-	assert.ErrorContains(t, err, "use it with --dpu none")
+	_, err = Start(ctx, Config{Memnode: nodeAddr, Volumes: []VolumeSpec{{"disk0", 4 << 20}}, DPU: EmbeddedAgent, Prefetch: PrefetchLeap})
+	assert.ErrorContains(t, err, "set Config.DPU to none")
 }
 
 // TestAgentPrefetchesNBDReads: with either mirror, the agent follows
@@ -185,17 +187,17 @@ func TestAgentPrefetchesNBDReads(t *testing.T) {
 	if _, err := exec.LookPath("nbdcopy"); err != nil {
 		t.Skip("nbdcopy is not installed (apt-get install libnbd-bin; .ci/run does)")
 	}
-	for _, mirror := range []string{"tap", "packet"} {
-		t.Run(mirror, func(t *testing.T) {
+	for _, mirror := range []Mirror{MirrorTap, MirrorPacket} {
+		t.Run(mirror.String(), func(t *testing.T) {
 			ctx := context.Background()
 			node, err := StartMemnode(ctx, MemnodeConfig{})
 			require.NoError(t, err)
 			defer node.Close()
 			h, err := Start(ctx, Config{
 				Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 64 << 20}},
-				CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: "embedded", Mirror: mirror,
+				CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: EmbeddedAgent, Mirror: mirror,
 			})
-			if mirror == "packet" && errors.Is(err, unix.EPERM) {
+			if mirror == MirrorPacket && errors.Is(err, unix.EPERM) {
 				t.Skip("the packet mirror needs CAP_NET_RAW:", err)
 			}
 			require.NoError(t, err)
@@ -212,21 +214,56 @@ func TestAgentPrefetchesNBDReads(t *testing.T) {
 	}
 }
 
-func TestMirrorModeErrors(t *testing.T) {
+// TestConfigErrors: a mode is refused where it is parsed, and a Config
+// whose fields contradict each other is refused by Start before it dials
+// anything (the memory node's address here accepts no connection), with
+// an error that names the field.
+func TestConfigErrors(t *testing.T) {
+	_, err := ParseMirror("pcap")
+	assert.ErrorContains(t, err, `unknown mirror "pcap": tap, packet or none`)
+	_, err = ParseAgent("shm:")
+	assert.ErrorContains(t, err, "embedded, none or shm:NAME")
+	_, err = ParsePrefetcher("stride")
+	assert.ErrorContains(t, err, "none or leap")
+	_, err = ParseTLSMode("maybe")
+	assert.ErrorContains(t, err, `unknown TLS mode "maybe"`)
+	for _, s := range []string{"none", "embedded", "shm:r1"} {
+		a, err := ParseAgent(s)
+		require.NoError(t, err)
+		assert.Equal(t, s, a.String())
+	}
+
+	vols := []VolumeSpec{{"disk0", 1 << 20}}
+	for _, tc := range []struct {
+		cfg          Config
+		field, issue string
+	}{
+		{Config{Memnode: "127.0.0.1:1"}, "Volumes", "no volume"},
+		{Config{Volumes: vols}, "Memnode", "no memory node address"},
+		{Config{Memnode: "127.0.0.1:1", Volumes: vols, Mirror: MirrorPacket}, "Mirror", "set Config.DPU to embedded or shm:NAME"},
+		{Config{Memnode: "127.0.0.1:1", Volumes: vols, DPU: EmbeddedAgent, Prefetch: PrefetchLeap}, "Prefetch", "set Config.DPU to none"},
+		{Config{Volumes: vols, Replicas: 2}, "Replicas", "Config.Etcd"},
+		{Config{Volumes: vols, Local: true, Mount: "/mnt"}, "Local", "Config.Mount needs a memory node"},
+		{Config{Memnode: "127.0.0.1:1", Volumes: vols, NBDListen: "127.0.0.1:0", NBDTLS: TLSOn}, "NBDTLS", "Config.NBDTLSCertificates"},
+	} {
+		_, err := Start(context.Background(), tc.cfg)
+		var ce *ConfigError
+		if assert.ErrorAs(t, err, &ce, "%+v", tc.cfg) {
+			assert.Equal(t, tc.field, ce.Field)
+			assert.ErrorContains(t, err, tc.issue)
+		}
+	}
+}
+
+// TestPacketMirrorNeedsOneAddress: a server on every address cannot be
+// watched on one interface.
+func TestPacketMirrorNeedsOneAddress(t *testing.T) {
 	ctx := context.Background()
 	node, err := StartMemnode(ctx, MemnodeConfig{})
 	require.NoError(t, err)
 	defer node.Close()
-	for _, tc := range []struct{ dpu, mirror, want string }{
-		{"embedded", "pcap", "unknown --mirror"},
-		{"none", "packet", "use it with --dpu embedded or shm:NAME"},
-	} {
-		_, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: tc.dpu, Mirror: tc.mirror})
-		assert.ErrorContains(t, err, tc.want)
-	}
-	// A server on every address cannot be watched on one interface.
-	_, err = Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded",
-		Mirror: "packet", PageListen: "0.0.0.0:0"})
+	_, err = Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: EmbeddedAgent,
+		Mirror: MirrorPacket, PageListen: "0.0.0.0:0"})
 	assert.ErrorContains(t, err, "needs the server on one IPv4 address")
 }
 
@@ -323,13 +360,13 @@ func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
 		cfg        Config
 	}{
 		{"page port in use, after the NBD server started", "address already in use",
-			Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond, PageListen: busy.Addr().String()}},
+			Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: EmbeddedAgent, Writeback: 10 * time.Millisecond, PageListen: busy.Addr().String()}},
 		{"volume served by another host", "served by another host",
-			Config{Volumes: []VolumeSpec{{"disk1", 1 << 20}, {"held", 1 << 20}}, DPU: "embedded", Writeback: 10 * time.Millisecond}},
+			Config{Volumes: []VolumeSpec{{"disk1", 1 << 20}, {"held", 1 << 20}}, DPU: EmbeddedAgent, Writeback: 10 * time.Millisecond}},
 		{"packet capture on every address", "needs the server on one IPv4 address",
-			Config{Volumes: []VolumeSpec{{"disk2", 1 << 20}}, DPU: "embedded", Mirror: "packet", PageListen: "0.0.0.0:0"}},
+			Config{Volumes: []VolumeSpec{{"disk2", 1 << 20}}, DPU: EmbeddedAgent, Mirror: MirrorPacket, PageListen: "0.0.0.0:0"}},
 		{"leap prefetcher, page port in use", "address already in use",
-			Config{Volumes: []VolumeSpec{{"disk3", 1 << 20}}, Prefetch: "leap", PageListen: busy.Addr().String()}},
+			Config{Volumes: []VolumeSpec{{"disk3", 1 << 20}}, Prefetch: PrefetchLeap, PageListen: busy.Addr().String()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// A free port for NBD, to check it is free again afterwards.
@@ -377,7 +414,7 @@ func TestStopRightAfterStartIsClean(t *testing.T) {
 // sequential run of stream reads.
 func TestAgentLeavesStreamReadsToTheHost(t *testing.T) {
 	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 64 << 20}}, CacheBytes: 1 << 20,
-		NBDListen: "127.0.0.1:0", DPU: "embedded", NBDStreamFrom: 64 << 10})
+		NBDListen: "127.0.0.1:0", DPU: EmbeddedAgent, NBDStreamFrom: 64 << 10})
 	nc, err := nbdclient.Dial(h.NBDAddr, "disk0")
 	require.NoError(t, err)
 	defer nc.Close()

@@ -35,7 +35,7 @@ func TestRandomFileOpsOnAHostMount(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			cfg := Config{
-				Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: "embedded", CacheBytes: 1 << 20,
+				Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: EmbeddedAgent, CacheBytes: 1 << 20,
 				Writeback: time.Millisecond, OpTimeout: 2 * time.Second, Mount: dir, FSName: "pd3",
 			}
 			var nodes []*Memnode

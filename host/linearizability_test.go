@@ -23,11 +23,14 @@ import (
 // pages over 32 hot pages (constant eviction and write-back) and a small
 // Loading Zone, and checks the history with porcupine.
 func TestLinearizableWithPrefetching(t *testing.T) {
-	for _, tc := range []struct{ mode, proto string }{
-		{"embedded", "page"}, {"none", "page"}, {"embedded", "nbd"}, {"none", "nbd"},
+	for _, tc := range []struct {
+		mode  AgentMode
+		proto string
+	}{
+		{EmbeddedAgent, "page"}, {AgentMode{}, "page"}, {EmbeddedAgent, "nbd"}, {AgentMode{}, "nbd"},
 	} {
 		mode := tc.mode
-		t.Run(mode+"/"+tc.proto, func(t *testing.T) {
+		t.Run(mode.String()+"/"+tc.proto, func(t *testing.T) {
 			ctx := context.Background()
 			node, err := StartMemnode(ctx, MemnodeConfig{})
 			require.NoError(t, err)
@@ -75,7 +78,7 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 			st := h.Store.Stats()
 			t.Logf("%d ops; evictions %d, write-backs %d, Loading Zone hits %d, async loads %d", hist.Len(), st.Evictions, st.WriteBacks, st.PrefetchHits, st.AsyncLoads)
 			assert.Greater(t, st.Evictions, uint64(200), "the cache must churn")
-			if mode == "embedded" {
+			if mode == EmbeddedAgent {
 				assert.Positive(t, st.PrefetchHits, "prefetched pages must be served")
 			}
 			if tc.proto == "nbd" {
@@ -94,8 +97,8 @@ func TestLinearizableWithPrefetching(t *testing.T) {
 // itself, and with the embedded agent prefetching the pages of every
 // request through the same node connections.
 func TestLinearizableReplicatedWithANodeKilled(t *testing.T) {
-	for _, dpuMode := range []string{"none", "embedded"} {
-		t.Run("dpu="+dpuMode, func(t *testing.T) { linearizableReplicatedWithANodeKilled(t, dpuMode) })
+	for _, dpuMode := range []AgentMode{{}, EmbeddedAgent} {
+		t.Run("dpu="+dpuMode.String(), func(t *testing.T) { linearizableReplicatedWithANodeKilled(t, dpuMode) })
 	}
 }
 
@@ -118,7 +121,7 @@ func startCluster(t *testing.T, n int) (cluster.Access, []*Memnode) {
 	return access, nodes
 }
 
-func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
+func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode AgentMode) {
 	ctx := context.Background()
 	access, nodes := startCluster(t, 3)
 	// Four extents of 16 MiB, eight of the workload's keys in each.
@@ -162,7 +165,7 @@ func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode string) {
 		h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())
 	assert.Greater(t, st.Evictions, uint64(200), "the cache must churn")
 	assert.Positive(t, h.Replicated.Dropped.Load(), "the dead node's replicas were dropped")
-	if dpuMode == "embedded" {
+	if dpuMode == EmbeddedAgent {
 		t.Logf("agent: issued %d, placed %d, joined %d, stale %d, failed %d", h.Engine.Issued.Load(), h.Engine.Placed.Load(),
 			h.Engine.Joined.Load(), h.Engine.Stale.Load(), h.Engine.Failed.Load())
 		assert.Positive(t, h.Engine.Placed.Load()+h.Engine.Joined.Load(), "the agent's prefetches served the host")

@@ -47,7 +47,7 @@ pd3_y 5
 // The host's registry has every component's metrics, each read from its
 // component (a few spot checks against the components' own counters).
 func TestHostRegistry(t *testing.T) {
-	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: "embedded", NBDListen: "127.0.0.1:0", LoneProcs: 1})
+	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096, DPU: EmbeddedAgent, NBDListen: "127.0.0.1:0", LoneProcs: 1})
 	buf := make([]byte, 4096)
 	require.NoError(t, h.Store.Get(context.Background(), 1<<48|3, buf))
 	r := h.Registry()
@@ -88,7 +88,7 @@ func TestDashboardQueriesExist(t *testing.T) {
 	require.NotEmpty(t, dash.Panels)
 
 	cfg := Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
-		DPU: "embedded", NBDListen: "127.0.0.1:0", PageListen: "127.0.0.1:0", LoneProcs: 1}
+		DPU: EmbeddedAgent, NBDListen: "127.0.0.1:0", PageListen: "127.0.0.1:0", LoneProcs: 1}
 	// The processors panel needs a governor: more than one P to govern.
 	governed := runtime.GOMAXPROCS(0) > 1
 	// The filesystem's panels need a mount: root and /dev/fuse.

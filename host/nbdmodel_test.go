@@ -24,8 +24,12 @@ import (
 // and structured replies. A prefetch that raced a write, a trim or a
 // write-back and was served afterwards would show as a stale read.
 func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
-	for _, tc := range []struct{ dpu, mirror, prefetch string }{
-		{"embedded", "tap", ""}, {"embedded", "packet", ""}, {"none", "", "leap"},
+	for _, tc := range []struct {
+		dpu      AgentMode
+		mirror   Mirror
+		prefetch Prefetcher
+	}{
+		{EmbeddedAgent, MirrorTap, PrefetchNone}, {EmbeddedAgent, MirrorPacket, PrefetchNone}, {AgentMode{}, MirrorNone, PrefetchLeap},
 	} {
 		for _, structured := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/%s%s/structured=%v", tc.dpu, tc.mirror, tc.prefetch, structured), func(t *testing.T) {
@@ -36,7 +40,7 @@ func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
 					CacheBytes: 16 * 4096, LZBytes: 64 * 4096, NBDListen: "127.0.0.1:0",
 					DPU: tc.dpu, Mirror: tc.mirror, Prefetch: tc.prefetch, Writeback: time.Millisecond,
 				})
-				if tc.mirror == "packet" && errors.Is(err, unix.EPERM) {
+				if tc.mirror == MirrorPacket && errors.Is(err, unix.EPERM) {
 					t.Skip("the packet mirror needs CAP_NET_RAW:", err)
 				}
 				require.NoError(t, err)
@@ -47,7 +51,7 @@ func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
 				nbdmodel.Check(t, h.NBDAddr, "disk0", size, structured, 300, nil)
 				st := h.Store.Stats()
 				t.Logf("evictions %d, write-backs %d, Loading Zone hits %d", st.Evictions, st.WriteBacks, st.PrefetchHits)
-				if tc.dpu == "embedded" {
+				if tc.dpu == EmbeddedAgent {
 					assert.Positive(t, st.PrefetchHits, "prefetched pages must be served")
 				}
 			})
@@ -99,8 +103,8 @@ func (m *Memnode) kill() {
 // node's replicas, and no reply differs from the model, with the host
 // reading for itself and with the embedded agent prefetching.
 func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
-	for _, dpuMode := range []string{"none", "embedded"} {
-		t.Run("dpu="+dpuMode, func(t *testing.T) {
+	for _, dpuMode := range []AgentMode{{}, EmbeddedAgent} {
+		t.Run("dpu="+dpuMode.String(), func(t *testing.T) {
 			ctx := context.Background()
 			access, nodes := startCluster(t, 3)
 			const size = 32 << 20 // two extents
@@ -113,7 +117,7 @@ func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
 				require.NoError(t, h.Close(ctx))
 				assert.NoError(t, h.Store.Check())
 			}()
-			nbdmodel.Check(t, h.NBDAddr, "disk0", size, dpuMode == "embedded", 300, func() {
+			nbdmodel.Check(t, h.NBDAddr, "disk0", size, dpuMode == EmbeddedAgent, 300, func() {
 				killReplica(t, access, nodes, "disk0")
 			})
 			t.Logf("failovers %d, dropped %d, repaired %d", h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())

@@ -18,7 +18,7 @@ import (
 func TestNBDScanIsPredicted(t *testing.T) {
 	const size, chunk = 16 << 20, 128 << 10
 	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", size}}, CacheBytes: 64 * 4096,
-		DPU: "embedded", NBDListen: "127.0.0.1:0", NBDStreamFrom: 64 << 10})
+		DPU: EmbeddedAgent, NBDListen: "127.0.0.1:0", NBDStreamFrom: 64 << 10})
 	var conns []*nbdclient.Client
 	for range 3 {
 		c, err := nbdclient.Dial(h.NBDAddr, "disk0")

@@ -29,12 +29,6 @@ var _ dpu.Conn = (*replica.Remote)(nil)
 // its extents, and serves it through a replica.Remote whose dropped
 // replicas are recorded in etcd.
 func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
-	if !cfg.Etcd.Enabled() {
-		return nil, errors.New("host: replicated volumes (--replicas) need the control plane (--etcd)")
-	}
-	if err := checkMirror(cfg); err != nil {
-		return nil, err
-	}
 	h := &Host{busy: new(sockio.Busy), done: make(chan error, 1)}
 	defer func() {
 		if err != nil {

@@ -58,7 +58,7 @@ func trackedHost(t *testing.T) (context.Context, *Host, string) {
 	require.NoError(t, err)
 	t.Cleanup(func() { cancel(); mn.Close() })
 	dir := t.TempDir()
-	h, err := Start(ctx, Config{Memnode: mn.Addr, Volumes: []VolumeSpec{{"disk0", 16 << 20}}, DPU: "embedded", Mount: dir, CacheBytes: 4 << 20})
+	h, err := Start(ctx, Config{Memnode: mn.Addr, Volumes: []VolumeSpec{{"disk0", 16 << 20}}, DPU: EmbeddedAgent, Mount: dir, CacheBytes: 4 << 20})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, h.Close(context.Background())) })
 	require.NotNil(t, h.Tracker, "tracker off: %v", h.TrackerErr)

@@ -27,6 +27,16 @@ type policy interface {
 // PolicyNames lists the eviction policies NewCache accepts.
 var PolicyNames = []string{"s3fifo", "clock"}
 
+// CheckPolicy reports whether name is an eviction policy Options.Policy
+// accepts ("" is the default, s3fifo).
+func CheckPolicy(name string) error {
+	switch name {
+	case "", "s3fifo", "clock":
+		return nil
+	}
+	return fmt.Errorf("unknown eviction policy %q (have %v)", name, PolicyNames)
+}
+
 func newPolicy(name string, frames int) (policy, error) {
 	switch name {
 	case "", "s3fifo":
@@ -34,7 +44,7 @@ func newPolicy(name string, frames int) (policy, error) {
 	case "clock":
 		return newClock(frames), nil
 	}
-	return nil, fmt.Errorf("pagestore: unknown eviction policy %q (have %v)", name, PolicyNames)
+	return nil, fmt.Errorf("pagestore: %w", CheckPolicy(name))
 }
 
 // clock is the second-chance algorithm over all frames.

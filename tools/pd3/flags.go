@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -172,4 +174,72 @@ func (f *etcdFlags) access() (cluster.Access, error) {
 		a.TLS = cfg
 	}
 	return a, nil
+}
+
+// flagOf names the flag that sets host.Config's field, "" for a field
+// no flag sets.
+func flagOf(field string) string {
+	switch field {
+	case "Volumes":
+		return "--volume"
+	case "Policy":
+		return "--policy"
+	case "Memnode":
+		return "--memnode"
+	case "Local":
+		return "--local"
+	case "Mount":
+		return "--mount"
+	case "Etcd":
+		return "--etcd"
+	case "Replicas":
+		return "--replicas"
+	case "DPU":
+		return "--dpu"
+	case "Mirror":
+		return "--mirror"
+	case "Prefetch":
+		return "--prefetch"
+	case "NBDTLS":
+		return "--tls"
+	case "NBDTLSCertificates":
+		return "--tls-certificates"
+	}
+	return ""
+}
+
+// configFieldRe matches a field of host.Config as its errors name one.
+var configFieldRe = regexp.MustCompile(`Config\.([A-Za-z]+)`)
+
+// inFlagWords rewrites a host.ConfigError into the command's words: the
+// fields it names become the flags that set them, and it becomes a usage
+// error. Other errors pass unchanged.
+func inFlagWords(err error) error {
+	var ce *host.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	words := func(field string) string {
+		if f := flagOf(field); f != "" {
+			return f
+		}
+		return "Config." + field
+	}
+	msg := configFieldRe.ReplaceAllStringFunc(ce.Err.Error(), func(m string) string { return words(m[len("Config."):]) })
+	return usageError{fmt.Errorf("%s: %s", words(ce.Field), msg)}
+}
+
+// checkFirst refuses, before anything starts, a configuration host.Start
+// would refuse. embedded says the command starts the memory nodes and the
+// etcd that cfg does not name yet (pd3 up, pd3 mount).
+func checkFirst(cfg host.Config, embedded bool) error {
+	if embedded {
+		if cfg.Memnode == "" {
+			cfg.Memnode = "embedded"
+		}
+		if !cfg.Etcd.Enabled() {
+			cfg.Etcd.Endpoints = []string{"embedded"}
+		}
+	}
+	return inFlagWords(cfg.Check())
 }

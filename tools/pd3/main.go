@@ -28,6 +28,7 @@ func main() {
 		}
 	}
 	if cmd, err := root.ExecuteC(); err != nil {
+		err = inFlagWords(err)
 		log := logger()
 		log.Error(err.Error())
 		if errors.As(err, new(usageError)) {

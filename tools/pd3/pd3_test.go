@@ -206,13 +206,19 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		{[]string{"memnode", "--grant", "tenant=[x"}, "bad pattern"},
 		{[]string{"page", "get", "nope"}, "want VOLUME:PAGE"},
 		{[]string{"up", "--policy", "random"}, "unknown eviction policy"},
-		{[]string{"up", "--mirror", "pcap"}, "unknown --mirror"},
+		{[]string{"up", "--mirror", "pcap"}, `invalid argument "pcap" for "--mirror" flag: unknown mirror "pcap": tap, packet or none`},
+		// Fields that contradict each other, refused before anything
+		// starts (no "listening" line) and said in flags, not fields.
+		{[]string{"up", "--prefetch", "leap"}, "--prefetch: leap is a host-side prefetcher: set --dpu to none"},
+		{[]string{"serve", "--memnode", "127.0.0.1:1", "--dpu", "none", "--mirror", "packet"}, "--mirror: packet feeds an agent: set --dpu to embedded or shm:NAME"},
+		{[]string{"serve", "--memnode", "127.0.0.1:1", "--tls", "require"}, "--tls: require needs --tls-certificates"},
 		{[]string{"dpu", "--memnode", "127.0.0.1:1", "--packet", "http=127.0.0.1:80"}, "neither page nor nbd"},
 		{[]string{"bench", "page", "--arrivals", "bursty"}, "neither poisson nor uniform"},
 	} {
 		out, err := run(t, "", tc.args...)
 		assert.Error(t, err, tc.args)
 		assert.Contains(t, out, tc.want, tc.args)
+		assert.NotContains(t, out, "listening", tc.args)
 	}
 }
 

@@ -46,17 +46,17 @@ type hostFlags struct {
 	workers   int
 	opTimeout time.Duration
 	local     bool
-	dpu       string
+	dpu       host.AgentMode
 	lz        uint64
 	metrics   string
-	prefetch  string
-	mirror    string
+	prefetch  host.Prefetcher
+	mirror    host.Mirror
 	nbd       string
 	nbdRO     []string
 	nbdPoll   time.Duration
 	nbdStream uint64
 	loneProcs int
-	tls       string
+	tls       host.TLSMode
 	tlsCerts  string
 	tlsVerify bool
 	writeback time.Duration
@@ -77,7 +77,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.IntVar(&f.loneProcs, "lone-procs", 1, "OS threads running Go code while the host answers reads from its cache one at a time: after a run of such reads it drops to this many, and back to all at the next request of any other kind (0: never change; on two shared cores one thread made a cached NBD read at queue depth 1 2.6x faster, docs/BENCHMARKS.md)")
 	fl.DurationVar(&f.nbdPoll, "nbd-poll-for", 0, "after answering a read from the cache, an NBD connection polls this long for the next request before it sleeps (e.g. 50µs: faster reads at queue depth 1 when pages are cached, for a core's worth of polling; 0: sleep at once)")
 	pagesVar(fl, &f.nbdStream, "nbd-stream-from", "64KiB", "NBD reads of at least this size are served without caching their pages (the client's page cache holds them now, and a scan would evict what it lacks); 0 caches every read")
-	fl.StringVar(&f.tls, "tls", "off", "NBD over TLS: off, on (STARTTLS offered) or require (nothing in clear; clients use nbds:// URIs)")
+	fl.Var(&f.tls, "tls", "NBD over TLS: off, on (STARTTLS offered) or require (nothing in clear; clients use nbds:// URIs)")
 	fl.StringVar(&f.tlsCerts, "tls-certificates", "", "directory with server-cert.pem, server-key.pem and (to verify clients) ca-cert.pem, as nbdkit's")
 	fl.BoolVar(&f.tlsVerify, "tls-verify-peer", false, "NBD clients must present a certificate signed by ca-cert.pem")
 	pagesVar(fl, &f.cache, "cache", "64MiB", "host page-cache capacity")
@@ -89,10 +89,11 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.IntVar(&f.workers, "workers", 0, "page-server worker threads (default: GOMAXPROCS, see --procs)")
 	fl.DurationVar(&f.opTimeout, "op-timeout", 30*time.Second, "fail memory-node requests after this long without an answer")
 	fl.DurationVar(&f.writeback, "writeback", time.Second, "write dirty pages back this often without waiting for FLUSH, retrying after outages (0 disables)")
-	fl.StringVar(&f.dpu, "dpu", "embedded", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
+	f.dpu = host.EmbeddedAgent
+	fl.Var(&f.dpu, "dpu", "DPU agent: embedded (goroutines in this process), shm:NAME (a pd3 dpu process) or none (direct memory-node reads)")
 	pagesVar(fl, &f.lz, "lz", "16MiB", "Loading Zone size (with an agent or host-side prefetcher)")
-	fl.StringVar(&f.prefetch, "prefetch", "none", "host-side prefetcher with --dpu none: none or leap")
-	fl.StringVar(&f.mirror, "mirror", "tap", "how the agent sees requests: tap (connection readers hand it their bytes), packet (AF_PACKET capture of the ports; with --dpu shm:NAME the agent captures: pd3 dpu --packet) or none")
+	fl.Var(&f.prefetch, "prefetch", "host-side prefetcher with --dpu none: none or leap")
+	fl.Var(&f.mirror, "mirror", "how the agent sees requests: tap (connection readers hand it their bytes), packet (AF_PACKET capture of the ports; with --dpu shm:NAME the agent captures: pd3 dpu --packet) or none")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9100)")
 	fl.StringVar(&f.mount, "mount", "", "mount the FUSE filesystem at DIR (created if missing; empty disables)")
 	fl.StringVar(&f.fsName, "fs-name", "pd3", "filesystem name: one memory node can hold several")
@@ -157,6 +158,9 @@ back to the memory node first.`,
 				if !cmd.Flags().Changed("replicas") {
 					cfg.Replicas = 2
 				}
+			}
+			if err := checkFirst(cfg, true); err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -259,6 +263,9 @@ DIR/volumes/NAME.`,
 			if err := fs.Available(); err != nil {
 				return err
 			}
+			if err := checkFirst(cfg, true); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runUp(ctx, cfg, e, f.metrics)
@@ -289,6 +296,9 @@ func serveCmd() *cobra.Command {
 				}
 			} else if cfg.Memnode == "" && !cfg.Local {
 				return errors.New("--memnode ADDR is required (start one with: pd3 memnode --listen 127.0.0.1:7100)")
+			}
+			if err := checkFirst(cfg, false); err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -323,7 +333,7 @@ func runHost(ctx context.Context, cfg host.Config, metrics string) error {
 	}
 	switch {
 	case h.Agent != nil:
-		log.Info(fmt.Sprintf("DPU agent embedded (Loading Zone %d pages, mirror %s)", h.Zone.Records(), cmp.Or(cfg.Mirror, "tap")))
+		log.Info(fmt.Sprintf("DPU agent embedded (Loading Zone %d pages, mirror %s)", h.Zone.Records(), cfg.Mirror))
 	case h.Link != nil:
 		state := "attached"
 		if !h.Link.Attached() {
@@ -344,7 +354,7 @@ func runHost(ctx context.Context, cfg host.Config, metrics string) error {
 		}
 		log.Info(fmt.Sprintf("NBD server listening on %s (exports: %s)", h.NBDAddr, strings.Join(names, ", ")))
 		uri := host.NBDURI(h.NBDAddr, h.Volumes[0].Name)
-		if cfg.NBDTLS == "on" || cfg.NBDTLS == "require" {
+		if cfg.NBDTLS != host.TLSOff {
 			// TLS: the nbds schemes, and a directory holding the CA (and
 			// a client certificate when the server asks for one).
 			sep := "?"
