@@ -33,6 +33,7 @@ import (
 	"github.com/pd3-go/pd3/internal/stages"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd"
@@ -863,11 +864,30 @@ func startLocal(ctx context.Context, cfg Config) (*Host, error) {
 		st.AddVolume(v)
 		h.Volumes = append(h.Volumes, v)
 	}
+	if err := fillVolumes(ctx, st, h.Volumes); err != nil {
+		return nil, fmt.Errorf("host: filling the local volumes: %w", err)
+	}
 	if err := h.serve(ctx, cfg); err != nil {
 		h.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	return h, nil
+}
+
+// fillVolumes writes the benchmarks' pattern (workload.FillPage) into
+// every page of vols, so their readers can check each page they get.
+func fillVolumes(ctx context.Context, st *pagestore.Store, vols []pageid.VolumeInfo) error {
+	p := make([]byte, pageid.Size)
+	for _, v := range vols {
+		for pg := range v.Size / pageid.Size {
+			k := pageid.MakeKey(v.ID, pg)
+			workload.FillPage(k, p)
+			if err := st.Put(ctx, k, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (h *Host) serve(ctx context.Context, cfg Config) error {

@@ -1,4 +1,5 @@
-// Package workload generates the key streams the benchmarks and tests use:
+// Package workload generates the key streams the benchmarks and tests use
+// and the pattern their pages hold (FillPage, CheckPage). Streams:
 // uniform, and Zipfian with any skew θ (including θ < 1, which math/rand's
 // Zipf cannot do) following Gray et al.'s method as YCSB implements it.
 // Zipfian ranks are scrambled with a hash so hot pages are spread over the
@@ -6,11 +7,14 @@
 package workload
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
+
+	"github.com/pd3-go/pd3/pageid"
 )
 
 // Dist produces page numbers in [0, n).
@@ -89,3 +93,13 @@ func Scramble(rank, n uint64) uint64 {
 	x ^= x >> 31
 	return x % n
 }
+
+// FillPage writes the benchmarks' pattern of page k into p: its key in the
+// first 8 bytes, so readers can check they got the right page.
+func FillPage(k pageid.Key, p []byte) {
+	clear(p)
+	binary.LittleEndian.PutUint64(p, uint64(k))
+}
+
+// CheckPage reports whether p carries the pattern of page k.
+func CheckPage(k pageid.Key, p []byte) bool { return binary.LittleEndian.Uint64(p) == uint64(k) }

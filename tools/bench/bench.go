@@ -8,7 +8,6 @@ package bench
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,9 +23,9 @@ import (
 
 	"github.com/pd3-go/pd3/internal/clilog"
 	"github.com/pd3-go/pd3/internal/procstat"
+	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
-	"github.com/pd3-go/pd3/pagestore"
 	"github.com/prometheus/procfs"
 )
 
@@ -293,16 +292,6 @@ func (c *Child) Stop() {
 	}
 }
 
-// FillPage writes the benchmark pattern of page k into p: its key in the
-// first 8 bytes, so readers can check they got the right page.
-func FillPage(k pageid.Key, p []byte) {
-	clear(p)
-	binary.LittleEndian.PutUint64(p, uint64(k))
-}
-
-// CheckPage reports whether p carries the pattern of page k.
-func CheckPage(k pageid.Key, p []byte) bool { return binary.LittleEndian.Uint64(p) == uint64(k) }
-
 // Populate writes the pattern to every page of vol at the memory node,
 // a chunk per request with several in flight.
 func Populate(ctx context.Context, c *memnode.Client, vol pageid.VolumeInfo) error {
@@ -322,7 +311,7 @@ func Populate(ctx context.Context, c *memnode.Client, vol pageid.VolumeInfo) err
 		}
 		b := bufs[slot][:min(memnode.ChunkSize, vol.Size-off)]
 		for p := 0; p < len(b); p += pageid.Size {
-			FillPage(pageid.MakeKey(vol.ID, (off+uint64(p))/pageid.Size), b[p:p+pageid.Size])
+			workload.FillPage(pageid.MakeKey(vol.ID, (off+uint64(p))/pageid.Size), b[p:p+pageid.Size])
 		}
 		calls[slot] = c.WriteAsync(ctx, vol.ID, off, b)
 		n++
@@ -330,23 +319,6 @@ func Populate(ctx context.Context, c *memnode.Client, vol pageid.VolumeInfo) err
 	for i := max(0, n-depth); i < n; i++ {
 		if err := calls[i%depth].Wait(ctx); err != nil {
 			return fmt.Errorf("populating %s: %w", vol.Name, err)
-		}
-	}
-	return nil
-}
-
-// PrewarmStore writes the pattern of every page of the store's volumes
-// into the store itself (the local baseline, whose data never leaves host
-// memory).
-func PrewarmStore(ctx context.Context, st *pagestore.Store) error {
-	p := make([]byte, pageid.Size)
-	for _, v := range st.Volumes() {
-		for pg := uint64(0); pg < v.Size/pageid.Size; pg++ {
-			k := pageid.MakeKey(v.ID, pg)
-			FillPage(k, p)
-			if err := st.Put(ctx, k, p); err != nil {
-				return err
-			}
 		}
 	}
 	return nil

@@ -463,7 +463,7 @@ func loadPages(ctx context.Context, addr, metrics string, host, agent, node *Chi
 				k := pageid.MakeKey(1, dist.Next(rng))
 				err := c.Get(ctx, k, buf)
 				d := time.Since(t0)
-				if err == nil && !CheckPage(k, buf) {
+				if err == nil && !workload.CheckPage(k, buf) {
 					err = fmt.Errorf("page %v came back with the content of another page", k)
 				}
 				if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/pd3-go/pd3/internal/procstat"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
@@ -576,7 +577,7 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy, ans
 	if region > 0 {
 		mem = make([]byte, region)
 		for i := 0; i < len(mem); i += pageid.Size {
-			FillPage(pageid.Key(i/pageid.Size), mem[i:i+pageid.Size])
+			workload.FillPage(pageid.Key(i/pageid.Size), mem[i:i+pageid.Size])
 		}
 	}
 	var g netsrv.Group
@@ -584,7 +585,7 @@ func ServeRaw(ctx context.Context, ln net.Listener, region uint64, zeroCopy, ans
 	return g.Serve(ctx, ln, func(nc net.Conn) {
 		buf := make([]byte, 256<<10)
 		for i := 0; i < len(buf); i += pageid.Size {
-			FillPage(pageid.Key(i/pageid.Size), buf[i:i+pageid.Size])
+			workload.FillPage(pageid.Key(i/pageid.Size), buf[i:i+pageid.Size])
 		}
 		if answer && mem != nil {
 			answerRequests(nc, mem)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd3-go/pd3/internal/workload"
 	"github.com/pd3-go/pd3/pageid"
 )
 
@@ -49,6 +50,6 @@ func TestAnswerModeServesThePagesAskedFor(t *testing.T) {
 		_, err := io.ReadFull(nc, ans)
 		require.NoError(t, err, "answer %d", i)
 		assert.Equal(t, uint64(1000+i), binary.LittleEndian.Uint64(ans[8:]), "answer %d's tag", i)
-		assert.True(t, CheckPage(pageid.Key(i*37%256), ans[rrHeader:]), "answer %d carries the page asked for", i)
+		assert.True(t, workload.CheckPage(pageid.Key(i*37%256), ans[rrHeader:]), "answer %d carries the page asked for", i)
 	}
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
-	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -322,11 +321,6 @@ func runHost(ctx context.Context, cfg host.Config, metrics string) error {
 			return err
 		}
 		log.Info(fmt.Sprintf("metrics listening on http://%s/metrics", addr))
-	}
-	if cfg.Local {
-		if err := bench.PrewarmStore(ctx, h.Store); err != nil {
-			return err
-		}
 	}
 	for _, v := range h.Volumes {
 		log.Info(fmt.Sprintf("volume %s id %d size %s", v.Name, v.ID, units.FormatSize(v.Size)))
