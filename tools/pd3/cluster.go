@@ -129,7 +129,7 @@ command shows the progress and returns once they are done.`,
 					return err
 				}
 				total := 0
-				for vol, moves := range rebalanceMoves(nodes, vols) {
+				for vol, moves := range cluster.RebalanceMoves(nodes, vols) {
 					if _, err := cluster.AddMoves(ctx, cli, etcd.cluster, vol, moves); err != nil {
 						return err
 					}

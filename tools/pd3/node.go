@@ -68,7 +68,7 @@ mark off. Volumes of one node (not replicated) cannot move: they are named.`,
 						if v.Filesystem {
 							need = 0
 						}
-						moves, err := movesOff(nodes, *v.Stripes, need, id)
+						moves, err := cluster.MovesOff(nodes, *v.Stripes, need, id, rand.IntN)
 						if err != nil {
 							return fmt.Errorf("volume %s: %w", v.Name, err)
 						}
@@ -124,33 +124,6 @@ func withEtcd(cmd *cobra.Command, etcd *etcdFlags, wait time.Duration, fn func(c
 	return fn(ctx, cli)
 }
 
-// movesOff asks for every extent at node id to move to another node up,
-// not draining and not holding it: the freer of two drawn, counting what
-// these moves add.
-func movesOff(nodes []cluster.Node, s cluster.Stripes, need uint64, id string) ([]cluster.Move, error) {
-	var moves []cluster.Move
-	added := map[string]uint64{}
-	for e, reps := range s.Extents {
-		if !slices.Contains(reps, id) {
-			continue
-		}
-		var fit []cluster.Node
-		for _, n := range nodes {
-			if n.Up && !n.Draining && !slices.Contains(s.Writers(e), n.ID) {
-				n.Stored += added[n.ID]
-				fit = append(fit, n)
-			}
-		}
-		to, err := cluster.Place(fit, need, rand.IntN)
-		if err != nil {
-			return nil, fmt.Errorf("extent %d: %w", e, err)
-		}
-		added[to.ID] += need
-		moves = append(moves, cluster.Move{Extent: e, From: id, To: to.ID})
-	}
-	return moves, nil
-}
-
 // waitMoves shows the progress of total moves until left, counted over
 // every replicated volume's map, reaches 0 and no move is pending.
 func waitMoves(ctx context.Context, w io.Writer, cli *clientv3.Client, clusterName string, total int, left func(cluster.Stripes) int) error {
@@ -188,74 +161,6 @@ func waitMoves(ctx context.Context, w io.Writer, cli *clientv3.Client, clusterNa
 			}
 			return ctx.Err()
 		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-// rebalanceMoves evens out the extents of replicated volumes over the
-// nodes up and not draining: while one holds more than its share (the
-// ceiling of the average) and another less than the floor, one extent of
-// the fullest goes to the emptiest that does not hold it.
-func rebalanceMoves(nodes []cluster.Node, vols []cluster.VolumeRecord) map[string][]cluster.Move {
-	count := map[string]int{}
-	var ids []string
-	for _, n := range nodes {
-		if n.Up && !n.Draining {
-			count[n.ID] = 0
-			ids = append(ids, n.ID)
-		}
-	}
-	if len(ids) < 2 {
-		return nil
-	}
-	type loc struct {
-		vol string
-		e   int
-	}
-	held := map[string][]loc{}
-	maps := map[string]*cluster.Stripes{}
-	total := 0
-	for _, v := range vols {
-		if v.Stripes == nil {
-			continue
-		}
-		s := v.Stripes.Clone()
-		maps[v.Name] = &s
-		for e, reps := range s.Extents {
-			for _, id := range reps {
-				if _, ok := count[id]; ok {
-					count[id]++
-					held[id] = append(held[id], loc{v.Name, e})
-					total++
-				}
-			}
-		}
-	}
-	lo, hi := total/len(ids), (total+len(ids)-1)/len(ids)
-	out := map[string][]cluster.Move{}
-	for {
-		slices.SortFunc(ids, func(a, b string) int { return count[a] - count[b] })
-		empty, full := ids[0], ids[len(ids)-1]
-		if count[full] <= hi && count[empty] >= lo {
-			return out
-		}
-		moved := false
-		for i, l := range held[full] {
-			s := maps[l.vol]
-			if slices.Contains(s.Writers(l.e), empty) {
-				continue
-			}
-			out[l.vol] = append(out[l.vol], cluster.Move{Extent: l.e, From: full, To: empty})
-			s.Extents[l.e] = append(slices.DeleteFunc(slices.Clone(s.Extents[l.e]), func(id string) bool { return id == full }), empty)
-			held[full] = slices.Delete(held[full], i, i+1)
-			held[empty] = append(held[empty], l)
-			count[full]--
-			count[empty]++
-			moved = true
-			break
-		}
-		if !moved {
-			return out // every extent of the fullest is at the emptiest already
 		}
 	}
 }
