@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
-	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
+	"github.com/pd3-go/pd3/replica"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -306,7 +306,7 @@ func resizeReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, 
 	byID, closeAll := dialByID(ctx, nodes, dial)
 	defer closeAll()
 	from, extents := rec.Size, len(rec.Stripes.Extents)
-	got, err := host.ResizeReplicated(ctx, cli, clusterName, nodes, rec, size, byID)
+	got, err := replica.Resize(ctx, cli, clusterName, nodes, rec, size, byID)
 	if err != nil {
 		return fmt.Errorf("volume %s stays marked %s: %w", rec.Name, cluster.VolumeResizing, err)
 	}
@@ -347,7 +347,7 @@ func createReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, 
 	dial func(context.Context, string) (*memnode.Client, error)) error {
 	byID, closeAll := dialByID(ctx, nodes, dial)
 	defer closeAll()
-	rec, err := host.CreateReplicated(ctx, cli, clusterName, nodes, name, size, replicas, byID)
+	rec, err := replica.Create(ctx, cli, clusterName, nodes, name, size, replicas, byID)
 	if err != nil {
 		return err
 	}
