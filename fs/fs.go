@@ -149,15 +149,27 @@ type FS struct {
 	lists dirLists
 }
 
+// DefaultName is the filesystem's name when its Config names none.
+const DefaultName = "pd3"
+
+// CheckName refuses a filesystem name that cannot name its volumes at a
+// memory node (they are called fs.NAME.*).
+func CheckName(name string) error {
+	if name == "" || strings.ContainsAny(name, "./") {
+		return fmt.Errorf("name %q may be neither empty nor contain '.' or '/'", name)
+	}
+	return nil
+}
+
 // Open loads (or creates) the filesystem called cfg.Name at the memory
 // node, deletes data volumes that no snapshot refers to (files created
 // after the last snapshot before a crash) and starts the metadata syncer.
 func Open(ctx context.Context, cfg Config) (*FS, error) {
 	if cfg.Name == "" {
-		cfg.Name = "pd3"
+		cfg.Name = DefaultName
 	}
-	if strings.ContainsAny(cfg.Name, "./") {
-		return nil, fmt.Errorf("fs: name %q may not contain '.' or '/'", cfg.Name)
+	if err := CheckName(cfg.Name); err != nil {
+		return nil, fmt.Errorf("fs: %w", err)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

@@ -63,7 +63,7 @@ const attrTimeout = 30 * time.Second
 func MountOptions(fsName string) fuse.MountOptions {
 	return fuse.MountOptions{
 		FsName:  fsName,
-		Name:    "pd3",
+		Name:    DefaultName,
 		Options: []string{"default_permissions"},
 		// Root mounts with mount(2) itself, so tests and servers
 		// need no setuid helper.

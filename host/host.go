@@ -109,7 +109,8 @@ type Config struct {
 	Prefetch  Prefetcher
 	Workers   int
 	OpTimeout time.Duration
-	// Mount, if set, mounts the FUSE filesystem FSName there.
+	// Mount, if set, mounts the FUSE filesystem FSName (default
+	// fs.DefaultName) there.
 	Mount   string
 	FSName  string
 	FSLease time.Duration
@@ -197,6 +198,7 @@ type Host struct {
 // listener, mapping or connection outlives the error.
 func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
+	cfg.FSName = cmp.Or(cfg.FSName, fs.DefaultName)
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}

@@ -244,6 +244,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config{Memnode: "127.0.0.1:1", Volumes: vols, DPU: EmbeddedAgent, Prefetch: PrefetchLeap}, "Prefetch", "set Config.DPU to none"},
 		{Config{Volumes: vols, Replicas: 2}, "Replicas", "Config.Etcd"},
 		{Config{Volumes: vols, Local: true, Mount: "/mnt"}, "Local", "Config.Mount needs a memory node"},
+		{Config{Memnode: "127.0.0.1:1", Volumes: vols, FSName: "a.b"}, "FSName", `name "a.b" may be neither empty nor contain '.' or '/'`},
 		{Config{Memnode: "127.0.0.1:1", Volumes: vols, NBDListen: "127.0.0.1:0", NBDTLS: TLSOn}, "NBDTLS", "Config.NBDTLSCertificates"},
 	} {
 		_, err := Start(context.Background(), tc.cfg)
@@ -354,11 +355,22 @@ func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
 	holder, err := Start(ctx, Config{Memnode: node.Addr, Volumes: []VolumeSpec{{"held", 1 << 20}}, CacheBytes: 16 * 4096})
 	require.NoError(t, err)
 	defer holder.Close(ctx)
+	// Every strategy: one memory node, replicated over a cluster, local.
+	access, _ := startCluster(t, 3)
+	rholder, err := Start(ctx, Config{Volumes: []VolumeSpec{{"rheld", 1 << 20}}, Etcd: access, Replicas: 2, CacheBytes: 16 * 4096})
+	require.NoError(t, err)
+	defer rholder.Close(ctx)
 
 	for _, tc := range []struct {
 		name, want string
 		cfg        Config
 	}{
+		{"replicated, page port in use", "address already in use",
+			Config{Volumes: []VolumeSpec{{"rdisk0", 32 << 20}}, Etcd: access, Replicas: 2, DPU: EmbeddedAgent, PageListen: busy.Addr().String()}},
+		{"replicated, volume held by another host", "held by another host",
+			Config{Volumes: []VolumeSpec{{"rdisk1", 1 << 20}, {"rheld", 1 << 20}}, Etcd: access, Replicas: 2, DPU: EmbeddedAgent, Writeback: 10 * time.Millisecond}},
+		{"local, page port in use", "address already in use",
+			Config{Volumes: []VolumeSpec{{"ldisk0", 1 << 20}}, Local: true, PageListen: busy.Addr().String()}},
 		{"page port in use, after the NBD server started", "address already in use",
 			Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, DPU: EmbeddedAgent, Writeback: 10 * time.Millisecond, PageListen: busy.Addr().String()}},
 		{"volume served by another host", "served by another host",
@@ -378,7 +390,10 @@ func TestStartHostUndoesWhatItStartedOnFailure(t *testing.T) {
 			fds := openFDs(t)
 
 			cfg := tc.cfg
-			cfg.Memnode, cfg.CacheBytes, cfg.NBDListen, cfg.VolumeLease = node.Addr, 16*4096, nbdAddr, time.Second
+			cfg.CacheBytes, cfg.NBDListen, cfg.VolumeLease = 16*4096, nbdAddr, time.Second
+			if cfg.Replicas == 0 && !cfg.Local {
+				cfg.Memnode = node.Addr
+			}
 			_, err = Start(ctx, cfg)
 			require.ErrorContains(t, err, tc.want)
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/pagestore"
 )
 
@@ -189,6 +190,11 @@ func (c *Config) Check() error {
 	}
 	if err := pagestore.CheckPolicy(c.Policy); err != nil {
 		return &ConfigError{Field: "Policy", Err: err}
+	}
+	if c.FSName != "" {
+		if err := fs.CheckName(c.FSName); err != nil {
+			return &ConfigError{Field: "FSName", Err: err}
+		}
 	}
 	if c.Local && c.Mount != "" {
 		return fieldErr("Local", "keeps volumes in host memory; Config.Mount needs a memory node")

@@ -39,7 +39,7 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 	host := func(dir string) *Host {
 		t.Helper()
 		h, err := Start(ctx, Config{Etcd: access, Replicas: 2, Volumes: []VolumeSpec{{"disk0", 16 << 20}},
-			CacheBytes: 1 << 20, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond, Mount: dir, FSName: "pd3"})
+			CacheBytes: 1 << 20, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond, Mount: dir}) // FSName: the default
 		require.NoError(t, err)
 		return h
 	}

@@ -190,6 +190,8 @@ func flagOf(field string) string {
 		return "--local"
 	case "Mount":
 		return "--mount"
+	case "FSName":
+		return "--fs-name"
 	case "Etcd":
 		return "--etcd"
 	case "Replicas":
