@@ -186,6 +186,8 @@ func flagOf(field string) string {
 		return "--policy"
 	case "Memnode":
 		return "--memnode"
+	case "MemnodeTLS":
+		return "--memnode-tls-cert"
 	case "Local":
 		return "--local"
 	case "Mount":

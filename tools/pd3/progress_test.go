@@ -2,13 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -77,27 +71,4 @@ func TestRecoveryProgress(t *testing.T) {
 		time.Sleep(60 * time.Millisecond) // past the bar's throttle
 	}
 	assert.Regexp(t, `recovering 4MiB +[0-9]+% \|`, out.String(), "a partial bar was drawn")
-}
-
-// A scratch directory left by a pd3 that was SIGKILLed is removed by the
-// next one; a running process's stays.
-func TestScratchDirSweepsTheDead(t *testing.T) {
-	tmp := t.TempDir()
-	t.Setenv("TMPDIR", tmp)
-	dead := exec.Command("true")
-	require.NoError(t, dead.Run())
-	stale := filepath.Join(tmp, fmt.Sprintf("pd3-etcd-%d-abc", dead.Process.Pid))
-	live := filepath.Join(tmp, fmt.Sprintf("pd3-etcd-%d-abc", os.Getppid()))
-	other := filepath.Join(tmp, "pd3-etcd-notapid")
-	for _, d := range []string{stale, live, other} {
-		require.NoError(t, os.Mkdir(d, 0o700))
-	}
-	var logged testutil.SyncBuffer
-	dir, err := scratchDir("pd3-etcd-", slog.New(slog.NewTextHandler(&logged, nil)))
-	require.NoError(t, err)
-	assert.True(t, strings.HasPrefix(filepath.Base(dir), fmt.Sprintf("pd3-etcd-%d-", os.Getpid())))
-	assert.NoDirExists(t, stale)
-	assert.DirExists(t, live)
-	assert.DirExists(t, other)
-	assert.Contains(t, logged.String(), "did not stop cleanly")
 }

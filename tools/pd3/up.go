@@ -10,14 +10,10 @@ import (
 	"os"
 	"os/signal"
 	"path"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/pd3-go/pd3/cluster"
-	"github.com/pd3-go/pd3/cluster/etcdembed"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/clilog"
@@ -202,40 +198,17 @@ func runUp(ctx context.Context, cfg host.Config, e embedFlags, metrics string) e
 		if cfg.MemnodeTLS.Enabled() {
 			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
 		}
-		if !cfg.Etcd.Enabled() && e.etcdListen != "none" {
-			dir := filepath.Join(e.persist, "etcd")
-			if e.persist == "" {
-				tmp, err := scratchDir("pd3-etcd-", log)
-				if err != nil {
-					return err
-				}
-				defer os.RemoveAll(tmp)
-				dir = tmp
-			}
-			srv, err := etcdembed.Start(ctx, etcdembed.Config{Dir: dir, ClientListen: e.etcdListen})
-			if err != nil {
-				return err
-			}
-			defer srv.Close()
-			cfg.Etcd = cluster.Access{Endpoints: []string{srv.Endpoint}}
-			log.Info(fmt.Sprintf("etcd listening on %s (embedded; try: %s cluster status --etcd %s)", srv.Endpoint, os.Args[0], srv.Endpoint))
+		emb, err := host.StartEmbedded(ctx, &cfg, host.EmbeddedConfig{Memnodes: e.memnodes, MemnodeListen: e.listen, Persist: e.persist,
+			EtcdListen: e.etcdListen, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Log: log})
+		if err != nil {
+			return err
 		}
-		for i := range max(1, e.memnodes) {
-			persist := e.persist
-			if persist != "" && e.memnodes > 1 {
-				persist = filepath.Join(e.persist, "memnode-"+strconv.Itoa(i))
-			}
-			node, err := host.StartMemnode(ctx, host.MemnodeConfig{Listen: e.listen, Token: cfg.Token, Log: cfg.Log, Persist: persist,
-				Etcd: cfg.Etcd, Cluster: cfg.Cluster, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))})
-			if err != nil {
-				return err
-			}
-			defer node.Close()
-			cfg.Memnode = node.Addr
+		defer emb.Close()
+		if emb.Etcd != nil {
+			log.Info(fmt.Sprintf("etcd listening on %s (embedded; try: %s cluster status --etcd %s)", emb.Etcd.Endpoint, os.Args[0], emb.Etcd.Endpoint))
+		}
+		for _, node := range emb.Nodes {
 			log.Info(fmt.Sprintf("memory node listening on %s (embedded)", node.Addr))
-		}
-		if e.memnodes > 1 {
-			cfg.Memnode = ""
 		}
 	}
 	return runHost(ctx, cfg, metrics)
@@ -576,25 +549,4 @@ func writebackProgress(w io.Writer, tty bool, st *pagestore.Store, dirty int) (s
 		}
 	}()
 	return func() { close(done); <-exited }
-}
-
-// scratchDir makes a temporary directory named PREFIX<pid>-*, removed by
-// the caller on the way out. A pd3 killed with SIGKILL cannot remove its
-// own, so first it removes those of processes that no longer run (a live
-// pid, even another program's after reuse, keeps its directory).
-func scratchDir(prefix string, log *slog.Logger) (string, error) {
-	old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*-*"))
-	for _, d := range old {
-		pidStr, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(d), prefix), "-")
-		pid, err := strconv.Atoi(pidStr)
-		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			if os.RemoveAll(d) == nil {
-				log.Info(fmt.Sprintf("removed %s, left by pd3 process %d that did not stop cleanly", d, pid))
-			}
-		}
-	}
-	return os.MkdirTemp("", prefix+strconv.Itoa(os.Getpid())+"-")
 }
