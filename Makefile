@@ -32,7 +32,7 @@ FUZZ_TARGETS := \
 	./dpu/mirror/packet:FuzzSegment:300000 \
 	./dpu/mirror/packet:FuzzSegmentStreams:200000
 
-.PHONY: all build run deps-run test test-long vet fuzz bench bench-nbd bench-fuse pgbench-nbd deps deps-system deps-bpf generate docs tools-check clean
+.PHONY: all build run deps-run test test-long vet fuzz bench bench-nbd bench-fuse bench-report pgbench-nbd deps deps-system deps-bpf generate docs tools-check clean
 
 # $(call apt-missing,PACKAGES,WHAT) installs the PACKAGES not installed
 # yet as root; otherwise it prints the apt-get line, saying what WHAT needs.
@@ -134,6 +134,15 @@ FUSE_BENCH_PACKAGES := bindfs dbench
 bench-fuse: build deps-system
 	@$(call apt-missing,$(FUSE_BENCH_PACKAGES),bench fuse needs)
 	./$(BIN) bench fuse
+
+# docs/BENCHMARKS.md, regenerated: every section's benchmark run again
+# (three rounds each; root, about an hour and a half), then the page
+# rewritten from docs/bench/*.json. REPORT=nbd,page runs only those.
+REPORT ?= all
+APPS_BENCH_PACKAGES := $(FUSE_BENCH_PACKAGES) postgresql postgresql-contrib python3
+bench-report: build deps-system
+	@$(call apt-missing,$(APPS_BENCH_PACKAGES),bench report needs)
+	./$(BIN) bench report --run $(REPORT)
 
 # PostgreSQL on ext4 on a loop device over nbdfuse over pd3's NBD export,
 # pgbench vs the same on local disk (root). PGBENCH_SECONDS=60 for longer.

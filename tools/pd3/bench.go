@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,6 +49,87 @@ func benchCmd() *cobra.Command {
 	sigctx := func(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 		return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	}
+
+	var reportRun, reportDocs string
+	report := &cobra.Command{
+		Use:   "report",
+		Short: "Run the results page's benchmarks and rewrite docs/BENCHMARKS.md from them",
+		Long: `Runs the benchmark of each section of the results page (nbd, fuse, page,
+cluster, apps, apps-fuse: a fixed pd3 bench command each, three rounds), keeps
+each run as DOCS/bench/NAME.json with its chart DOCS/img/bench-NAME.png, and
+rewrites DOCS/BENCHMARKS.md from the runs kept: per section the command, the
+machine and commit, one table, the chart and the goals met or not. A suite that
+fails keeps its previous run. Without --run it only rewrites the page. Root;
+all suites take about an hour and a half.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var names []string
+			switch reportRun {
+			case "":
+			case "all":
+				for _, s := range bench.Suites() {
+					names = append(names, s.Name)
+				}
+			default:
+				names = strings.Split(reportRun, ",")
+			}
+			suites := map[string]bench.Suite{}
+			for _, s := range bench.Suites() {
+				suites[s.Name] = s
+			}
+			for _, n := range names {
+				if _, ok := suites[n]; !ok {
+					return usageError{fmt.Errorf("--run: no suite %q (nbd, fuse, page, cluster, apps, apps-fuse or all)", n)}
+				}
+			}
+			e, err := exe()
+			if err != nil {
+				return err
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			for _, d := range []string{"bench", "img"} {
+				if err := os.MkdirAll(filepath.Join(reportDocs, d), 0o755); err != nil {
+					return err
+				}
+			}
+			var failed []string
+			for _, n := range names {
+				fmt.Fprintf(os.Stderr, "pd3: bench report: running %s\n", n)
+				run := bench.RunSuite(ctx, e, suites[n], filepath.Join(reportDocs, "img", "bench-"+n+".png"), os.Stderr)
+				if run.Err != "" {
+					failed = append(failed, n+": "+run.Err)
+					continue
+				}
+				b, _ := json.MarshalIndent(run, "", "  ")
+				if err := os.WriteFile(filepath.Join(reportDocs, "bench", n+".json"), append(b, '\n'), 0o644); err != nil {
+					return err
+				}
+			}
+			runs, err := bench.LoadRuns(filepath.Join(reportDocs, "bench"))
+			if err != nil {
+				return err
+			}
+			f, err := os.Create(filepath.Join(reportDocs, "BENCHMARKS.md"))
+			if err != nil {
+				return err
+			}
+			if err := bench.RenderReport(f, runs); err != nil {
+				f.Close()
+				return err
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
+			if len(failed) > 0 {
+				return fmt.Errorf("suites failed, their previous runs kept: %s", strings.Join(failed, "; "))
+			}
+			return nil
+		},
+	}
+	report.Flags().StringVar(&reportRun, "run", "", "suites to run first, comma-separated, or all (none: rewrite the page from the runs kept)")
+	report.Flags().StringVar(&reportDocs, "docs", "docs", "the docs directory: bench/, img/ and BENCHMARKS.md in it")
+	cmd.AddCommand(report)
 
 	var topt bench.TransportOptions
 	transport := &cobra.Command{

@@ -1,0 +1,412 @@
+package bench
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The results page, docs/BENCHMARKS.md: one section per frontend, each
+// the run of one fixed `pd3 bench` command kept as JSON (docs/bench/) and
+// rendered with its goals, met or not. `pd3 bench report --run all`
+// regenerates every part; the page has no other source.
+
+// Goal is a speed goal of an issue: Ratio (a key of Report.Ratios) at
+// least Min, or at most Max when Max is set.
+type Goal struct {
+	Ratio string
+	Min   float64
+	Max   float64
+	What  string // the goal in words
+}
+
+// Suite is one section of the results page.
+type Suite struct {
+	Name  string   // file names: docs/bench/NAME.json, docs/img/bench-NAME.png
+	Title string   // the section's heading
+	Args  []string // pd3's arguments, without --json and --plot
+	Unit  string   // what the table's numbers are
+	// About says in a paragraph what the systems are and how the run is
+	// made (markdown).
+	About string
+	Goals []Goal
+}
+
+// Suites are the sections of the results page, in order.
+func Suites() []Suite {
+	return []Suite{
+		{
+			Name: "nbd", Title: "NBD: fio against pd3 and its peers",
+			Args: []string{"bench", "nbd", "--systems", "pd3,pd3-local,nbdkit-memory,nbdkit-cache-nbd", "--rounds", "3", "--runtime", "5s", "--ramp", "1s"},
+			Unit: "IOPS",
+			About: "fio's nbd engine against each export of 1 GiB. `pd3`: host (64 MiB cache, embedded agent) and memory node, each its own process. " +
+				"`pd3-local`: pd3's host with every page cached (the ceiling of its front end). `nbdkit-memory`: all data in one C server (the ceiling of any NBD server here). " +
+				"`nbdkit-cache-nbd`: the fair remote peer, nbdkit's cache filter (64 MiB, cache-on-read) over its nbd plugin to a second `nbdkit memory`.",
+			Goals: []Goal{
+				{Ratio: "pd3/nbdkit-cache-nbd@randread-q1t1", Min: 1.5, What: "random reads at queue depth 1: 1.5× the cache chain"},
+				{Ratio: "pd3/nbdkit-memory@randread-q1t1", Min: 0.5, What: "random reads at queue depth 1: half of nbdkit memory"},
+				{Ratio: "pd3/nbdkit-cache-nbd@randread-q32t1", Min: 5, What: "random reads at queue depth 32: 5× the cache chain"},
+				{Ratio: "pd3/nbdkit-memory@randread-q32t1", Min: 0.8, What: "random reads at queue depth 32: 0.8× nbdkit memory"},
+				{Ratio: "pd3/nbdkit-memory@randread-q8t8", Min: 1.0, What: "8 threads × 8 random reads: nbdkit memory's rate"},
+				{Ratio: "pd3/nbdkit-cache-nbd@randwrite-q32t1", Min: 1.0, What: "random writes at queue depth 32: the cache chain's rate"},
+				{Ratio: "pd3-local/nbdkit-memory@randread-q1t1", Min: 1.0, What: "every page cached, queue depth 1: nbdkit memory's rate"},
+			},
+		},
+		{
+			Name: "fuse", Title: "FUSE: a file on the pd3 mount against its peers",
+			Args: []string{"bench", "fuse", "--systems", "pd3,nbdfuse-cache-nbd,bindfs,tmpfs", "--rounds", "3", "--runtime", "5s"},
+			Unit: "ops/s (1 MiB reads and writes: MiB/s; dbench: MB/s)",
+			About: "fio on one 1 GiB file, the kernel's cache dropped before every job. `pd3`: `pd3 serve --mount`, 64 MiB host cache, agent and page-cache tracker, memory node in its own process. " +
+				"`nbdfuse-cache-nbd`: nbdfuse over nbdkit's cache filter over its nbd plugin to `nbdkit memory` (the fair remote peer). " +
+				"`bindfs`: bindfs over tmpfs (the ceiling of a FUSE filesystem). `tmpfs`: the kernel alone.",
+			Goals: []Goal{
+				{Ratio: "pd3/nbdfuse-cache-nbd@seqread1m-psync-1-direct", Min: 1.5, What: "1 MiB sequential direct reads: 1.5× the cache chain"},
+				{Ratio: "pd3/bindfs@seqread1m-psync-1-direct", Min: 0.7, What: "1 MiB sequential direct reads: 0.7× bindfs"},
+				{Ratio: "pd3/nbdfuse-cache-nbd@randread-psync-1-direct", Min: 2, What: "4 KiB random direct reads at depth 1: 2× the cache chain"},
+				{Ratio: "pd3/bindfs@dbench-2", Min: 1.0, What: "dbench, 2 clients: bindfs's rate"},
+			},
+		},
+		{
+			Name: "page", Title: "Page server: random GETs over the page protocol",
+			Args: []string{"bench", "page", "--systems", "local,relay-local,sync,pd3", "--rounds", "3", "--duration", "5s", "--warmup", "2s"},
+			Unit: "GETs/s",
+			About: "4 connections × 8 GETs in flight of uniformly random pages of 1 GiB, 64 MiB host cache, 16 MiB Loading Zone. " +
+				"`local`: every page in the host. `relay-local`: a byte relay in front of `local` (the ceiling of any design whose data is elsewhere). " +
+				"`sync`: a miss waits for the memory node. `pd3`: the embedded agent prefetches.",
+			Goals: []Goal{
+				{Ratio: "pd3/local", Min: 0.7, What: "0.7× all pages local"},
+				{Ratio: "pd3/sync", Min: 1.65, What: "1.65× a host without prefetching"},
+				{Ratio: "cpu:pd3/local", Max: 1.25, What: "host CPU per GET at most 1.25× local's"},
+			},
+		},
+		{
+			Name: "cluster", Title: "Cluster: replicated volumes (R=2 against R=1)",
+			Args:  []string{"bench", "nbd", "--systems", "pd3-r1,pd3-r2", "--jobs", "randwrite-q32-flush32,randread-q32t1,randread-q1t1", "--rounds", "3", "--runtime", "5s", "--ramp", "1s"},
+			Unit:  "IOPS",
+			About: "fio's nbd engine against a 1 GiB volume striped in 16 MiB extents over two `pd3 memnode` processes with a `pd3 coord`, with `--replicas 1` and `2`; 64 MiB host cache.",
+			Goals: []Goal{
+				{Ratio: "pd3-r2/pd3-r1@randwrite-q32-flush32", Min: 0.7, What: "random writes at depth 32 with a FLUSH every 32: 0.7× one replica"},
+				{Ratio: "pd3-r2/pd3-r1@randread-q32t1", Min: 0.95, What: "random reads at depth 32: 0.95× one replica"},
+				{Ratio: "pd3-r2/pd3-r1@randread-q1t1", Min: 0.95, What: "random reads at depth 1: 0.95× one replica"},
+			},
+		},
+		{
+			Name: "apps", Title: "Applications under memory pressure: PostgreSQL and fio over NBD",
+			Args: []string{"bench", "apps", "--systems", "local,nbdkit-memory,relay,pd3-noagent,pd3-leap,pd3", "--workloads", "pg-scan,pg-select,pg-tpcb,fio-zipf,fio-seq4", "--rounds", "3", "--duration", "10s"},
+			Unit: "transactions or reads a second; the scan in ms",
+			About: "ext4 on a loop device over nbdfuse over each NBD export; the application (PostgreSQL 15 with pgbench scale 20, about 320 MB; fio on a 512 MiB file) and the page cache it fills held to 96 MiB by a memory cgroup; the servers outside it. " +
+				"`nbdkit-memory` is the ceiling (data in the server's RAM); `relay` is nbdkit's nbd plugin to a second `nbdkit memory`, no cache: the plain remote peer. " +
+				"`pd3-noagent`, `pd3-leap` and `pd3`: host (64 MiB cache) and memory node, without a prefetcher, with Leap, with the embedded agent. " +
+				"nbdkit's cache filter is no peer here: with `cache-max-size` it corrupts PostgreSQL's data (`invalid page in block`, amcheck fails).",
+			Goals: []Goal{
+				{Ratio: "pd3/nbdkit-memory@pg-scan@96MiB", Min: 1.0, What: "PostgreSQL scan: the ceiling's time"},
+				{Ratio: "pd3/nbdkit-memory@pg-tpcb@96MiB", Min: 1.0, What: "TPC-B: the ceiling's rate"},
+				{Ratio: "pd3/nbdkit-memory@pg-select@96MiB", Min: 0.9, What: "select-only: 0.9× the ceiling"},
+				{Ratio: "pd3/relay@pg-scan@96MiB", Min: 1.3, What: "PostgreSQL scan: 1.3× the relay"},
+				{Ratio: "pd3/relay@pg-tpcb@96MiB", Min: 1.3, What: "TPC-B: 1.3× the relay"},
+				{Ratio: "pd3/relay@pg-select@96MiB", Min: 1.3, What: "select-only: 1.3× the relay"},
+				{Ratio: "pd3/relay@fio-zipf@96MiB", Min: 1.0, What: "fio Zipf reads: the relay's rate"},
+				{Ratio: "pd3/relay@fio-seq4@96MiB", Min: 1.0, What: "fio 4 sequential streams: the relay's rate"},
+				{Ratio: "pd3/pd3-noagent@pg-scan@96MiB", Min: 1.3, What: "the agent on a scan: 1.3× agent-off"},
+				{Ratio: "pd3/pd3-noagent@fio-seq4@96MiB", Min: 1.3, What: "the agent on sequential streams: 1.3× agent-off"},
+				{Ratio: "pd3/pd3-noagent@pg-select@96MiB", Min: 1.0, What: "the agent on select-only: agent-off's rate"},
+				{Ratio: "pd3/pd3-noagent@pg-tpcb@96MiB", Min: 1.0, What: "the agent on TPC-B: agent-off's rate"},
+				{Ratio: "pd3/pd3-noagent@fio-zipf@96MiB", Min: 1.0, What: "the agent on Zipf reads: agent-off's rate"},
+			},
+		},
+		{
+			Name: "apps-fuse", Title: "Applications under memory pressure: files on the mount",
+			Args: []string{"bench", "apps", "--systems", "bindfs,pd3-mount-noagent,pd3-mount", "--workloads", "sqlite-point,sqlite-scan,tree-tar,tree-grep", "--rounds", "3", "--duration", "10s"},
+			Unit: "lookups or rows or files a second; the scans and trees in ms",
+			About: "A sqlite table of 300 000 rows of 1 KiB and a tree of 20 000 files of 1–16 KiB, written with no budget; then read by processes held to 96 MiB. " +
+				"`bindfs` is bindfs over tmpfs under the same budget (the ceiling of a FUSE filesystem); `pd3-mount` the pd3 mount (64 MiB host cache, memory node in its own process), `pd3-mount-noagent` the same with `--dpu none`.",
+			Goals: []Goal{
+				{Ratio: "pd3-mount/bindfs@sqlite-point@96MiB", Min: 0.9, What: "sqlite point lookups: 0.9× bindfs"},
+				{Ratio: "pd3-mount/bindfs@sqlite-scan@96MiB", Min: 0.8, What: "sqlite scan: 0.8× bindfs"},
+				{Ratio: "pd3-mount/pd3-mount-noagent@sqlite-scan@96MiB", Min: 1.3, What: "the agent on a scan: 1.3× agent-off"},
+			},
+		},
+	}
+}
+
+// SuiteRun is one suite's run as docs/bench/NAME.json keeps it.
+type SuiteRun struct {
+	Suite   string    `json:"suite"`
+	Command string    `json:"command"`
+	Commit  string    `json:"commit,omitempty"`
+	Date    time.Time `json:"date"`
+	Seconds float64   `json:"seconds"`
+	Report  *Report   `json:"report,omitempty"`
+	Err     string    `json:"error,omitempty"`
+}
+
+// RunSuite runs s with the pd3 binary exe, drawing its chart to img; its
+// progress goes to progress.
+func RunSuite(ctx context.Context, exe string, s Suite, img string, progress io.Writer) SuiteRun {
+	args := append(slices.Clone(s.Args), "--json", "--plot", img)
+	run := SuiteRun{Suite: s.Name, Command: "pd3 " + strings.Join(s.Args, " "), Date: time.Now().UTC(), Commit: gitCommit()}
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, exe, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, progress
+	err := cmd.Run()
+	run.Seconds = time.Since(start).Seconds()
+	if err != nil {
+		run.Err = err.Error()
+		return run
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		run.Err = fmt.Sprintf("reading its report: %v", err)
+		return run
+	}
+	run.Report = &rep
+	return run
+}
+
+// gitCommit is the commit the binary's tree is at, with "+" if the tree
+// has changes; "" outside a repository.
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		c += "+"
+	}
+	return c
+}
+
+// RenderReport writes the results page from the runs found, in the
+// suites' order; a suite never run is said to be missing.
+func RenderReport(w io.Writer, runs map[string]SuiteRun) error {
+	var b strings.Builder
+	b.WriteString(`# pd3 benchmarks: current results
+
+Every number here comes from one command, which runs each section's
+benchmark and rewrites this page (root; about an hour and a half):
+
+` + "```sh\nmake bench-report        # pd3 bench report --run all\n```" + `
+
+Each section is one ` + "`pd3 bench`" + ` run: the systems compared take turns in
+fresh processes, round by round, and each cell is the median of three runs
+with their range. On these shared 2-core VMs one run swings by a fifth or
+more, so compare ratios within a section, and read a goal whose ratio lies
+within the runs' spread as neither met nor missed. What was tried and
+dropped is in [decisions.md](decisions.md); the measurements behind earlier
+changes are in the commit messages.
+
+`)
+	for _, s := range Suites() {
+		run, ok := runs[s.Name]
+		fmt.Fprintf(&b, "## %s\n\n", s.Title)
+		if !ok {
+			fmt.Fprintf(&b, "Not run yet: `pd3 bench report --run %s`.\n\n", s.Name)
+			continue
+		}
+		renderSuite(&b, s, run)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func renderSuite(b *strings.Builder, s Suite, run SuiteRun) {
+	fmt.Fprintf(b, "```sh\n%s\n```\n\n", wrapCommand(run.Command))
+	machine := "?"
+	if run.Report != nil {
+		machine = run.Report.Machine
+	}
+	fmt.Fprintf(b, "**Run** %s at %s on %s, %.0f minutes.\n\n", run.Date.Format("2006-01-02"), cmp.Or(run.Commit, "an unknown commit"), machine, run.Seconds/60)
+	fmt.Fprintf(b, "%s\n\n", s.About)
+	if run.Err != "" {
+		fmt.Fprintf(b, "**The run failed:** `%s`. Its results are missing until it runs through.\n\n", run.Err)
+		return
+	}
+	rep := run.Report
+	renderTable(b, rep, s.Unit)
+	fmt.Fprintf(b, "![%s](img/bench-%s.png)\n\n", s.Title, s.Name)
+	renderGoals(b, rep, s.Goals)
+}
+
+// renderTable pivots rep: a row per job or workload, a column per system,
+// each cell the median run with the range of all runs.
+func renderTable(b *strings.Builder, rep *Report, unit string) {
+	var systems, configs []string
+	cells := map[[2]string]Result{}
+	for _, r := range rep.Results {
+		if !slices.Contains(systems, r.System) {
+			systems = append(systems, r.System)
+		}
+		if !slices.Contains(configs, r.Config) {
+			configs = append(configs, r.Config)
+		}
+		cells[[2]string{r.System, r.Config}] = r
+	}
+	fmt.Fprintf(b, "%s:\n\n| | %s |\n|---|%s\n", unit, strings.Join(systems, " | "), strings.Repeat("---|", len(systems)))
+	for _, c := range configs {
+		fmt.Fprintf(b, "| %s |", cmp.Or(c, "all"))
+		for _, sys := range systems {
+			r, ok := cells[[2]string{sys, c}]
+			if !ok {
+				b.WriteString(" – |")
+				continue
+			}
+			fmt.Fprintf(b, " %s |", cell(r))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+}
+
+// cell is a result's median with its runs' range: a time where the row
+// timed one operation, else a rate.
+func cell(r Result) string {
+	lo, hi := r.OpsPerSec, r.OpsPerSec
+	if n := len(r.RoundsOpsPerSec); n > 1 {
+		lo, hi = r.RoundsOpsPerSec[0], r.RoundsOpsPerSec[n-1]
+	}
+	if r.Millis > 0 && r.OpsPerSec > 0 {
+		// A rate r.OpsPerSec took r.Millis: the other runs' times scale
+		// inversely.
+		ms := func(rate float64) string { return group(r.Millis * r.OpsPerSec / rate) }
+		if lo == hi {
+			return ms(r.OpsPerSec) + " ms"
+		}
+		return fmt.Sprintf("%s ms (%s–%s)", ms(r.OpsPerSec), ms(hi), ms(lo))
+	}
+	if lo == hi {
+		return group(r.OpsPerSec)
+	}
+	return fmt.Sprintf("%s (%s–%s)", group(r.OpsPerSec), group(lo), group(hi))
+}
+
+// renderGoals lists each goal with its ratio in this run: met, not met, or
+// within the runs' spread.
+func renderGoals(b *strings.Builder, rep *Report, goals []Goal) {
+	if len(goals) == 0 {
+		return
+	}
+	missed := 0
+	var rows strings.Builder
+	for _, g := range goals {
+		v, ok := rep.Ratios[g.Ratio]
+		verdict := "not measured"
+		if ok {
+			met := v >= g.Min
+			if g.Max > 0 {
+				met = v <= g.Max
+			}
+			verdict = "met"
+			if !met {
+				verdict = "**not met**"
+				missed++
+			}
+			if sp := ratioSpread(rep, g.Ratio); sp > 0 && v > 0 && math.Abs(goalValue(g)/v-1) < sp {
+				verdict += fmt.Sprintf(" (within the runs' spread, ±%.0f %%)", 100*sp)
+			}
+		}
+		value := "–"
+		if ok {
+			value = fmt.Sprintf("%.2f", v)
+		}
+		bound := fmt.Sprintf("≥ %.2f", g.Min)
+		if g.Max > 0 {
+			bound = fmt.Sprintf("≤ %.2f", g.Max)
+		}
+		fmt.Fprintf(&rows, "| %s | `%s` | %s | %s | %s |\n", g.What, g.Ratio, bound, value, verdict)
+	}
+	fmt.Fprintf(b, "Goals: %d of %d not met in this run.\n\n| goal | ratio | wanted | this run | |\n|---|---|---|---|---|\n%s\n", missed, len(goals), rows.String())
+}
+
+func goalValue(g Goal) float64 {
+	if g.Max > 0 {
+		return g.Max
+	}
+	return g.Min
+}
+
+// ratioSpread is how far, relative to itself, a ratio A/B@CONFIG of rates
+// could move within its two rows' runs: the sum of their ranges over their
+// medians; 0 when unknown.
+func ratioSpread(rep *Report, key string) float64 {
+	if strings.Contains(key, ":") {
+		return 0 // a ratio of CPU or memory, not of the rates the runs spread over
+	}
+	pair, config, _ := strings.Cut(key, "@")
+	a, bsys, ok := strings.Cut(pair, "/")
+	if !ok {
+		return 0
+	}
+	spread := func(sys string) float64 {
+		for _, r := range rep.Results {
+			if r.System == sys && (config == "" || r.Config == config) {
+				if n := len(r.RoundsOpsPerSec); n > 1 && r.OpsPerSec > 0 {
+					return (r.RoundsOpsPerSec[n-1] - r.RoundsOpsPerSec[0]) / r.OpsPerSec
+				}
+				return 0
+			}
+		}
+		return 0
+	}
+	return spread(a) + spread(bsys)
+}
+
+// group prints a number with a space between thousands, two decimals
+// below 10.
+func group(v float64) string {
+	if v < 10 {
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	s := strconv.FormatInt(int64(math.Round(v)), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + " " + s[i:]
+	}
+	return s
+}
+
+// wrapCommand breaks a long command line before its flags, shell-style.
+func wrapCommand(c string) string {
+	var lines []string
+	line := ""
+	for _, f := range strings.Fields(c) {
+		if len(line)+len(f) > 76 && strings.HasPrefix(f, "--") {
+			lines = append(lines, line+" \\")
+			line = "  "
+		} else if line != "" && line != "  " {
+			line += " "
+		}
+		line += f
+	}
+	return strings.Join(append(lines, line), "\n")
+}
+
+// LoadRuns reads the runs kept in dir (NAME.json each).
+func LoadRuns(dir string) (map[string]SuiteRun, error) {
+	runs := map[string]SuiteRun{}
+	for _, s := range Suites() {
+		b, err := os.ReadFile(dir + "/" + s.Name + ".json")
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var r SuiteRun
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%s/%s.json: %w", dir, s.Name, err)
+		}
+		runs[s.Name] = r
+	}
+	return runs, nil
+}

@@ -1,0 +1,41 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The results page: a section per suite, a missing run said to be
+// missing, a pivoted table of medians with their ranges, and each goal
+// met, not met, or within the runs' spread.
+func TestRenderReport(t *testing.T) {
+	rep := &Report{Bench: "page", Machine: "vm, 2 cpus", Results: []Result{
+		{System: "local", Config: "dist=uniform", OpsPerSec: 1000, RoundsOpsPerSec: []float64{900, 1000, 1100}},
+		{System: "sync", Config: "dist=uniform", OpsPerSec: 200, RoundsOpsPerSec: []float64{200, 200, 200}},
+		{System: "pd3", Config: "dist=uniform", OpsPerSec: 650, RoundsOpsPerSec: []float64{600, 650, 700}},
+	}, Ratios: map[string]float64{"pd3/local": 0.65, "pd3/sync": 3.25, "cpu:pd3/local": 2}}
+	var b strings.Builder
+	require.NoError(t, RenderReport(&b, map[string]SuiteRun{"page": {Suite: "page", Command: "pd3 bench page", Commit: "abc1234", Date: time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC), Report: rep}}))
+	out := b.String()
+	assert.Contains(t, out, "Not run yet: `pd3 bench report --run nbd`")
+	assert.Contains(t, out, "**Run** 2026-11-27 at abc1234 on vm, 2 cpus")
+	assert.Contains(t, out, "| dist=uniform | 1 000 (900–1 100) | 200 | 650 (600–700) |")
+	assert.Contains(t, out, "Goals: 2 of 3 not met in this run.")
+	// 0.65 against 0.7: the runs spread 0.2 + 0.15 around their medians.
+	assert.Contains(t, out, "| `pd3/local` | ≥ 0.70 | 0.65 | **not met** (within the runs' spread, ±35 %) |")
+	assert.Contains(t, out, "| `pd3/sync` | ≥ 1.65 | 3.25 | met |")
+	assert.Contains(t, out, "| `cpu:pd3/local` | ≤ 1.25 | 2.00 | **not met** |")
+	assert.Contains(t, out, "![Page server: random GETs over the page protocol](img/bench-page.png)")
+}
+
+func TestCellOfATimedRow(t *testing.T) {
+	// A scan of 1 000 ms at 100 rows/s: the runs at 80 and 125 rows/s
+	// took 1 250 and 800 ms.
+	assert.Equal(t, "1 000 ms (800–1 250)", cell(Result{OpsPerSec: 100, Millis: 1000, RoundsOpsPerSec: []float64{80, 100, 125}}))
+	assert.Equal(t, "2.50", group(2.5))
+	assert.Equal(t, "12 345 678", group(12345678))
+}
