@@ -11,7 +11,7 @@ import (
 // the kernel (FUSE_HANDLE_KILLPRIV_V2, MountOptions). Without it the
 // kernel asked the mount for a file's security.capability attribute
 // before every write(2) (a GETXATTR round trip each, the largest part of
-// a small buffered write: docs/BENCHMARKS.md); with it the kernel asks
+// a small buffered write: docs/decisions.md, 17); with it the kernel asks
 // once per inode and remembers the answer (S_NOSEC) until the inode's
 // attributes are next refreshed or a security attribute is set. In
 // exchange the kernel tells the mount when a write, truncation or

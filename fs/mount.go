@@ -80,8 +80,8 @@ func MountOptions(fsName string) fuse.MountOptions {
 		// The kernel's writeback cache: buffered writes land in
 		// the page cache and reach us in large WRITEs when the
 		// kernel writes back (an fsync, memory pressure, its
-		// timer), not one synchronous WRITE per write(2): 1 MiB
-		// buffered writes 3.4–4x faster (docs/BENCHMARKS.md). fsync
+		// timer), not one synchronous WRITE per write(2)
+		// (docs/decisions.md, 16). fsync
 		// is the durability barrier either way.
 		// HANDLE_KILLPRIV_V2: the mount clears set-user-ID and
 		// set-group-ID bits itself, and the kernel stops asking

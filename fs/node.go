@@ -746,9 +746,8 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	}
 	// No read-ahead hint for a stream's read: ReadStream reads its runs
 	// from the node itself, and pages the agent prefetched for the next
-	// ones cost a copy into the Loading Zone and one out of it. Three
-	// pairs of runs: buffered 1 MiB reads 9-12% faster, 16-22% less host
-	// CPU per MiB; direct ones as fast, with 10-19% less (BENCHMARKS).
+	// ones cost a copy into the Loading Zone and one out of it
+	// (docs/decisions.md, 18).
 	if n.f.cfg.OnRead != nil && len(dest) < streamRead {
 		first := uint64(off) / pageid.Size
 		last := (uint64(off) + uint64(len(dest)) - 1) / pageid.Size

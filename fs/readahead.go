@@ -14,8 +14,8 @@ import (
 // host's own, and a read that finds its window there answers with that
 // buffer (no copy of ours: go-fuse writes it to the kernel and then gives
 // it back). Without it a sequential reader's READs wait in turn for the
-// node, the network and the FUSE reply, each alone (docs/BENCHMARKS.md,
-// "Stream read-ahead").
+// node, the network and the FUSE reply, each alone (docs/decisions.md,
+// 14).
 //
 // A window is never stale: it is taken only if no write, truncation or
 // fallocate of its file returned since the window's read began

@@ -12,8 +12,7 @@ import (
 // before it starts, as the NBD and page servers' requests do. Telling the
 // governor of READs and WRITEs only (as before) let a host stay on its
 // lone Ps through a stream of metadata requests beside cached NBD reads
-// at queue depth 1: telling it of every request made those creates and
-// unlinks 1.29x as fast, and the NBD reads 1.14x (docs/BENCHMARKS.md).
+// at queue depth 1 (docs/decisions.md, 15).
 //
 // READs and WRITEs also count in Busy while they run, as before. Counting
 // every request there too (so that the memory-node client's reader sees

@@ -64,10 +64,9 @@
 // # Decisions
 //
 //   - Responses are written by a writer goroutine, not by the serving
-//     goroutine when its input runs dry: measured on 2 cores with 256 READs
-//     in flight, flushing inline cost one write syscall per response
-//     (6.5 µs/op); the writer goroutine batches ~800 KiB per write
-//     (1.7 µs/op). See docs/BENCHMARKS.md.
+//     goroutine when its input runs dry: flushing inline cost one write
+//     syscall per response, the writer batches many (docs/decisions.md,
+//     19).
 //   - Data is copied once, from the chunk into the output buffer. Writing
 //     straight from chunk memory with writev would save that copy but let a
 //     later pipelined WRITE change the bytes of an earlier READ's response,

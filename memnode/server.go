@@ -58,10 +58,8 @@ type Server struct {
 }
 
 // DefaultPollFor is the polling window pd3's memory nodes run with: long
-// enough that a host at queue depth 1 finds the node awake. Measured (fio over
-// NBD, data at the node, docs/BENCHMARKS.md "The memory node polls"):
-// reads at Q1 +34%, Q32 the same, randwrite Q32 within the noise, for
-// about 20 µs of node CPU per lone read.
+// enough that a host at queue depth 1 finds the node awake, for about 20 µs
+// of node CPU per lone read (docs/decisions.md, 20 and 9).
 const DefaultPollFor = 50 * time.Microsecond
 
 const (

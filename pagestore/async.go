@@ -171,8 +171,7 @@ func (s *Store) PutNow(k pageid.Key, src []byte) error {
 // dirty pages can still fill the head of the policy's queues (the
 // newest pages of a write burst, in S3-FIFO's small queue, are all
 // dirty), and an unbounded scan went round them for up to four times
-// every frame under evictMu: 19% of the host's CPU under fio's random
-// writes at queue depth 32 (docs/BENCHMARKS.md).
+// every frame under evictMu (docs/decisions.md, 11).
 const cleanTries = 32
 
 // tryClaimClean is claimFrame for a caller that must not block: a free

@@ -13,8 +13,7 @@ import (
 //
 // It is a table of 8-slot buckets, one cache line each, not a FIFO and a
 // Go map: a remember or a question touches one line, where the map and its
-// ring missed the cache three to five times (page store maps were ~10% of
-// a host's CPU at NBD randread Q32, docs/BENCHMARKS.md). A slot keeps 32
+// ring missed the cache three to five times (docs/decisions.md, 12). A slot keeps 32
 // bits of its key's hash and the sequence number it was remembered at; a
 // slot older than span is free. A bucket whose eight slots are all live
 // gives its oldest to the new key, so the ghost may forget a key early:

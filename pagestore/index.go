@@ -11,8 +11,7 @@ import (
 // open-addressing table with linear probing, not a Go map: a key and its
 // frame share a 16-byte slot, four to a cache line, so a lookup of a
 // random key misses the cache about once where the map's control word
-// and slot group missed two or three times (the page store's maps were
-// ~10% of a host's CPU at NBD randread Q32, docs/BENCHMARKS.md).
+// and slot group missed two or three times (docs/decisions.md, 12).
 //
 // A deletion shifts the slots behind it back (no tombstones), so probes
 // stay short however many pages come and go. The table doubles when three

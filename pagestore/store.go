@@ -1050,8 +1050,7 @@ func (s *Store) Check() error {
 // clients never flush. A miss that had to write back a dirty victim also
 // starts a round at once: the round writes the dirty pages in batches, so
 // the misses after it find clean victims instead of each waiting for a
-// write-back of its own (fio randwrite Q32 over NBD: 28 K → 42 K IOPS,
-// docs/BENCHMARKS.md). Failures are counted and retried at the next tick;
+// write-back of its own (docs/decisions.md, 10). Failures are counted and retried at the next tick;
 // the pages stay dirty meanwhile. An outage is logged when it starts, every
 // wbLogEvery failed rounds while it lasts, and when it ends, not once per
 // round. The function returned waits, once ctx has ended, until the

@@ -95,8 +95,7 @@ type Call struct {
 	// sigDone; a waiter that finds sigNone stores sigParked and blocks on
 	// done, which the session then sends on. A waiter that comes after the
 	// response (the usual case with many calls in flight) touches no
-	// channel (a send and a select per call were about 5% of a client's
-	// CPU at 1024 READs in flight, docs/BENCHMARKS.md).
+	// channel (docs/decisions.md, 21).
 	signal atomic.Uint32
 	done   chan struct{}
 	s      *Session
@@ -143,8 +142,7 @@ type Session struct {
 
 	// progress counts responses read and the starts of work (a first call
 	// in flight); the watchdog times the silence between its changes. A
-	// count, not a timestamp: reading the clock per response was 3-4% of
-	// a client's CPU at 1024 READs in flight (docs/BENCHMARKS.md).
+	// count, not a timestamp (docs/decisions.md, 21).
 	progress atomic.Uint64
 	closed   chan struct{}
 	wg       sync.WaitGroup
@@ -284,7 +282,7 @@ func (s *Session) readLoop() {
 	// this thread directly and completes its call with no scheduler hop
 	// (see sockio). Except right after it woke a caller blocked in Wait,
 	// which would find this thread's P held (sockio.Reader.Handed;
-	// doubled a mount's commits/s, docs/BENCHMARKS.md).
+	// docs/decisions.md, 13).
 	var rd io.Reader = s.nc
 	if s.fast != nil {
 		s.fast.DirectIf(s.opt.Busy)
@@ -331,7 +329,7 @@ func (s *Session) readLoop() {
 // directPayload is the destination size from which a payload is read
 // from the connection straight into its destination, past r's buffer:
 // through the buffer every byte of a stream's 256 KiB runs was copied
-// twice (11% of a host's CPU streaming 1 MiB reads, docs/BENCHMARKS.md).
+// twice (docs/decisions.md, 22).
 const directPayload = 64 << 10
 
 // afterDirect bounds the read that follows a direct payload: enough for

@@ -3,7 +3,7 @@
 //
 // On two shared vCPUs a cached NBD read at queue depth 1 took 43 µs at
 // the median with two Ps and 17 µs with one (fio against pd3-local,
-// docs/BENCHMARKS.md): with a second P, every request woke a second
+// docs/decisions.md, 23): with a second P, every request woke a second
 // thread (the idle P's, in the network poller's epoll wait, which the
 // connection's edges wake although nothing waits there), and the two
 // threads and fio took turns on the two vCPUs. One P loses elsewhere: a

@@ -141,7 +141,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	// The reader waits in the network poller, never in poll(2) (sockio):
 	// it hands every request to a worker, which would find the reader's
 	// P held while the reader slept in poll(2) — at queue depth 1 too
-	// (docs/BENCHMARKS.md, "A reader that woke a caller leaves it its P").
+	// (docs/decisions.md, 13).
 	var rd io.Reader = nc
 	if s.Mirror != nil {
 		st := s.Mirror.NewStream()

@@ -57,7 +57,7 @@ type AppsOptions struct {
 //     budget: the ceiling of any design whose data is elsewhere;
 //   - relay: nbdkit's nbd plugin in front of a second nbdkit memory, no
 //     cache: the plain remote peer (nbdkit's cache filter corrupts
-//     PostgreSQL's data here, docs/BENCHMARKS.md);
+//     PostgreSQL's data here, docs/decisions.md, 24);
 //   - pd3-noagent (--dpu none), pd3-leap (--dpu none --prefetch leap) and
 //     pd3 (the embedded agent): a memory node process and a host process,
 //     the host's cache outside the budget like the peers' memory;

@@ -49,7 +49,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	var procs int
-	root.PersistentFlags().IntVar(&procs, "procs", 0, "OS threads running Go code at once, in this process and the pd3 processes a benchmark starts (GOMAXPROCS; 0: one per CPU). Where pd3 shares a few cores with its memory node and clients, 1 saves the Go scheduler's cross-thread wake-ups (docs/BENCHMARKS.md)")
+	root.PersistentFlags().IntVar(&procs, "procs", 0, "OS threads running Go code at once, in this process and the pd3 processes a benchmark starts (GOMAXPROCS; 0: one per CPU). Where pd3 shares a few cores with its memory node and clients, 1 saves the Go scheduler's cross-thread wake-ups (docs/decisions.md, 23)")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if procs < 0 {
 			return fmt.Errorf("--procs %d: want 0 (one per CPU) or more", procs)

@@ -69,7 +69,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.StringVar(&f.page, "page", "127.0.0.1:7000", "page-protocol listen address (host:port or unix:/path; empty disables)")
 	fl.StringVar(&f.nbd, "nbd", "127.0.0.1:10809", "NBD listen address; every volume is an export (empty disables)")
 	fl.StringArrayVar(&f.nbdRO, "nbd-readonly", nil, "export volume NAME read-only over NBD (repeatable)")
-	fl.IntVar(&f.loneProcs, "lone-procs", 1, "OS threads running Go code while the host answers reads from its cache one at a time: after a run of such reads it drops to this many, and back to all at the next request of any other kind (0: never change; on two shared cores one thread made a cached NBD read at queue depth 1 2.6x faster, docs/BENCHMARKS.md)")
+	fl.IntVar(&f.loneProcs, "lone-procs", 1, "OS threads running Go code while the host answers reads from its cache one at a time: after a run of such reads it drops to this many, and back to all at the next request of any other kind (0: never change; on two shared cores one thread made a cached NBD read at queue depth 1 2.5x faster at the median, docs/decisions.md, 23)")
 	fl.DurationVar(&f.nbdPoll, "nbd-poll-for", 0, "after answering a read from the cache, an NBD connection polls this long for the next request before it sleeps (e.g. 50µs: faster reads at queue depth 1 when pages are cached, for a core's worth of polling; 0: sleep at once)")
 	pagesVar(fl, &f.nbdStream, "nbd-stream-from", "64KiB", "NBD reads of at least this size are served without caching their pages (the client's page cache holds them now, and a scan would evict what it lacks); 0 caches every read")
 	fl.Var(&f.tls, "tls", "NBD over TLS: off, on (STARTTLS offered) or require (nothing in clear; clients use nbds:// URIs)")
