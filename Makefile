@@ -79,8 +79,10 @@ generate: deps deps-bpf
 tools-check:
 	@command -v $(GO) >/dev/null || { echo "pd3: Go is not installed (expected at /usr/local/go/bin)"; exit 1; }
 
+# -buildvcs=auto: the binary carries its commit, which pd3 bench report
+# records with each run (the environment may default to -buildvcs=false).
 build: deps
-	$(GO) build -o $(BIN) ./tools/pd3
+	$(GO) build -buildvcs=auto -o $(BIN) ./tools/pd3
 
 # What the "try:" lines of make run and the README's examples use.
 RUN_PACKAGES := libnbd-bin nbdfuse fuse3 fio sqlite3 xxd
