@@ -24,8 +24,8 @@ FUZZ_TARGETS := \
 	./pagestore/pageproto:FuzzVolumes:100000 \
 	./nbd/nbdproto:FuzzRequest:300000 \
 	./nbd:FuzzServerStream:20000 \
-	./dpu:FuzzPageParser:300000 \
-	./dpu:FuzzNBDParser:300000 \
+	./dpu/parse:FuzzPageParser:300000 \
+	./dpu/parse:FuzzNBDParser:300000 \
 	./dpu:FuzzRingMsg:300000 \
 	./fs:FuzzSnapshot:100000 \
 	./fs:FuzzJournalRecord:100000 \

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/pageid"
@@ -17,10 +18,10 @@ type Agent struct {
 	hv     *hostview.Set
 	lz     *loadingzone.Zone
 	engine *Engine
-	parser func() Parser
+	parser func() parse.Parser
 
 	mu      sync.Mutex // guards pending
-	pending []Access
+	pending []parse.Access
 	kick    chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
@@ -69,10 +70,10 @@ const maxPending = 1 << 16
 
 // NewAgent starts the prefetcher goroutine. parser makes the parser for
 // each mirrored connection.
-func NewAgent(hv *hostview.Set, lz *loadingzone.Zone, engine *Engine, parser func() Parser) *Agent {
+func NewAgent(hv *hostview.Set, lz *loadingzone.Zone, engine *Engine, parser func() parse.Parser) *Agent {
 	a := &Agent{
 		hv: hv, lz: lz, engine: engine, parser: parser,
-		pending: make([]Access, 0, 4096),
+		pending: make([]parse.Access, 0, 4096),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -89,10 +90,10 @@ func (a *Agent) Close() {
 
 type stream struct {
 	a    *Agent
-	p    Parser
-	buf  []Access
-	pred []Access     // parsed and predicted accesses, reused
-	keys []pageid.Key // predicted pages, reused
+	p    parse.Parser
+	buf  []parse.Access
+	pred []parse.Access // parsed and predicted accesses, reused
+	keys []pageid.Key   // predicted pages, reused
 	dead bool
 }
 
@@ -101,17 +102,17 @@ var _ mirror.Mirror = (*Agent)(nil)
 // NewStream implements mirror.Mirror with the agent's default parser.
 func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser) }
 
-func (a *Agent) newStream(f func() Parser) mirror.Stream {
-	return &stream{a: a, p: f(), buf: make([]Access, 0, 256), pred: make([]Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
+func (a *Agent) newStream(f func() parse.Parser) mirror.Stream {
+	return &stream{a: a, p: f(), buf: make([]parse.Access, 0, 256), pred: make([]parse.Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
 }
 
 // Mirror returns a mirror whose streams are parsed by parsers from f, for a
 // frontend that speaks another protocol (NBD).
-func (a *Agent) Mirror(f func() Parser) mirror.Mirror { return agentMirror{a, f} }
+func (a *Agent) Mirror(f func() parse.Parser) mirror.Mirror { return agentMirror{a, f} }
 
 type agentMirror struct {
 	a *Agent
-	f func() Parser
+	f func() parse.Parser
 }
 
 func (m agentMirror) NewStream() mirror.Stream { return m.a.newStream(m.f) }
@@ -142,16 +143,16 @@ func (s *stream) Observe(b []byte) {
 // the host may already have taken them (a large read takes them without
 // caching them), so asking again would fetch them twice
 // (docs/decisions.md, 3).
-func (s *stream) predict(acc []Access) []Access {
+func (s *stream) predict(acc []parse.Access) []parse.Access {
 	out := s.pred[:0]
 	for i := 0; i < len(acc); {
-		if acc[i].Kind != Read {
+		if acc[i].Kind != parse.Read {
 			out = append(out, acc[i])
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(acc) && acc[j].Kind == Read && acc[j].Key == acc[j-1].Key+1 && acc[j].Key.Volume() == acc[i].Key.Volume() {
+		for j < len(acc) && acc[j].Kind == parse.Read && acc[j].Key == acc[j-1].Key+1 && acc[j].Key.Volume() == acc[i].Key.Volume() {
 			j++
 		}
 		var end uint64
@@ -168,7 +169,7 @@ func (s *stream) predict(acc []Access) []Access {
 			out = append(out, acc[i:j]...)
 		}
 		for _, k := range s.keys {
-			out = append(out, Access{k, Read})
+			out = append(out, parse.Access{Key: k, Kind: parse.Read})
 		}
 		i = j
 	}
@@ -188,7 +189,7 @@ func (a *Agent) Predictors() (mirrored, fuse *SequentialStats) {
 // unreflected; pd3 removes the key from Host View so it is prefetched again).
 func (a *Agent) Evicted(k pageid.Key) {
 	a.Evictions.Add(1)
-	a.enqueueLazy([]Access{{k, Delete}})
+	a.enqueueLazy([]parse.Access{{Key: k, Kind: parse.Delete}})
 }
 
 // lazyBatch is how many queued eviction notices wake the prefetcher on
@@ -198,13 +199,13 @@ func (a *Agent) Evicted(k pageid.Key) {
 // eviction cost a goroutine wake-up per host miss.
 const lazyBatch = 256
 
-func (a *Agent) enqueue(acc []Access) { a.push(acc, true, len(acc)) }
+func (a *Agent) enqueue(acc []parse.Access) { a.push(acc, true, len(acc)) }
 
-func (a *Agent) enqueueLazy(acc []Access) { a.push(acc, false, len(acc)) }
+func (a *Agent) enqueueLazy(acc []parse.Access) { a.push(acc, false, len(acc)) }
 
 // push queues acc for the prefetcher, the first parsed of them parsed
 // from a mirrored stream (the rest predicted).
-func (a *Agent) push(acc []Access, urgent bool, parsed int) {
+func (a *Agent) push(acc []parse.Access, urgent bool, parsed int) {
 	a.mu.Lock()
 	if len(a.pending)+len(acc) > maxPending {
 		a.mu.Unlock()
@@ -226,7 +227,7 @@ func (a *Agent) push(acc []Access, urgent bool, parsed int) {
 
 func (a *Agent) loop() {
 	defer close(a.done)
-	var work []Access
+	var work []parse.Access
 	keys := make([]uint64, 0, 64)
 	todo := make([]pageid.Key, 0, 64)
 	idx := make([]int, 0, 64)
@@ -245,12 +246,12 @@ func (a *Agent) loop() {
 			keys, idx = keys[:0], idx[:0]
 			for i, acc := range batch {
 				switch acc.Kind {
-				case Read:
+				case parse.Read:
 					keys = append(keys, uint64(acc.Key))
 					idx = append(idx, i)
-				case Write:
+				case parse.Write:
 					a.hv.Add(uint64(acc.Key))
-				case Delete:
+				case parse.Delete:
 					a.hv.Delete(uint64(acc.Key))
 				}
 			}
@@ -313,13 +314,13 @@ func (a *Agent) ReadAhead(src int, first pageid.Key, n int, end uint64) {
 	if len(keys) == 0 {
 		return
 	}
-	p, _ := a.scratch.Get().(*[]Access)
+	p, _ := a.scratch.Get().(*[]parse.Access)
 	if p == nil {
-		p = new([]Access)
+		p = new([]parse.Access)
 	}
 	acc := (*p)[:0]
 	for _, k := range keys {
-		acc = append(acc, Access{k, Read})
+		acc = append(acc, parse.Access{Key: k, Kind: parse.Read})
 	}
 	a.enqueue(acc)
 	*p = acc
@@ -331,11 +332,11 @@ func (a *Agent) ReadAhead(src int, first pageid.Key, n int, end uint64) {
 // does for a parsed write, so the predictor does not prefetch pages the
 // host holds. Queued lazily, ahead of any later read decision.
 func (a *Agent) Written(first pageid.Key, n int) {
-	var buf [64]Access
+	var buf [64]parse.Access
 	for n > 0 {
 		m := min(n, len(buf))
 		for i := range m {
-			buf[i] = Access{pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), Write}
+			buf[i] = parse.Access{Key: pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), Kind: parse.Write}
 		}
 		a.enqueueLazy(buf[:m])
 		first, n = pageid.MakeKey(first.Volume(), first.Page()+uint64(m)), n-m

@@ -3,8 +3,8 @@
 // the host will miss, and prefetches those from the memory node into the
 // host's Loading Zone.
 //
-//   - Parsers turn request streams into page accesses: PageParser for the
-//     page protocol, NBDParser for NBD (handshake included). The streams
+//   - Parsers (package parse) turn request streams into page accesses:
+//     PageParser for the page protocol, NBDParser for NBD. The streams
 //     come from the host's connection readers (mirror.Conn, the tap) or
 //     from an AF_PACKET capture of the server's port (mirror/packet). The FUSE
 //     frontend and the kernel page-cache tracker report ranges directly

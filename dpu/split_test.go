@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
@@ -69,14 +70,14 @@ func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *testAgent {
 	ta := &testAgent{Zone: region.Zone, HV: hostview.New(8192, 2), Kernel: hostview.New(8192, 2)}
 	region.Zone.OnDrop = func(k uint64) { ta.HV.Delete(k) }
 	ta.Engine = NewEngine(NodeConn{Client: c}, ta.HV, region.Zone, 0)
-	ta.Agent = NewAgent(ta.HV, region.Zone, ta.Engine, func() Parser { return new(PageParser) })
+	ta.Agent = NewAgent(ta.HV, region.Zone, ta.Engine, func() parse.Parser { return new(parse.PageParser) })
 	ta.Agent.SetKernelView(ta.Kernel)
 	ready, done := make(chan struct{}), make(chan struct{})
 	var serveErr error
 	go func() {
 		defer close(done)
 		serveErr = region.Serve(r.ctx, HostService{Agent: ta.Agent, Engine: ta.Engine, Kernel: ta.Kernel,
-			NBDParser: func() Parser { return &NBDParser{Resolve: NBDResolver(r.ctx, c)} }, Ready: func() { close(ready) }})
+			NBDParser: func() parse.Parser { return &parse.NBDParser{Resolve: NBDResolver(r.ctx, c)} }, Ready: func() { close(ready) }})
 	}()
 	// The agent removes its region when it stops; wait for that.
 	t.Cleanup(func() {

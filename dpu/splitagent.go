@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/dpu/mirror"
+	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/internal/shmring"
@@ -75,7 +76,7 @@ type HostService struct {
 	// the host's KERNEL messages.
 	Kernel *hostview.Set
 	// NBDParser makes the parser of a mirrored NBD connection.
-	NBDParser func() Parser
+	NBDParser func() parse.Parser
 	// Workers is how many host reads and write-backs run at once
 	// (default 64).
 	Workers int
@@ -177,9 +178,9 @@ func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
 				}
 			}
 		case msgResident:
-			keys := make([]Access, 0, len(r.keys)/8)
+			keys := make([]parse.Access, 0, len(r.keys)/8)
 			for i := range len(r.keys) / 8 {
-				keys = append(keys, Access{r.keyAt(i), Write})
+				keys = append(keys, parse.Access{Key: r.keyAt(i), Kind: parse.Write})
 			}
 			a.enqueue(keys)
 		case msgTrim, msgInvalidate, msgRead, msgWrite, msgFence:

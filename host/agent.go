@@ -12,6 +12,7 @@ import (
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
+	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -93,12 +94,12 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 	region.Zone.OnDrop = func(k uint64) { s.HostView.Delete(k) }
 	s.Engine = dpu.NewEngine(dpu.NodeConn{Client: c}, s.HostView, region.Zone, 0)
 	defer s.Engine.Close()
-	s.Agent = dpu.NewAgent(s.HostView, region.Zone, s.Engine, func() dpu.Parser { return new(dpu.PageParser) })
+	s.Agent = dpu.NewAgent(s.HostView, region.Zone, s.Engine, func() parse.Parser { return new(parse.PageParser) })
 	defer s.Agent.Close()
 	s.Kernel = hostview.New(hostPages+lzRecords+1024, 2)
 	s.Agent.SetKernelView(s.Kernel)
 	resolve := dpu.NBDResolver(ctx, c)
-	nbdParser := func() dpu.Parser { return &dpu.NBDParser{Resolve: resolve} }
+	nbdParser := func() parse.Parser { return &parse.NBDParser{Resolve: resolve} }
 
 	var wg sync.WaitGroup
 	defer wg.Wait() // the captures end before the agent and region close

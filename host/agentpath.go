@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -30,7 +31,7 @@ func (h *Host) missPath(cfg Config, opt *pagestore.Options, conn dpu.Conn, direc
 		if err := h.startEngine(cfg, opt, conn); err != nil {
 			return nil, err
 		}
-		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() dpu.Parser { return new(dpu.PageParser) })
+		h.Agent = dpu.NewAgent(h.HostView, h.Zone, h.Engine, func() parse.Parser { return new(parse.PageParser) })
 		opt.OnEvict = h.Agent.Evicted
 		remote = h.Engine
 	case AgentSplit:

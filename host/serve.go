@@ -15,6 +15,7 @@ import (
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
+	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
@@ -62,7 +63,7 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 	switch {
 	case h.Agent != nil:
 		mir = h.Agent
-		nbdMir = h.Agent.Mirror(func() dpu.Parser { return &dpu.NBDParser{Resolve: h.resolveExport} })
+		nbdMir = h.Agent.Mirror(func() parse.Parser { return &parse.NBDParser{Resolve: h.resolveExport} })
 	case h.Link != nil:
 		mir = h.Link
 		nbdMir = h.Link.Mirror(dpu.ProtoNBD)

@@ -1,4 +1,4 @@
-package dpu
+package parse
 
 import (
 	"errors"
@@ -37,7 +37,7 @@ type Access struct {
 
 // ErrLostSync is returned by a parser that can no longer follow its
 // stream; the agent stops parsing that connection (the host is unaffected).
-var ErrLostSync = errors.New("dpu: parser lost the stream")
+var ErrLostSync = errors.New("parse: lost the stream")
 
 // Parser follows the byte stream of one client connection. Feed takes the
 // bytes in arrival order, split anywhere, and appends the accesses of every

@@ -1,4 +1,4 @@
-package dpu
+package parse
 
 import (
 	"math/rand/v2"

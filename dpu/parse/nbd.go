@@ -1,4 +1,4 @@
-package dpu
+package parse
 
 import (
 	"encoding/binary"
