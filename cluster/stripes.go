@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/pd3-go/pd3/internal/units"
 )
 
 // DefaultExtentBytes is the unit of placement of a replicated volume:
@@ -176,7 +179,16 @@ func PlaceStripes(nodes []Node, size, extentBytes uint64, r int, pick func(int) 
 			}
 		}
 		if len(fit) < r {
-			return Stripes{}, fmt.Errorf("%w: extent %d of %d needs %d nodes with %d bytes free, %d have", ErrNoNode, i, count, r, extentBytes, len(fit))
+			room := make([]string, 0, len(up))
+			for _, n := range up {
+				left := "no limit"
+				if n.Capacity > 0 {
+					left = fmt.Sprintf("%s of %s free", units.FormatSize(n.Capacity-min(n.Capacity, n.Stored)), units.FormatSize(n.Capacity))
+				}
+				room = append(room, n.ID+" "+left)
+			}
+			return Stripes{}, fmt.Errorf("%w: %s as %d extents of %s, %d %s each, does not fit (extent %d found %d with room); room: %s; add a memory node or raise a node's capacity",
+				ErrNoNode, units.FormatSize(size), count, units.FormatSize(extentBytes), r, plural(r, "copy", "copies"), i, len(fit), strings.Join(room, ", "))
 		}
 		reps := make([]string, 0, r)
 		for len(reps) < r {
@@ -330,4 +342,11 @@ func NextVolumeID(ctx context.Context, cli *clientv3.Client, cluster string) (ui
 			return uint16(next), nil
 		}
 	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -127,7 +127,8 @@ type Config struct {
 	// Replicas, if > 0 (with Etcd), serves volumes striped over every
 	// memory node of the cluster, each extent on this many nodes (fewer
 	// if fewer are up); Memnode is then unused. 0: volumes live on the
-	// one node Memnode.
+	// one node Memnode or, with no Memnode, are placed by the control
+	// plane as with 1.
 	Replicas int
 	// RepairRate bounds the bytes a second a host copies to restore
 	// replicas lost with a node (0: no bound).
@@ -206,6 +207,12 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 		return startLocal(ctx, cfg)
 	}
 	if cfg.Replicas > 0 {
+		return startReplicated(ctx, cfg)
+	}
+	if cfg.Memnode == "" {
+		// The control plane places the volumes over its nodes, one copy
+		// of each extent, and finds them again on a restart.
+		cfg.Replicas = 1
 		return startReplicated(ctx, cfg)
 	}
 	busy := new(sockio.Busy)

@@ -202,8 +202,8 @@ func (c *Config) Check() error {
 	if c.Replicas > 0 && !c.Etcd.Enabled() {
 		return fieldErr("Replicas", "replicated volumes need the control plane (Config.Etcd)")
 	}
-	if !c.Local && c.Replicas == 0 && c.Memnode == "" {
-		return fieldErr("Memnode", "no memory node address")
+	if !c.Local && c.Replicas == 0 && c.Memnode == "" && !c.Etcd.Enabled() {
+		return fieldErr("Memnode", "no memory node address, and no control plane (Config.Etcd) to place the volumes through")
 	}
 	if c.Mirror == MirrorPacket && c.DPU.Kind == AgentNone {
 		return fieldErr("Mirror", "packet feeds an agent: set Config.DPU to embedded or shm:NAME")

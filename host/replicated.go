@@ -214,7 +214,7 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg Config, nod
 	case err == nil && rec.Filesystem:
 		return rec, errors.New("it is a filesystem's placement, not a volume")
 	case err == nil && rec.Stripes == nil:
-		return rec, fmt.Errorf("it lives on one memory node (%s), not replicated: serve it without --replicas", rec.NodeAddr)
+		return rec, &ConfigError{Field: "Memnode", Err: fmt.Errorf("volume %q lives on memory node %s alone, not striped: set Config.Memnode to %s (and Config.Replicas to 0) to serve it", vs.Name, rec.NodeAddr, rec.NodeAddr)}
 	case err == nil && rec.State != cluster.VolumeReady:
 		return rec, fmt.Errorf("it is %s (pd3 volume): not serving it", rec.State)
 	case err == nil:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -117,4 +118,48 @@ func TestMountOverReplicatedVolumes(t *testing.T) {
 	c := host(dirC)
 	defer c.Close(ctx)
 	check(dirC, "on the copy alone")
+}
+
+// TestServeThroughTheControlPlane: a host given the control plane and no
+// memory node places its volume over the registered nodes (one copy of
+// each extent), finds it again after a restart with what was written, and
+// says how much room each node has when the volume does not fit.
+func TestServeThroughTheControlPlane(t *testing.T) {
+	ctx := context.Background()
+	access, _ := startCluster(t, 3)
+	cfg := Config{Etcd: access, Volumes: []VolumeSpec{{"disk0", 64 << 20}}, CacheBytes: 16 * 4096, OpTimeout: 2 * time.Second}
+	h, err := Start(ctx, cfg)
+	require.NoError(t, err)
+	require.NotNil(t, h.Replicated, "placed through the control plane")
+	s, ok := h.Replicated.Stripes(h.Volumes[0].ID)
+	require.True(t, ok)
+	assert.Equal(t, 1, s.Replicas)
+	assert.Len(t, s.Extents, 4)
+	page := make([]byte, pageid.Size)
+	for p := range uint64(64) {
+		page[0], page[1] = byte(p), 0xa5
+		require.NoError(t, h.Store.Put(ctx, pageid.MakeKey(h.Volumes[0].ID, p*256), page))
+	}
+	require.NoError(t, h.Close(ctx))
+
+	h, err = Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close(ctx)
+	got := make([]byte, pageid.Size)
+	for p := range uint64(64) {
+		require.NoError(t, h.Store.Get(ctx, pageid.MakeKey(h.Volumes[0].ID, p*256), got))
+		assert.Equal(t, []byte{byte(p), 0xa5}, got[:2], "page %d", p*256)
+	}
+
+	// Three nodes of 32 MiB hold no 256 MiB volume.
+	small, _ := startCluster(t, 0)
+	for range 3 {
+		node, err := StartMemnode(ctx, MemnodeConfig{Etcd: small, Capacity: 32 << 20})
+		require.NoError(t, err)
+		t.Cleanup(func() { node.Close() })
+	}
+	_, err = Start(ctx, Config{Etcd: small, Volumes: []VolumeSpec{{"big", 256 << 20}}, CacheBytes: 16 * 4096})
+	assert.ErrorIs(t, err, cluster.ErrNoNode)
+	assert.ErrorContains(t, err, "32MiB of 32MiB free")
+	assert.ErrorContains(t, err, "add a memory node")
 }

@@ -660,3 +660,52 @@ func stripesOf(t *testing.T, etcd string) cluster.Stripes {
 	require.NotNil(t, rows[i].Stripes)
 	return *rows[i].Stripes
 }
+
+// TestServeWithoutAMemoryNode: pd3 serve given the control plane and no
+// --memnode places its volume over the three registered nodes, keeps what
+// a client wrote across a restart, and, for a volume pd3 volume create put
+// on one node, names the node to serve it from.
+func TestServeWithoutAMemoryNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	port := strconv.Itoa(testetcd.FreePort(t))
+	start(t, []string{"etcd"}, "coord", "--listen", "127.0.0.1:"+port, "--dir", t.TempDir())
+	etcd := "http://127.0.0.1:" + port
+	for range 3 {
+		start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+	}
+	serve := func() *bench.Child {
+		return start(t, []string{"NBD server"}, "serve", "--etcd", etcd, "--volume", "disk0:64MiB", "--nbd", "127.0.0.1:0", "--page", "")
+	}
+	host := serve()
+	assert.Contains(t, host.Output(), "no --memnode: the control plane places the volumes")
+	assert.Regexp(t, `volume disk0 placed: 4 extents of 16 MiB over [1-3] nodes?, 1 replica each`, host.Output())
+	nc, err := nbdclient.Dial(host.Addrs["NBD server"], "disk0")
+	require.NoError(t, err)
+	block := make([]byte, 64<<10)
+	for i := range 16 { // one block in each MiB of the first 16
+		block[0], block[len(block)-1] = byte(i), 0x5a
+		require.NoError(t, nc.Write(uint64(i)<<20, block))
+	}
+	require.NoError(t, nc.Flush())
+	nc.Close()
+	host.Stop()
+
+	host = serve()
+	assert.NotContains(t, host.Output(), "placed:", "found again, not placed anew")
+	nc, err = nbdclient.Dial(host.Addrs["NBD server"], "disk0")
+	require.NoError(t, err)
+	defer nc.Close()
+	for i := range 16 {
+		require.NoError(t, nc.Read(uint64(i)<<20, block))
+		assert.Equal(t, []byte{byte(i), 0x5a}, []byte{block[0], block[len(block)-1]}, "MiB %d", i)
+	}
+	host.Stop()
+
+	out, err := run(t, "", "volume", "create", "one", "--size", "16MiB", "--etcd", etcd)
+	require.NoError(t, err, out)
+	out, err = run(t, "", "serve", "--etcd", etcd, "--volume", "one:16MiB", "--nbd", "127.0.0.1:0", "--page", "")
+	require.Error(t, err)
+	assert.Regexp(t, `--memnode: volume "one" lives on memory node 127\.0\.0\.1:\d+ alone, not striped: set --memnode to 127\.0\.0\.1:\d+`, out)
+}

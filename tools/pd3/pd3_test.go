@@ -201,7 +201,7 @@ func TestBadFlagsSayWhy(t *testing.T) {
 	}{
 		{[]string{"up", "--cache", "banana"}, `invalid argument "banana" for "--cache" flag: bad size`},
 		{[]string{"up", "--volume", "disk0"}, "want NAME:SIZE"},
-		{[]string{"serve"}, "--memnode ADDR is required"},
+		{[]string{"serve"}, "--memnode ADDR or --etcd URLS is required"},
 		{[]string{"memnode", "--grant", "tenant"}, "want TOKEN=PATTERN"},
 		{[]string{"memnode", "--grant", "tenant=[x"}, "bad pattern"},
 		{[]string{"page", "get", "nope"}, "want VOLUME:PAGE"},

@@ -267,7 +267,10 @@ func serveCmd() *cobra.Command {
 					return usageError{errors.New("--replicas places volumes through the control plane: give --etcd URLS")}
 				}
 			} else if cfg.Memnode == "" && !cfg.Local {
-				return errors.New("--memnode ADDR is required (start one with: pd3 memnode --listen 127.0.0.1:7100)")
+				if !cfg.Etcd.Enabled() {
+					return usageError{errors.New("--memnode ADDR or --etcd URLS is required: a memory node to serve from, or the control plane to place volumes over its nodes (start a node with: pd3 memnode --listen 127.0.0.1:7100)")}
+				}
+				cfg.Log.Info("no --memnode: the control plane places the volumes over its memory nodes (one copy of each 16 MiB extent; --replicas N for more)")
 			}
 			if err := checkFirst(cfg, false); err != nil {
 				return err
@@ -277,7 +280,7 @@ func serveCmd() *cobra.Command {
 			return runHost(ctx, cfg, f.metrics)
 		},
 	}
-	f.add(cmd, "memory node address (host:port or unix:/path)")
+	f.add(cmd, "memory node address (host:port or unix:/path); without it, --etcd places the volumes over the cluster's nodes")
 	return cmd
 }
 
