@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -62,6 +64,9 @@ func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
 		return nil, errors.New("cluster: no etcd endpoints")
 	}
 	at := strings.Join(a.Endpoints, ",")
+	if err := probe(ctx, a.Endpoints); err != nil {
+		return nil, fmt.Errorf("%w at %s: %w; is etcd running there? (pd3 coord starts one)", ErrUnreachable, at, err)
+	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: a.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		TLS: a.TLS, Username: a.Username, Password: a.Password})
 	if err != nil {
@@ -74,6 +79,32 @@ func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
 		return nil, dialError(at, err)
 	}
 	return cli, nil
+}
+
+// probe connects to each TCP endpoint once and reports why none took the
+// connection (connection refused, no route), so that a wrong address
+// fails at once with its cause rather than after the client's timeout
+// with "context deadline exceeded". Any endpoint that connects, or one that
+// is not TCP, leaves the verdict to the client.
+func probe(ctx context.Context, endpoints []string) error {
+	var errs []error
+	for _, e := range endpoints {
+		hostport := e
+		if u, err := url.Parse(e); err == nil && u.Host != "" {
+			if u.Scheme != "http" && u.Scheme != "https" {
+				return nil
+			}
+			hostport = u.Host
+		}
+		d := net.Dialer{Timeout: time.Second}
+		c, err := d.DialContext(ctx, "tcp", hostport)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // dialError names why etcd at could not be used: credentials refused, or

@@ -90,6 +90,11 @@ func TestDialUnreachable(t *testing.T) {
 	_, err := Dial(context.Background(), Access{Endpoints: []string{"127.0.0.1:1"}})
 	assert.ErrorIs(t, err, ErrUnreachable)
 	assert.Contains(t, err.Error(), "127.0.0.1:1")
+	// The cause, not the client's timeout.
+	_, err = Dial(context.Background(), Access{Endpoints: []string{"http://127.0.0.1:1"}})
+	assert.ErrorContains(t, err, "connection refused")
+	assert.ErrorContains(t, err, "is etcd running there?")
+	assert.NotContains(t, err.Error(), "deadline exceeded")
 }
 
 func TestNodeIDIsStableInADirectory(t *testing.T) {

@@ -25,8 +25,11 @@ func parseID(s string) (pageid.Key, error) {
 		return 0, fmt.Errorf("bad volume id in %q", s)
 	}
 	pg, err := strconv.ParseUint(p, 10, 48)
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, fmt.Errorf("page number %s in %q is past the last a volume can have, %d (2^48-1)", p, s, uint64(1)<<48-1)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("bad page number in %q", s)
+		return 0, fmt.Errorf("bad page number in %q: want a decimal number, e.g. 1:0", s)
 	}
 	return pageid.MakeKey(uint16(vol), pg), nil
 }

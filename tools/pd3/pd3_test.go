@@ -205,6 +205,7 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		{[]string{"memnode", "--grant", "tenant"}, "want TOKEN=PATTERN"},
 		{[]string{"memnode", "--grant", "tenant=[x"}, "bad pattern"},
 		{[]string{"page", "get", "nope"}, "want VOLUME:PAGE"},
+		{[]string{"page", "get", "1:281474976710656"}, "past the last a volume can have, 281474976710655"},
 		{[]string{"up", "--policy", "random"}, "unknown eviction policy"},
 		{[]string{"up", "--mirror", "pcap"}, `invalid argument "pcap" for "--mirror" flag: unknown mirror "pcap": tap, packet or none`},
 		// Fields that contradict each other, refused before anything
