@@ -64,9 +64,6 @@ func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
 		return nil, errors.New("cluster: no etcd endpoints")
 	}
 	at := strings.Join(a.Endpoints, ",")
-	if err := probe(ctx, a.Endpoints); err != nil {
-		return nil, fmt.Errorf("%w at %s: %w; is etcd running there? (pd3 coord starts one)", ErrUnreachable, at, err)
-	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: a.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		TLS: a.TLS, Username: a.Username, Password: a.Password})
 	if err != nil {
@@ -76,16 +73,19 @@ func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
 	defer cancel()
 	if _, err := cli.Get(cctx, "/pd3/", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
+		if perr := probe(ctx, a.Endpoints); perr != nil {
+			// Not "context deadline exceeded": why no endpoint answered.
+			return nil, fmt.Errorf("%w at %s: %w; is etcd running there? (pd3 coord starts one)", ErrUnreachable, at, perr)
+		}
 		return nil, dialError(at, err)
 	}
 	return cli, nil
 }
 
 // probe connects to each TCP endpoint once and reports why none took the
-// connection (connection refused, no route), so that a wrong address
-// fails at once with its cause rather than after the client's timeout
-// with "context deadline exceeded". Any endpoint that connects, or one that
-// is not TCP, leaves the verdict to the client.
+// connection (connection refused, no route): after the client gave up,
+// that is the cause to report rather than its "context deadline
+// exceeded". An endpoint that connects, or one that is not TCP, gives nil.
 func probe(ctx context.Context, endpoints []string) error {
 	var errs []error
 	for _, e := range endpoints {
