@@ -187,8 +187,8 @@ func PlaceStripes(nodes []Node, size, extentBytes uint64, r int, pick func(int) 
 				}
 				room = append(room, n.ID+" "+left)
 			}
-			return Stripes{}, fmt.Errorf("%w: %s as %d extents of %s, %d %s each, does not fit (extent %d found %d with room); room: %s; add a memory node or raise a node's capacity",
-				ErrNoNode, units.FormatSize(size), count, units.FormatSize(extentBytes), r, plural(r, "copy", "copies"), i, len(fit), strings.Join(room, ", "))
+			return Stripes{}, fmt.Errorf("%w: %s as %d extents of %s, %s each, does not fit (extent %d found %d with room); room: %s; add a memory node or raise a node's capacity",
+				ErrNoNode, units.FormatSize(size), count, units.FormatSize(extentBytes), units.Count(r, "copy", "copies"), i, len(fit), strings.Join(room, ", "))
 		}
 		reps := make([]string, 0, r)
 		for len(reps) < r {
@@ -342,11 +342,4 @@ func NextVolumeID(ctx context.Context, cli *clientv3.Client, cluster string) (ui
 			return uint16(next), nil
 		}
 	}
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }

@@ -50,21 +50,32 @@ type Embedded struct {
 	closers []func() error
 }
 
+// Check refuses an EmbeddedConfig that cannot serve cfg, as a
+// *ConfigError naming the field at fault (EmbeddedConfig.X or Config.X),
+// before anything starts. StartEmbedded calls it; a command may call it
+// sooner.
+func (e EmbeddedConfig) Check(cfg Config) error {
+	switch {
+	case cfg.Memnode != "" || cfg.Local:
+		return fieldErr("Memnode", "names a memory node already: nothing to embed")
+	case cfg.MemnodeTLS.Enabled():
+		return fieldErr("MemnodeTLS", "the embedded memory node speaks in clear on loopback: for TLS, run a memory node of its own and set Config.Memnode")
+	case e.Memnodes > 1 && cfg.Replicas == 0:
+		return fieldErr("Replicas", "%d embedded memory nodes (EmbeddedConfig.Memnodes) serve replicated volumes: set it", e.Memnodes)
+	case e.Memnodes > 1 && e.EtcdListen == "none" && !cfg.Etcd.Enabled():
+		return fieldErr("EtcdListen", "none turns the embedded etcd off, and %d memory nodes (EmbeddedConfig.Memnodes) replicate volumes through the control plane: leave it on or set Config.Etcd", e.Memnodes)
+	case e.Memnodes > 1 && e.MemnodeListen != "" && !strings.HasSuffix(e.MemnodeListen, ":0"):
+		return fieldErr("MemnodeListen", "%d embedded memory nodes (EmbeddedConfig.Memnodes) cannot share %s: leave the port to the system (:0)", e.Memnodes, e.MemnodeListen)
+	}
+	return nil
+}
+
 // StartEmbedded starts what cfg lacks to run a host in this process: the
 // control plane (unless cfg.Etcd names one) and the memory nodes, and
 // points cfg at them. On an error, what it started is stopped again.
 func StartEmbedded(ctx context.Context, cfg *Config, e EmbeddedConfig) (_ *Embedded, err error) {
-	switch {
-	case cfg.Memnode != "" || cfg.Local:
-		return nil, fieldErr("Memnode", "names a memory node already: nothing to embed")
-	case cfg.MemnodeTLS.Enabled():
-		return nil, fieldErr("MemnodeTLS", "the embedded memory node speaks in clear on loopback: for TLS, run a memory node of its own and set Config.Memnode")
-	case e.Memnodes > 1 && cfg.Replicas == 0:
-		return nil, fmt.Errorf("host: %d embedded memory nodes serve replicated volumes: set Config.Replicas", e.Memnodes)
-	case e.Memnodes > 1 && e.EtcdListen == "none" && !cfg.Etcd.Enabled():
-		return nil, errors.New("host: replicated volumes need the control plane, and the embedded etcd is off")
-	case e.Memnodes > 1 && e.MemnodeListen != "" && !strings.HasSuffix(e.MemnodeListen, ":0"):
-		return nil, fmt.Errorf("host: %d embedded memory nodes: their listen address must leave the port to the system (:0)", e.Memnodes)
+	if err := e.Check(*cfg); err != nil {
+		return nil, err
 	}
 	log := e.Log
 	if log == nil {

@@ -38,7 +38,10 @@ func TestStartEmbedded(t *testing.T) {
 
 	one := Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}}
 	_, err = StartEmbedded(ctx, &one, EmbeddedConfig{Memnodes: 2})
-	assert.ErrorContains(t, err, "set Config.Replicas")
+	var ce *ConfigError
+	if assert.ErrorAs(t, err, &ce) {
+		assert.Equal(t, "Replicas", ce.Field)
+	}
 	busy := newNode(t)
 	_, err = StartEmbedded(ctx, &one, EmbeddedConfig{MemnodeListen: busy.Addr})
 	assert.ErrorContains(t, err, "address already in use")

@@ -231,18 +231,10 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 			h.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	// A write-back that cannot reach the node is retried for one operation
-	// timeout before clients see EIO: a node restart inside it is invisible.
-	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
-	remote, err := h.missPath(cfg, &opt, dpu.NodeConn{Client: c}, memnode.Remote{C: c})
+	st, err := h.openStore(ctx, cfg, dpu.NodeConn{Client: c}, memnode.Remote{C: c})
 	if err != nil {
 		return nil, err
 	}
-	st, err := pagestore.New(remote, opt)
-	if err != nil {
-		return nil, fmt.Errorf("host: %w", err)
-	}
-	h.useStore(ctx, cfg, st)
 	for _, vs := range cfg.Volumes {
 		v, err := c.OpenOrCreate(ctx, vs.Name, vs.Size)
 		if err != nil {
@@ -268,6 +260,25 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 		}
 	}
 	return h, nil
+}
+
+// openStore builds the host's page store over direct, behind the agent's
+// or the prefetcher's miss path when cfg asks for one (conn is the
+// engine's way to the nodes), and makes it the host's (useStore).
+func (h *Host) openStore(ctx context.Context, cfg Config, conn dpu.Conn, direct pagestore.Remote) (*pagestore.Store, error) {
+	// A write-back that cannot reach the node is retried for one operation
+	// timeout before clients see EIO: a node restart inside it is invisible.
+	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
+	remote, err := h.missPath(cfg, &opt, conn, direct)
+	if err != nil {
+		return nil, err
+	}
+	st, err := pagestore.New(remote, opt)
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	h.useStore(ctx, cfg, st)
+	return st, nil
 }
 
 // useStore makes st the host's page store: the volumes' holds are given

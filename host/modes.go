@@ -85,7 +85,8 @@ const (
 	MirrorNone
 )
 
-var mirrorNames = []string{MirrorTap: "tap", MirrorPacket: "packet", MirrorNone: "none"}
+// mirrorNames are the Mirror values' names in their order.
+const mirrorNames = "tap packet none"
 
 // ParseMirror reads "tap" (or ""), "packet" or "none".
 func ParseMirror(s string) (Mirror, error) { return parseName[Mirror]("mirror", mirrorNames, s) }
@@ -108,7 +109,8 @@ const (
 	PrefetchLeap
 )
 
-var prefetcherNames = []string{PrefetchNone: "none", PrefetchLeap: "leap"}
+// prefetcherNames are the Prefetcher values' names in their order.
+const prefetcherNames = "none leap"
 
 // ParsePrefetcher reads "none" (or "") or "leap".
 func ParsePrefetcher(s string) (Prefetcher, error) {
@@ -135,7 +137,8 @@ const (
 	TLSRequire
 )
 
-var tlsNames = []string{TLSOff: "off", TLSOn: "on", TLSRequire: "require"}
+// tlsNames are the TLSMode values' names in their order.
+const tlsNames = "off on require"
 
 // ParseTLSMode reads "off" (or ""), "on" or "require".
 func ParseTLSMode(s string) (TLSMode, error) { return parseName[TLSMode]("TLS mode", tlsNames, s) }
@@ -150,19 +153,22 @@ func (m *TLSMode) Type() string { return "mode" }
 
 // parseName reads one of names, "" being the first; the value is its
 // index.
-func parseName[T ~uint8](what string, names []string, s string) (T, error) {
+// parseName is the value of T named s among names (space-separated, in
+// the values' order); "" is the zero value.
+func parseName[T ~uint8](what, names, s string) (T, error) {
 	if s == "" {
 		return 0, nil
 	}
-	if i := slices.Index(names, s); i >= 0 {
+	all := strings.Fields(names)
+	if i := slices.Index(all, s); i >= 0 {
 		return T(i), nil
 	}
-	return 0, fmt.Errorf("unknown %s %q: %s or %s", what, s, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
+	return 0, fmt.Errorf("unknown %s %q: %s or %s", what, s, strings.Join(all[:len(all)-1], ", "), all[len(all)-1])
 }
 
-func nameOf[T ~uint8](names []string, v T) string {
-	if int(v) < len(names) {
-		return names[v]
+func nameOf[T ~uint8](names string, v T) string {
+	if all := strings.Fields(names); int(v) < len(all) {
+		return all[v]
 	}
 	return fmt.Sprintf("%d", v)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pd3-go/pd3/internal/units"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -14,7 +15,6 @@ import (
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
-	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/replica"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -110,18 +110,12 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if h.Replicated, err = replica.New(reach, vols, replica.EtcdControl{Client: cli, Cluster: cfg.Cluster}); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
 	// The engine's reads and write-backs go through the same node
 	// connections as the host's: its ordering holds at every replica.
-	remote, err := h.missPath(cfg, &opt, h.Replicated, h.Replicated)
+	st, err := h.openStore(ctx, cfg, h.Replicated, h.Replicated)
 	if err != nil {
 		return nil, err
 	}
-	st, err := pagestore.New(remote, opt)
-	if err != nil {
-		return nil, fmt.Errorf("host: %w", err)
-	}
-	h.useStore(ctx, cfg, st)
 	if err := h.leaseVolumes(ctx, cfg); err != nil {
 		return nil, err
 	}
@@ -228,16 +222,8 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg Config, nod
 	}
 	if err == nil {
 		s := rec.Stripes
-		cfg.Log.Info(fmt.Sprintf("volume %s placed: %s of %d MiB over %s, %s each", vs.Name, plural(len(s.Extents), "extent"),
-			s.ExtentBytes>>20, plural(len(s.Nodes()), "node"), plural(s.Replicas, "replica")))
+		cfg.Log.Info(fmt.Sprintf("volume %s placed: %s of %d MiB over %s, %s each", vs.Name, units.Count(len(s.Extents), "extent", ""),
+			s.ExtentBytes>>20, units.Count(len(s.Nodes()), "node", ""), units.Count(s.Replicas, "replica", "")))
 	}
 	return rec, err
-}
-
-// plural is "1 node", "3 nodes".
-func plural(n int, what string) string {
-	if n == 1 {
-		return "1 " + what
-	}
-	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -56,11 +56,11 @@ func TestTenderRepairsWhatALostNodeHeld(t *testing.T) {
 	require.NoError(t, regs["a"].Close())
 	r.srv["a"].Close()
 
-	var copied int
+	var dialled int
 	tend := &Tender{Etcd: cli, Cluster: name, Remote: rem, RepairRate: 0,
 		Volumes: []pageid.VolumeInfo{{ID: r.vol.ID, Name: rec.Name, Size: rec.Size}},
 		Dial: func(ctx context.Context, addr string) (*memnode.Client, error) {
-			copied++ // dialled once per target node, kept after
+			dialled++ // dialled once per target node, kept after
 			return memnode.Dial(ctx, addr, memnode.ClientOptions{OpTimeout: 5 * time.Second})
 		}}
 	stop := tend.Run(ctx)
@@ -74,7 +74,7 @@ func TestTenderRepairsWhatALostNodeHeld(t *testing.T) {
 		return deg == 0 && lost == 0 && !slices.Contains(got.Stripes.Nodes(), "a")
 	}, 30*time.Second, 50*time.Millisecond, "the map in etcd heals without a")
 	stop()
-	assert.Positive(t, copied)
+	assert.Positive(t, dialled)
 
 	got, err := cluster.GetVolume(ctx, cli, name, rec.Name)
 	require.NoError(t, err)

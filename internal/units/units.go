@@ -66,3 +66,16 @@ func FormatSize(n uint64) string {
 	}
 	return strconv.FormatUint(n, 10) + "B"
 }
+
+// Count is "1 node", "3 nodes": n and the noun, plural when n is not 1.
+// many is the plural when adding "s" is wrong ("copy", "copies"); empty,
+// it is one+"s".
+func Count(n int, one, many string) string {
+	if many == "" {
+		many = one + "s"
+	}
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

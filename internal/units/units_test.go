@@ -33,3 +33,20 @@ func TestParseMultiple(t *testing.T) {
 	_, err = ParseMultiple("10000", 4096)
 	assert.ErrorContains(t, err, "use 8KiB or 12KiB")
 }
+
+func TestCount(t *testing.T) {
+	for _, c := range []struct {
+		n         int
+		one, many string
+		want      string
+	}{
+		{0, "node", "", "0 nodes"},
+		{1, "node", "", "1 node"},
+		{2, "copy", "copies", "2 copies"},
+		{1, "copy", "copies", "1 copy"},
+	} {
+		if got := Count(c.n, c.one, c.many); got != c.want {
+			t.Errorf("Count(%d, %q, %q) = %q, want %q", c.n, c.one, c.many, got, c.want)
+		}
+	}
+}

@@ -208,12 +208,21 @@ func flagOf(field string) string {
 		return "--tls"
 	case "NBDTLSCertificates":
 		return "--tls-certificates"
+	case "Memnodes":
+		return "--memnodes"
+	case "MemnodeListen":
+		return "--memnode-listen"
+	case "EtcdListen":
+		return "--etcd-listen"
+	case "Persist":
+		return "--persist"
 	}
 	return ""
 }
 
-// configFieldRe matches a field of host.Config as its errors name one.
-var configFieldRe = regexp.MustCompile(`Config\.([A-Za-z]+)`)
+// configFieldRe matches a field of host.Config or host.EmbeddedConfig as
+// their errors name one.
+var configFieldRe = regexp.MustCompile(`\b(?:Embedded)?Config\.([A-Za-z]+)`)
 
 // inFlagWords rewrites a host.ConfigError into the command's words: the
 // fields it names become the flags that set them, and it becomes a usage
@@ -229,7 +238,7 @@ func inFlagWords(err error) error {
 		}
 		return "Config." + field
 	}
-	msg := configFieldRe.ReplaceAllStringFunc(ce.Err.Error(), func(m string) string { return words(m[len("Config."):]) })
+	msg := configFieldRe.ReplaceAllStringFunc(ce.Err.Error(), func(m string) string { return words(m[strings.IndexByte(m, '.')+1:]) })
 	return usageError{fmt.Errorf("%s: %s", words(ce.Field), msg)}
 }
 

@@ -143,7 +143,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"memnode", "--capacity", "12345"}, []string{`for "--capacity" flag`, "run 'pd3 memnode --help'"}},
 		{[]string{"page", "get", "--page", "127.0.0.1:1", "1:0"}, []string{"pd3: error: pageproto: dialling 127.0.0.1:1"}},
 		{[]string{"up", "--memnodes", "3", "--memnode", "127.0.0.1:1"}, []string{"--memnodes starts embedded memory nodes: it does not go with --memnode", "run 'pd3 up --help'"}},
-		{[]string{"up", "--memnodes", "3", "--memnode-listen", "127.0.0.1:7100"}, []string{"--memnode-listen must leave the port to the system", "run 'pd3 up --help'"}},
+		{[]string{"up", "--memnodes", "3", "--memnode-listen", "127.0.0.1:7100"}, []string{"--memnode-listen: 3 embedded memory nodes (--memnodes) cannot share 127.0.0.1:7100: leave the port to the system (:0)", "run 'pd3 up --help'"}},
+		{[]string{"up", "--memnodes", "3", "--replicas", "0"}, []string{"--replicas: 3 embedded memory nodes (--memnodes) serve replicated volumes: set it", "run 'pd3 up --help'"}},
+		{[]string{"up", "--memnodes", "3", "--etcd-listen", "none"}, []string{"--etcd-listen: none turns the embedded etcd off", "leave it on or set --etcd", "run 'pd3 up --help'"}},
 		{[]string{"serve", "--replicas", "2"}, []string{"--replicas places volumes through the control plane: give --etcd URLS", "run 'pd3 serve --help'"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

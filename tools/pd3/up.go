@@ -141,17 +141,15 @@ back to the memory node first.`,
 				cfg.Log.Info(fmt.Sprintf("not mounting %s: %v", cfg.Mount, err))
 				cfg.Mount = ""
 			}
-			if e.memnodes > 1 {
-				switch {
-				case cfg.Memnode != "":
-					return usageError{errors.New("--memnodes starts embedded memory nodes: it does not go with --memnode")}
-				case e.etcdListen == "none" && !cfg.Etcd.Enabled():
-					return usageError{errors.New("--memnodes N>1 replicates volumes through the control plane: it does not go with --etcd-listen none")}
-				case !strings.HasSuffix(e.listen, ":0"):
-					return usageError{fmt.Errorf("--memnodes %d: --memnode-listen must leave the port to the system (:0)", e.memnodes)}
-				}
-				if !cmd.Flags().Changed("replicas") {
-					cfg.Replicas = 2
+			if e.memnodes > 1 && cfg.Memnode != "" {
+				return usageError{errors.New("--memnodes starts embedded memory nodes: it does not go with --memnode")}
+			}
+			if e.memnodes > 1 && !cmd.Flags().Changed("replicas") {
+				cfg.Replicas = 2
+			}
+			if cfg.Memnode == "" && !cfg.Local {
+				if err := inFlagWords(e.config().Check(cfg)); err != nil {
+					return err
 				}
 			}
 			if err := checkFirst(cfg, true); err != nil {
@@ -182,6 +180,11 @@ func (e *embedFlags) add(fl *pflag.FlagSet, persistHelp string) {
 	fl.StringVar(&e.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd, started unless --etcd names one (data in --persist DIR/etcd, else a temporary directory); none runs without a control plane")
 }
 
+// config is the embedded cluster the flags ask for.
+func (e *embedFlags) config() host.EmbeddedConfig {
+	return host.EmbeddedConfig{Memnodes: e.memnodes, MemnodeListen: e.listen, Persist: e.persist, EtcdListen: e.etcdListen}
+}
+
 func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 	cmd.Flags().Lookup(flag).DefValue = value
 	*p = value
@@ -191,17 +194,12 @@ func setDefault(cmd *cobra.Command, flag, value string, p *string) {
 // with the control plane (an embedded etcd unless e names one), and a host.
 func runUp(ctx context.Context, cfg host.Config, e embedFlags, metrics string) error {
 	log := cfg.Log
-	if e.memnodes > 1 && cfg.Replicas == 0 {
-		return usageError{errors.New("--memnodes N>1 serves replicated volumes: give --replicas")}
-	}
 	if cfg.Memnode == "" && !cfg.Local {
-		if cfg.MemnodeTLS.Enabled() {
-			return errors.New("the embedded memory node speaks in clear on loopback: for TLS, run pd3 memnode --tls-cert ... and point --memnode at it")
-		}
-		emb, err := host.StartEmbedded(ctx, &cfg, host.EmbeddedConfig{Memnodes: e.memnodes, MemnodeListen: e.listen, Persist: e.persist,
-			EtcdListen: e.etcdListen, Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Log: log})
+		ec := e.config()
+		ec.Progress, ec.Log = recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), log
+		emb, err := host.StartEmbedded(ctx, &cfg, ec)
 		if err != nil {
-			return err
+			return inFlagWords(err)
 		}
 		defer emb.Close()
 		if emb.Etcd != nil {
