@@ -27,8 +27,8 @@ func (b bareRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][
 // TestRemoteConformance runs the Remote contract (pagestore/api.go) against
 // every Remote in pd3. A new Remote joins this table.
 func TestRemoteConformance(t *testing.T) {
-	all := remotetest.Capabilities{PagesReader: true, AsyncReader: true, Trimmer: true}
-	sync := remotetest.Capabilities{PagesReader: true, Trimmer: true}
+	all := remotetest.Capabilities{PagesReader: true, AsyncReader: true, Trimmer: true, Mapper: true}
+	sync := remotetest.Capabilities{PagesReader: true, Trimmer: true, Mapper: true}
 	for _, tc := range []struct {
 		name string
 		caps remotetest.Capabilities
@@ -59,7 +59,7 @@ func TestRemoteConformance(t *testing.T) {
 			r := newRig(t, 64)
 			return LeapRemote{Engine: r.e, L: NewLeap(func() uint64 { return 0 })}, r.vol.ID
 		}},
-		{"Link, agent attached", remotetest.Capabilities{Trimmer: true}, func(t *testing.T) (pagestore.Remote, uint16) {
+		{"Link, agent attached", remotetest.Capabilities{Trimmer: true, Mapper: true}, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newSplitRig(t)
 			agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
 			require.NoError(t, err)
@@ -70,7 +70,7 @@ func TestRemoteConformance(t *testing.T) {
 			require.Eventually(t, l.Attached, 5*time.Second, time.Millisecond)
 			return l, r.vol.ID
 		}},
-		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true}, func(t *testing.T) (pagestore.Remote, uint16) {
+		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true, Mapper: true}, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newSplitRig(t)
 			l := OpenLink(r.name, memnode.Remote{C: r.c})
 			t.Cleanup(l.Close)

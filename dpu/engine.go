@@ -162,6 +162,11 @@ type Conn interface {
 // executed in the order sent, so a write is queued once it is sent.
 type NodeConn struct{ *memnode.Client }
 
+// Map implements pagestore.Mapper, for an Engine over a memory node.
+func (c NodeConn) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	return memnode.Remote{C: c.Client}.Map(ctx, vol, off, n, fn)
+}
+
 // ReadOneFn implements Conn: one node has one copy.
 func (c NodeConn) ReadOneFn(vol uint16, off uint64, p []byte, done func(error)) {
 	c.ReadFn(vol, off, p, done)
@@ -629,6 +634,17 @@ var (
 // lease holder's.
 func (e *Engine) Fence(ctx context.Context, vol uint16, token uint64) error {
 	return e.c.Fence(ctx, vol, token)
+}
+
+// Map implements pagestore.Mapper through the engine's connection when it
+// can map (a memory node, a replica group), else every run is data. What
+// the agent prefetched is not stored, so it changes nothing.
+func (e *Engine) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	if m, ok := e.c.(pagestore.Mapper); ok {
+		return m.Map(ctx, vol, off, n, fn)
+	}
+	fn(off, n, false)
+	return nil
 }
 
 func (e *Engine) Trim(ctx context.Context, vol uint16, off, n uint64) error {

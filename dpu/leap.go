@@ -171,6 +171,11 @@ func (r LeapRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][
 	return r.Engine.WritePages(ctx, keys, pages)
 }
 
+// Map implements pagestore.Mapper.
+func (r LeapRemote) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	return r.Engine.Map(ctx, vol, off, n, fn)
+}
+
 // Trim implements pagestore.Trimmer.
 func (r LeapRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	return r.Engine.Trim(ctx, vol, off, n)

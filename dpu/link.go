@@ -509,6 +509,19 @@ func (l *Link) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	return direct.Trim(ctx, vol, off, n)
 }
 
+// Map implements pagestore.Mapper by the direct path, which reaches the
+// nodes as the agent does (every run is data when it cannot map). The
+// agent's prefetches store nothing, so it need not be asked.
+func (l *Link) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	if m, ok := l.direct.(pagestore.Mapper); ok {
+		return m.Map(ctx, vol, off, n, fn)
+	}
+	fn(off, n, false)
+	return nil
+}
+
+var _ pagestore.Mapper = (*Link)(nil)
+
 var _ pagestore.Trimmer = (*Link)(nil)
 
 // CheckAndReturn implements pagestore.Prefetched: the agent's Loading Zone

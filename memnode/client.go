@@ -171,7 +171,7 @@ func (c *Client) Fence(ctx context.Context, vol uint16, token uint64) error {
 // volume it touches; other ops name no window.
 func (s *session) stamp(h *ReqHeader) {
 	switch h.Op {
-	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA:
+	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA, OpMap:
 		h.Window = s.window(h.Volume)
 	case OpPrefetch:
 		h.Window = s.window(pageid.Key(h.Offset).Volume())
@@ -527,6 +527,47 @@ func (c *Client) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queu
 		}
 	}
 	return first
+}
+
+// Allocated calls fn for each chunk-aligned run of the n bytes at off of
+// volume vol, in order, with whether the node holds memory for it (see
+// Store.Allocated); the first run starts at off and the last ends at
+// off+n. One MAP request asks about MaxMap bytes.
+func (c *Client) Allocated(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, held bool)) error {
+	var (
+		runAt   = off
+		runHeld bool
+		started bool
+	)
+	emit := func(at uint64, held bool) {
+		if !started {
+			runHeld, started = held, true
+			return
+		}
+		if held != runHeld {
+			fn(runAt, at-runAt, runHeld)
+			runAt, runHeld = at, held
+		}
+	}
+	for end := off + n; off < end; {
+		m := min(end-off, MaxMap-off%ChunkSize)
+		b, err := c.control(ctx, &ReqHeader{Op: OpMap, Volume: vol, Offset: off, Count: uint32(m)}, nil)
+		if err != nil {
+			return fmt.Errorf("volume %d: %w", vol, err)
+		}
+		first, last := off/ChunkSize, (off+m-1)/ChunkSize
+		if uint64(len(b)) != (last-first)/8+1 {
+			return fmt.Errorf("memnode MAP: %w: %d bytes of bitmap for %d chunks", ErrFraming, len(b), last-first+1)
+		}
+		for i := first; i <= last; i++ {
+			emit(max(off, i*ChunkSize), b[(i-first)/8]>>((i-first)%8)&1 == 1)
+		}
+		off += m
+	}
+	if started {
+		fn(runAt, off-runAt, runHeld)
+	}
+	return nil
 }
 
 func (c *Client) word(ctx context.Context, h *ReqHeader, payload []byte) (uint64, error) {

@@ -2,6 +2,7 @@ package memnode
 
 import (
 	"context"
+	"errors"
 
 	"github.com/pd3-go/pd3/pageid"
 )
@@ -47,6 +48,18 @@ func (r Remote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byt
 // Trim implements pagestore.Trimmer.
 func (r Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	return r.C.Trim(ctx, vol, off, n)
+}
+
+// Map implements pagestore.Mapper at the node's grain (chunks). A node
+// that predates MAP makes every run data.
+func (r Remote) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	at := off
+	err := r.C.Allocated(ctx, vol, off, n, func(o, m uint64, held bool) { fn(o, m, !held); at = o + m })
+	if errors.Is(err, ErrUnknownOp) && at == off {
+		fn(off, n, false)
+		return nil
+	}
+	return err
 }
 
 // ReadPages implements pagestore.PagesReader: one READ for the whole run.

@@ -331,6 +331,16 @@ func (c *conn) execute(h *ReqHeader) error {
 			return err
 		})
 		return c.respondToken(h, err, tok)
+	case OpMap:
+		if s := c.authorise(h, h.Volume, h.Offset, uint64(h.Count), AccessRead); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
+		var bits [MaxMap / ChunkSize / 8]byte
+		b, err := st.Allocated(h.Volume, h.Offset, uint64(h.Count), bits[:0])
+		if err != nil {
+			return c.respondErr(h, err)
+		}
+		return c.respond(h, StatusOK, b)
 	case OpCAS, OpFAA:
 		want := 8
 		if h.Op == OpCAS {

@@ -386,6 +386,46 @@ func (s *Store) ReadAt(id uint16, off uint64, p []byte) error {
 	})
 }
 
+// Allocated appends to b a bitmap of the chunks under the n bytes at off
+// of volume id, one bit per chunk from the one holding off, lowest bit
+// first: set if the chunk holds memory (written since it was last freed).
+// A clear bit's bytes read as zeroes; a set bit's may too (partly trimmed,
+// or written with zeroes).
+func (s *Store) Allocated(id uint16, off, n uint64, b []byte) ([]byte, error) {
+	v, err := s.volume(id)
+	if err != nil {
+		return b, err
+	}
+	if n > MaxMap {
+		return b, fmt.Errorf("%w: a map of %d bytes", ErrTooLarge, n)
+	}
+	if err := v.checkRange(off, n); err != nil {
+		return b, err
+	}
+	if n == 0 {
+		return b, nil
+	}
+	first, last := off/ChunkSize, (off+n-1)/ChunkSize
+	at := len(b)
+	b = append(b, make([]byte, (last-first)/8+1)...)
+	for i := first; i <= last; i++ {
+		if j := v.chunks.holeEnd(i); j > i {
+			i = j - 1 // a missing segment of a sparse volume
+			continue
+		}
+		c := v.chunks.get(i, false)
+		if c == nil {
+			continue
+		}
+		c.mu.RLock()
+		if c.data != nil {
+			b[at+int((i-first)/8)] |= 1 << ((i - first) % 8)
+		}
+		c.mu.RUnlock()
+	}
+	return b, nil
+}
+
 // WriteAt copies p to off of volume id, allocating chunks as needed; on a
 // persistent store it returns once the write is on stable storage.
 func (s *Store) WriteAt(id uint16, off uint64, p []byte) error {

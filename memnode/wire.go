@@ -121,7 +121,14 @@ const (
 	OpBind     Op = 12
 	OpUnbind   Op = 13
 	OpResize   Op = 14
+	// OpMap asks which chunks of a byte range hold memory (Count bytes
+	// at Offset, at most MaxMap); the answer is a bitmap, one bit per
+	// chunk from the one holding Offset, lowest bit first.
+	OpMap Op = 15
 )
+
+// MaxMap is the most bytes one MAP request asks about (a 256-byte answer).
+const MaxMap = 1 << 31
 
 // Access rights of a memory window (BIND).
 const (
@@ -137,7 +144,7 @@ var opNames = [...]string{
 	OpHello: "HELLO", OpRead: "READ", OpWrite: "WRITE", OpPrefetch: "PREFETCH",
 	OpCAS: "CAS", OpFAA: "FAA", OpTrim: "TRIM", OpCreate: "CREATE",
 	OpOpen: "OPEN", OpList: "LIST", OpDelete: "DELETE", OpBind: "BIND", OpUnbind: "UNBIND",
-	OpResize: "RESIZE",
+	OpResize: "RESIZE", OpMap: "MAP",
 }
 
 func (o Op) String() string {

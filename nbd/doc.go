@@ -21,8 +21,11 @@
 // memory-node chunks), WRITE_ZEROES (+NO_HOLE: zeroes are written; without
 // it whole pages are trimmed; FAST_ZERO with NO_HOLE is ENOTSUP), CACHE
 // (reads the range into the host cache; with an agent its parser has
-// already prefetched it), BLOCK_STATUS for base:allocation (everything
-// reported allocated: status 0, which the spec always allows), DISC.
+// already prefetched it), BLOCK_STATUS for base:allocation (a range
+// that holds no memory at the node — never written, or trimmed whole — is
+// hole+zero, at the node's 1 MiB grain, after the volume's dirty pages
+// are written back; without a Mapper backend everything is data, which
+// the spec always allows), DISC.
 // Advertised flags are exactly these: HAS_FLAGS, SEND_FLUSH, SEND_FUA,
 // SEND_TRIM, SEND_WRITE_ZEROES, SEND_FAST_ZERO, SEND_CACHE, CAN_MULTI_CONN,
 // SEND_DF with structured replies, and READ_ONLY (without the write flags)

@@ -73,7 +73,7 @@ func (c *conn) recycle(r *request) {
 		c.s.bufs.put(r.buf)
 	}
 	r.typ, r.flags, r.cookie, r.off, r.length, r.errno = 0, 0, 0, 0, 0, 0
-	r.buf, r.c = nil, nil
+	r.buf, r.c, r.extents = nil, nil, r.extents[:0]
 	c.s.reqs.Put(r)
 }
 
@@ -98,12 +98,12 @@ func (c *conn) appendReply(r *request, buf []byte) []byte {
 		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkOffsetData, r.cookie, uint32(8+len(r.buf)))
 		buf = binary.BigEndian.AppendUint64(buf, r.off)
 		buf = append(buf, r.buf...)
-	default: // BLOCK_STATUS: everything is allocated data (status 0)
-		n := min(uint64(r.length), c.exp.Size-r.off)
-		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkBlockStatus, r.cookie, 12)
+	default: // BLOCK_STATUS: the extents execute found
+		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkBlockStatus, r.cookie, uint32(4+4*len(r.extents)))
 		buf = binary.BigEndian.AppendUint32(buf, nbdproto.MetaBaseAllocationID)
-		buf = binary.BigEndian.AppendUint32(buf, uint32(n))
-		buf = binary.BigEndian.AppendUint32(buf, 0)
+		for _, w := range r.extents {
+			buf = binary.BigEndian.AppendUint32(buf, w)
+		}
 	}
 	return buf
 }

@@ -70,6 +70,17 @@ type PageWriter interface {
 
 var _ PageWriter = (*pagestore.Store)(nil)
 
+// Mapper is implemented by backends that know which ranges of a volume
+// hold storage (*pagestore.Store.Map): BLOCK_STATUS answers
+// base:allocation with holes (hole and zero) and data.
+//
+// Absent: every range is data.
+type Mapper interface {
+	Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error
+}
+
+var _ Mapper = (*pagestore.Store)(nil)
+
 // Export is one volume served over NBD.
 type Export struct {
 	Name        string

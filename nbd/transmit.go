@@ -33,6 +33,8 @@ type request struct {
 
 	c    *conn
 	done func(error) // r.pageRead, bound once per pooled request
+	// extents are a BLOCK_STATUS answer: length and flags, in turn.
+	extents []uint32
 	// page holds READ and WRITE data of up to a page, so the common
 	// request needs no buffer from bufs.
 	page [pageid.Size]byte
@@ -347,6 +349,7 @@ func (c *conn) execute(r *request) {
 	case nbdproto.CmdCache:
 		err = c.cache(ctx, r)
 	case nbdproto.CmdBlockStatus:
+		err = c.blockStatus(ctx, r)
 	}
 	if err == nil && r.flags&nbdproto.CmdFlagFUA != 0 && r.typ != nbdproto.CmdRead && r.typ != nbdproto.CmdCache && r.typ != nbdproto.CmdBlockStatus {
 		err = c.s.Backend.Flush(ctx)
@@ -355,6 +358,38 @@ func (c *conn) execute(r *request) {
 		c.failed(r, err)
 	}
 	c.answer(r, false)
+}
+
+// maxExtents bounds one BLOCK_STATUS answer (the client asks again
+// from where it ends).
+const maxExtents = 1 << 14
+
+// blockStatus fills r.extents from the backend's Mapper: every run data
+// if it has none. With REQ_ONE, one extent.
+func (c *conn) blockStatus(ctx context.Context, r *request) error {
+	m, ok := c.s.Backend.(Mapper)
+	if !ok {
+		r.extents = append(r.extents, r.length, 0)
+		return nil
+	}
+	most := maxExtents
+	if r.flags&nbdproto.CmdFlagReqOne != 0 {
+		most = 1
+	}
+	err := m.Map(ctx, c.exp.Volume, r.off, uint64(r.length), func(_, n uint64, hole bool) {
+		if len(r.extents) >= 2*most {
+			return
+		}
+		flags := uint32(0)
+		if hole {
+			flags = nbdproto.StateHole | nbdproto.StateZero
+		}
+		r.extents = append(r.extents, uint32(n), flags)
+	})
+	if err == nil && len(r.extents) == 0 {
+		r.extents = append(r.extents, r.length, 0)
+	}
+	return err
 }
 
 func (c *conn) failed(r *request, err error) {

@@ -78,6 +78,21 @@ type Trimmer interface {
 	Trim(ctx context.Context, vol uint16, off, n uint64) error
 }
 
+// Mapper says which ranges of a volume hold memory at the remote, for
+// NBD's BLOCK_STATUS (base:allocation): copy and backup tools skip holes.
+// It reports what the remote stores, not the Store's dirty pages; the
+// Store writes those back before it asks (Store.Map).
+//
+// Absent: Store.Map reports every range as data.
+type Mapper interface {
+	// Map calls fn for consecutive runs covering the n bytes at byte
+	// offset off of volume vol, in order: hole says the run holds no
+	// memory and reads as zeroes. A remote may answer at a coarser grain
+	// than pages (a memory node: 1 MiB chunks); a run it calls data may
+	// read as zeroes too.
+	Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error
+}
+
 // Prefetched is the Loading Zone as the miss path sees it: pages fetched
 // ahead of need. CheckAndReturn copies page k into dst and returns
 // pageid.Size on a hit, 0 on a miss; it never blocks. It is an Option, not a

@@ -35,6 +35,7 @@ func NewFaults(r Remote) *Faults { return &Faults{R: r} }
 var (
 	_ PagesReader = (*Faults)(nil)
 	_ Trimmer     = (*Faults)(nil)
+	_ Mapper      = (*Faults)(nil)
 )
 
 func (f *Faults) fault(ctx context.Context) error {
@@ -92,6 +93,18 @@ func (f *Faults) ReadPages(ctx context.Context, first pageid.Key, p []byte) erro
 			return err
 		}
 	}
+	return nil
+}
+
+// Map implements Mapper: every run is data unless the wrapped Remote maps.
+func (f *Faults) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	if err := f.fault(ctx); err != nil {
+		return err
+	}
+	if m, ok := f.R.(Mapper); ok {
+		return m.Map(ctx, vol, off, n, fn)
+	}
+	fn(off, n, false)
 	return nil
 }
 

@@ -73,6 +73,28 @@ func (m *MemRemote) Page(k pageid.Key) []byte {
 	return out
 }
 
+// Map implements Mapper a page at a time: a page never written, or
+// trimmed, is a hole.
+func (m *MemRemote) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	runAt, end := off, off+n
+	for at := off; at < end; {
+		next := min(end, (at/pageid.Size+1)*pageid.Size)
+		_, held := m.pages[pageid.MakeKey(vol, at/pageid.Size)]
+		nextHeld := false
+		if next < end {
+			_, nextHeld = m.pages[pageid.MakeKey(vol, next/pageid.Size)]
+		}
+		if next == end || nextHeld != held {
+			fn(runAt, next-runAt, !held)
+			runAt = next
+		}
+		at = next
+	}
+	return nil
+}
+
 // Trim implements Trimmer.
 func (m *MemRemote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	m.mu.Lock()

@@ -405,6 +405,28 @@ func (s *Store) eachPage(vol uint16, off, n uint64, fn func(k pageid.Key, po, n 
 	return nil
 }
 
+// Map calls fn for consecutive runs covering the n bytes at off of volume
+// vol, saying which hold no memory at the remote (holes read as zeroes),
+// after writing back the volume's dirty pages: a page written before the
+// call is at the remote and its run is data. Without a Mapper remote,
+// one run of data.
+func (s *Store) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	if err := s.checkRange(vol, off, n); err != nil {
+		return err
+	}
+	m, ok := s.remote.(Mapper)
+	if !ok || n == 0 {
+		if n > 0 {
+			fn(off, n, false)
+		}
+		return nil
+	}
+	if err := s.FlushVolume(ctx, vol); err != nil {
+		return err
+	}
+	return m.Map(ctx, vol, off, n, fn)
+}
+
 // checkRange validates n bytes at off of volume vol against the served
 // volumes (after a Suspend has let requests go).
 func (s *Store) checkRange(vol uint16, off, n uint64) error {

@@ -427,6 +427,17 @@ func (r *Remote) readExtent(ctx context.Context, v *volume, s *cluster.Stripes, 
 	if e >= len(s.Extents) {
 		return fmt.Errorf("replica: %d bytes at %d past volume %q: %w", len(p), off, v.Name, pageid.ErrOutOfRange)
 	}
+	return r.atOneReplica(ctx, v, s, e, func(n *node, local uint16) error {
+		n.inflight.Add(1)
+		defer n.inflight.Add(-1)
+		return n.c.ReadAt(ctx, local, off, p)
+	})
+}
+
+// atOneReplica runs try at the replicas of extent e this host reaches,
+// best first, until one answers: a replica's fault (replicaFault) moves on
+// to the next and counts a failover, any other error is the caller's.
+func (r *Remote) atOneReplica(ctx context.Context, v *volume, s *cluster.Stripes, e int, try func(n *node, local uint16) error) error {
 	var buf [maxReplicas]*node
 	var last error
 	for i, n := range r.replicas(s, e, &buf) {
@@ -437,9 +448,7 @@ func (r *Remote) readExtent(ctx context.Context, v *volume, s *cluster.Stripes, 
 		if i > 0 {
 			r.Failovers.Add(1)
 		}
-		n.inflight.Add(1)
-		err := n.c.ReadAt(ctx, local, off, p)
-		n.inflight.Add(-1)
+		err := try(n, local)
 		if err == nil {
 			return nil
 		}
@@ -453,6 +462,68 @@ func (r *Remote) readExtent(ctx context.Context, v *volume, s *cluster.Stripes, 
 		return fmt.Errorf("volume %q extent %d: %w", v.Name, e, ErrLost)
 	}
 	return fmt.Errorf("volume %q extent %d: every replica failed: %w", v.Name, e, last)
+}
+
+// Map implements pagestore.Mapper: each extent as one of its replicas
+// stores it (the first that answers, as a read would choose), adjacent
+// runs of the same kind joined.
+func (r *Remote) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	v, err := r.volume(vol)
+	if err != nil {
+		return err
+	}
+	var (
+		runAt, runLen uint64
+		runHole       bool
+	)
+	add := func(at, m uint64, hole bool) {
+		if runLen > 0 && hole == runHole && runAt+runLen == at {
+			runLen += m
+			return
+		}
+		if runLen > 0 {
+			fn(runAt, runLen, runHole)
+		}
+		runAt, runLen, runHole = at, m, hole
+	}
+	s := v.p.stripes.Load()
+	for end := off + n; off < end; {
+		m := min(end-off, s.ExtentBytes-off%s.ExtentBytes)
+		if err := r.mapExtent(ctx, v, s, off, m, add); err != nil {
+			return err
+		}
+		off += m
+	}
+	if runLen > 0 {
+		fn(runAt, runLen, runHole)
+	}
+	return nil
+}
+
+// mapExtent maps n bytes at off, within one extent, at the first replica
+// that answers. Runs are handed on only once a whole answer is in: a
+// replica failing halfway leaves nothing half-reported.
+func (r *Remote) mapExtent(ctx context.Context, v *volume, s *cluster.Stripes, off, n uint64, fn func(off, n uint64, hole bool)) error {
+	e := s.Extent(off)
+	if e >= len(s.Extents) {
+		return fmt.Errorf("replica: %d bytes at %d past volume %q: %w", n, off, v.Name, pageid.ErrOutOfRange)
+	}
+	type run struct {
+		off, n uint64
+		hole   bool
+	}
+	var runs []run
+	err := r.atOneReplica(ctx, v, s, e, func(nd *node, local uint16) error {
+		runs = runs[:0]
+		return memnode.Remote{C: nd.c}.Map(ctx, local, off, n, func(o, m uint64, hole bool) { runs = append(runs, run{o, m, hole}) })
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range runs {
+		fn(x.off, x.n, x.hole)
+	}
+	return nil
 }
 
 // op is one request to one replica of a write.

@@ -203,6 +203,13 @@ const (
 	MetaBaseAllocationID = uint32(1)
 )
 
+// The flags of a base:allocation extent: a hole holds no storage, and
+// zero reads as zeroes. 0 is data.
+const (
+	StateHole = uint32(1)
+	StateZero = uint32(2)
+)
+
 // Request is a transmission request header.
 type Request struct {
 	Flags  CmdFlags

@@ -17,7 +17,7 @@ import (
 
 // Capabilities names the optional interfaces a Remote offers.
 type Capabilities struct {
-	PagesReader, AsyncReader, Trimmer bool
+	PagesReader, AsyncReader, Trimmer, Mapper bool
 }
 
 // Of reports the capabilities r offers.
@@ -25,7 +25,8 @@ func Of(r pagestore.Remote) Capabilities {
 	_, pr := r.(pagestore.PagesReader)
 	_, ar := r.(pagestore.AsyncReader)
 	_, tr := r.(pagestore.Trimmer)
-	return Capabilities{PagesReader: pr, AsyncReader: ar, Trimmer: tr}
+	_, mp := r.(pagestore.Mapper)
+	return Capabilities{PagesReader: pr, AsyncReader: ar, Trimmer: tr, Mapper: mp}
 }
 
 // Pages is the volume size Run needs, in pages.
@@ -51,6 +52,10 @@ func Run(t *testing.T, r pagestore.Remote, vol uint16, want Capabilities) {
 	}
 	if want.Trimmer {
 		t.Run("TrimZeroesOnlyItsRange", c.trim)
+	}
+	if want.Mapper && want.Trimmer {
+		// Last: it maps what trim left.
+		t.Run("MapCoversTheRangeAndKnowsData", c.mapRuns)
 	}
 }
 
@@ -246,4 +251,36 @@ func (c *checker) trim(t *testing.T) {
 	}
 	c.write(t, 7, trimBase+5)
 	c.expect(t, trimBase+5, content(c.key(trimBase+5), 7))
+}
+
+// mapRuns checks that Map's runs cover the range asked for, in order and
+// without gaps, and that no page written above is called a hole. A remote
+// may call a page never written data (its grain may be coarse), so holes
+// are not required. It needs the pages TrimZeroesOnlyItsRange leaves.
+func (c *checker) mapRuns(t *testing.T) {
+	m := c.r.(pagestore.Mapper)
+	written := func(p uint64) bool { // by trim, which runs before
+		return p >= trimBase && p < trimBase+16 && (p < trimBase+4 || p >= trimBase+12 || p == trimBase+5)
+	}
+	for _, span := range []struct{ first, pages uint64 }{{0, Pages}, {trimBase + 3, 3}, {trimBase + 5, 1}, {zeroBase, 1}} {
+		off, n := span.first*pageid.Size+100, span.pages*pageid.Size-200 // not page-aligned
+		at := off
+		var holes [][2]uint64
+		require.NoError(t, m.Map(ctx(t), c.vol, off, n, func(o, l uint64, hole bool) {
+			assert.Equal(t, at, o, "runs follow each other")
+			assert.Positive(t, l, "a run is not empty")
+			at = o + l
+			if hole {
+				holes = append(holes, [2]uint64{o, o + l})
+			}
+		}))
+		assert.Equal(t, off+n, at, "the runs end where the range does (pages %d+%d)", span.first, span.pages)
+		for _, h := range holes {
+			for p := h[0] / pageid.Size; p*pageid.Size < h[1]; p++ {
+				if written(p) {
+					t.Errorf("page %d was written and is in a hole [%d, %d)", p, h[0], h[1])
+				}
+			}
+		}
+	}
 }
