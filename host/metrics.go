@@ -134,7 +134,7 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("replica_read_failovers_total", "Reads of a replicated volume that went on to another replica.", func(r *replica.Remote) uint64 { return r.Failovers.Load() }),
 			counter("replica_dropped_total", "Replicas taken off a stripe map: they missed a write, or their node went down.", func(r *replica.Remote) uint64 { return r.Dropped.Load() }),
 			counter("replica_repaired_extents_total", "Extents copied to a new replica.", func(r *replica.Remote) uint64 { return r.Repaired.Load() }),
-			counter("replica_repair_bytes_total", "Bytes read to copy extents to new replicas.", func(r *replica.Remote) uint64 { return r.RepairBytes.Load() }),
+			counter("replica_repair_bytes_total", "Bytes read to copy extents to new replicas: the chunks that hold memory (holes are not read).", func(r *replica.Remote) uint64 { return r.RepairBytes.Load() }),
 		))
 	}
 	if f := h.FS; f != nil {

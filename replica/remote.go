@@ -72,7 +72,8 @@ type Remote struct {
 
 	// Failovers counts reads that went on to another replica; Dropped,
 	// replicas taken off a map; Repaired, extents copied to a new
-	// replica, and RepairBytes the bytes read for them.
+	// replica, and RepairBytes the bytes read for them (the chunks that
+	// hold memory).
 	Failovers, Dropped, Repaired, RepairBytes atomic.Uint64
 }
 
@@ -905,8 +906,9 @@ func (r *Remote) Degraded(vol uint16) []int {
 // hold stale bytes from an earlier life); then it joins the extent, so
 // every write from then on reaches it; then each 1 MiB chunk is read from
 // a replica and written to it under the extent's lock, which orders the
-// copy after the writes already sent (chunks of zeroes are skipped: the
-// cleared range reads as zeroes, and a write since then is newer); then
+// copy after the writes already sent (chunks that hold no memory are not
+// read, and chunks of zeroes are not written: the cleared range reads as
+// zeroes, and a write since then is newer); then
 // it is promoted. pace is called with the bytes of each chunk read, to
 // throttle. A failure drops the node from the extent again.
 func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c *memnode.Client, pace func(int)) (err error) {
@@ -969,15 +971,24 @@ func (r *Remote) Repair(ctx context.Context, vol uint16, e int, target string, c
 // to local, v's copy at a joining node reached through c, under the
 // extent's lock: the copy is ordered after the writes already sent and
 // before those not yet sent, which reach the joining node themselves.
-// Chunks of zeroes are not written (the copy was cleared or made
-// afresh); a volume no longer served (deleted) is skipped.
+// A chunk the replica stores no memory for (MAP) is not read, and one of
+// zeroes is not written: the copy was cleared or made afresh. A volume no
+// longer served (deleted) is skipped.
 func (r *Remote) copyChunk(ctx context.Context, v *volume, e int, c *memnode.Client, local uint16, off uint64, p []byte, pace func(int)) error {
 	v.locks[e].Lock()
 	defer v.locks[e].Unlock()
 	if r.vols[v.ID].Load() != v {
 		return nil // deleted: gone at every node
 	}
-	if err := r.readExtent(ctx, v, v.p.stripes.Load(), off, p); err != nil {
+	s := v.p.stripes.Load()
+	stored := false
+	if err := r.mapExtent(ctx, v, s, off, uint64(len(p)), func(_, _ uint64, hole bool) { stored = stored || !hole }); err != nil {
+		return err
+	}
+	if !stored {
+		return nil // reads as zeroes, as the cleared copy does
+	}
+	if err := r.readExtent(ctx, v, s, off, p); err != nil {
 		return err
 	}
 	if r.copied != nil {

@@ -355,6 +355,28 @@ func TestRepairClearsStaleBytes(t *testing.T) {
 	assert.Equal(t, make([]byte, pageid.Size), got, "the stale page")
 }
 
+// A repair copies what the replicas store, not the whole extent: the
+// chunks a MAP calls holes are not even read.
+func TestRepairCopiesWhatIsStored(t *testing.T) {
+	r := newRig(t, 3*2048, 2048, 5*time.Second, nil) // extents of 8 chunks: ab, bc, ca
+	rem := r.remote(t)
+	ctx := context.Background()
+	require.NoError(t, rem.WritePages(ctx, []pageid.Key{pageid.MakeKey(7, 300)}, [][]byte{page(9)}))
+	r.srv["b"].Close()
+	require.NoError(t, rem.DropNode(ctx, "b"))
+	paced := 0
+	require.NoError(t, rem.Repair(ctx, 7, 0, "c", r.clients["c"], func(n int) { paced += n }))
+	assert.Equal(t, uint64(memnode.ChunkSize), rem.RepairBytes.Load(), "one chunk of eight holds memory")
+	assert.Equal(t, memnode.ChunkSize, paced, "the throttle counts what was read")
+	r.srv["a"].Close()
+	require.NoError(t, rem.DropNode(ctx, "a"))
+	got := make([]byte, pageid.Size)
+	require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(7, 300), got))
+	assert.Equal(t, page(9), got, "the page, from c alone")
+	require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(7, 1000), got))
+	assert.Equal(t, make([]byte, pageid.Size), got)
+}
+
 // Moving extents off a node: each is copied to the new node, then the
 // old replica is dropped and its range freed there; once the node holds
 // no extent of the volume, its copy of the volume is deleted.
