@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -202,6 +203,10 @@ func TestAgentPrefetchesNBDReads(t *testing.T) {
 			}
 			require.NoError(t, err)
 			defer h.Close(ctx)
+			// Written first: nbdcopy reads only what BLOCK_STATUS calls data.
+			data := bytes.Repeat([]byte{7}, 64<<20)
+			require.NoError(t, h.Store.WriteRange(ctx, h.Volumes[0].ID, 0, data))
+			require.NoError(t, h.Store.Flush(ctx))
 			out, err := exec.Command("nbdcopy", "nbd://"+h.NBDAddr+"/disk0", "null:").CombinedOutput()
 			require.NoError(t, err, "%s", out)
 			require.Eventually(t, func() bool { return h.Agent.Parsed.Load() > 0 }, 5*time.Second, 10*time.Millisecond,
