@@ -63,6 +63,18 @@ func PrepareMountPoint(dir string) (stale bool, err error) {
 	return stale, nil
 }
 
+// Hides is how many entries of dir a mount there would hide (up to 1000;
+// 0 for a missing or unreadable directory).
+func Hides(dir string) int {
+	d, err := os.Open(dir)
+	if err != nil {
+		return 0
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(1000)
+	return len(names)
+}
+
 // detach lazily unmounts dir (a dead mount, or a busy one at unmount):
 // with umount2(2) as root, else with the setuid helper.
 func detach(dir string) error {

@@ -9,6 +9,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
+	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/pageid"
 )
 
@@ -24,6 +25,9 @@ func (h *Host) mount(ctx context.Context, cfg Config) error {
 	}
 	if stale {
 		cfg.Log.Warn(fmt.Sprintf("detached a dead pd3 mount at %s, left by a pd3 that ended without unmounting", cfg.Mount))
+	}
+	if n := fs.Hides(cfg.Mount); n > 0 {
+		cfg.Log.Warn(fmt.Sprintf("%s is not empty: the mount hides its %s until pd3 stops (mount on an empty directory to avoid this)", cfg.Mount, units.Count(n, "entry", "entries")))
 	}
 	fcfg := fs.Config{Name: cfg.FSName, Store: h.Store, Volumes: h.Volumes, LeaseTTL: cfg.FSLease, Log: cfg.Log, Busy: h.busy, Procs: h.procs}
 	if h.Client != nil {

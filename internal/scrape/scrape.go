@@ -30,6 +30,13 @@ func Families(ctx context.Context, url string) (map[string]*dto.MetricFamily, er
 		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
+	if err != nil && strings.Contains(err.Error(), "malformed HTTP response") {
+		what := "something other than HTTP"
+		if strings.Contains(err.Error(), "NBDMAGIC") {
+			what = "NBD"
+		}
+		return nil, fmt.Errorf("scraping %s: the address answers %s, not metrics: give the address the process's --metrics flag was given", url, what)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("scraping %s: %w", url, err)
 	}

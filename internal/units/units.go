@@ -67,6 +67,25 @@ func FormatSize(n uint64) string {
 	return strconv.FormatUint(n, 10) + "B"
 }
 
+// Approx prints n bytes to three significant digits with a binary
+// suffix, for people: "0B", "512B", "1.50KiB", "64.1MiB".
+func Approx(n uint64) string {
+	v, i := float64(n), 0
+	names := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	for v >= 1024 && i < len(names)-1 {
+		v, i = v/1024, i+1
+	}
+	switch {
+	case i == 0:
+		return fmt.Sprintf("%dB", n)
+	case v >= 100:
+		return fmt.Sprintf("%.0f%s", v, names[i])
+	case v >= 10:
+		return fmt.Sprintf("%.1f%s", v, names[i])
+	}
+	return fmt.Sprintf("%.2f%s", v, names[i])
+}
+
 // Count is "1 node", "3 nodes": n and the noun, plural when n is not 1.
 // many is the plural when adding "s" is wrong ("copy", "copies"); empty,
 // it is one+"s".

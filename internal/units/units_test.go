@@ -50,3 +50,11 @@ func TestCount(t *testing.T) {
 		}
 	}
 }
+
+func TestApprox(t *testing.T) {
+	for n, want := range map[uint64]string{0: "0B", 512: "512B", 1536: "1.50KiB", 67170304: "64.1MiB", 200 << 30: "200GiB"} {
+		if got := Approx(n); got != want {
+			t.Errorf("Approx(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

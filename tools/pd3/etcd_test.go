@@ -148,6 +148,7 @@ func TestVolumeCommands(t *testing.T) {
 	out, err = vol("rm", "big")
 	require.Error(t, err)
 	assert.Contains(t, out, `cluster: volume "big": held by another host`)
+	assert.Contains(t, out, "stop the host serving it (pd3 cluster status shows which), then run pd3 volume rm again")
 	out, err = vol("resize", "big", "--size", "32MiB")
 	require.Error(t, err)
 	assert.Contains(t, out, `cluster: volume "big": held by another host`)
@@ -190,6 +191,7 @@ func TestVolumeCommands(t *testing.T) {
 
 	out, err = vol("rm", "big")
 	require.NoError(t, err, out)
+	assert.Contains(t, out, "volume big removed: 32MiB freed at 1 memory node")
 	out, err = vol("ls", "--json")
 	require.NoError(t, err, out)
 	var rows []cluster.VolumeRecord
@@ -645,6 +647,11 @@ func TestDrainAndRebalanceUnderFio(t *testing.T) {
 	out, err = run(t, "", "volume", "resize", "disk0", "--size", "64MiB", "--etcd", etcd)
 	require.Error(t, err)
 	assert.Contains(t, out, "volume disk0 is 136MiB: it cannot shrink to 64MiB")
+
+	out, err = run(t, "", "node", "undrain", drained.ID, "--etcd", etcd)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "node "+drained.ID+" takes volumes and extents again")
+	assert.False(t, nodeInfo(drained.Addr).Draining)
 }
 
 // stripesOf is the stripe map of the one replicated volume of the

@@ -103,7 +103,11 @@ mark off. Volumes of one node (not replicated) cannot move: they are named.`,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withEtcd(cmd, etcd, 0, func(ctx context.Context, cli *clientv3.Client) error {
-				return cluster.SetDraining(ctx, cli, etcd.cluster, args[0], false)
+				if err := cluster.SetDraining(ctx, cli, etcd.cluster, args[0], false); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s takes volumes and extents again (pd3 cluster rebalance spreads what the others hold)\n", args[0])
+				return nil
 			})
 		},
 	}

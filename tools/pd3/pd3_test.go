@@ -609,6 +609,9 @@ func TestPersistentMemnodeSurvivesSIGKILL(t *testing.T) {
 		}
 		t.Logf("round %d: %d acknowledged pages verified after SIGKILL", round, n)
 	}
+	node.Stop()
+	assert.Contains(t, node.Output(), "memory node stopping: 1 volume, 4MiB of memory")
+	assert.Contains(t, node.Output(), "memory node stopped: its volumes are on disk in "+dir+"; start it again with the same --persist")
 }
 
 // TestFrozenMemnodeGivesEIO: with the memory node stopped (SIGSTOP), NBD
@@ -1305,9 +1308,18 @@ func TestRestartAfterKillOnSameMount(t *testing.T) {
 	second := start(t, []string{"memory node"}, args...)
 	require.NoError(t, second.WaitOutput("mounted at", 10*time.Second), second.Output())
 	assert.Contains(t, second.Output(), "pd3: warning: detached a dead pd3 mount at "+mnt)
+	assert.NotContains(t, second.Output(), "is not empty")
 	require.NoError(t, os.WriteFile(filepath.Join(mnt, "f"), []byte("alive"), 0o644))
 	second.Stop()
 	assert.False(t, mounted(mnt), "a clean stop unmounts")
+
+	// A file in the directory itself: the mount hides it, and says so.
+	require.NoError(t, os.WriteFile(filepath.Join(mnt, "mine"), nil, 0o644))
+	third := start(t, []string{"memory node"}, args...)
+	require.NoError(t, third.WaitOutput("mounted at", 10*time.Second), third.Output())
+	assert.Contains(t, third.Output(), "pd3: warning: "+mnt+" is not empty: the mount hides its 1 entry until pd3 stops")
+	third.Stop()
+	require.NoError(t, os.Remove(filepath.Join(mnt, "mine")))
 
 	require.NoError(t, syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"))
 	out, err := run(t, "", args...)
@@ -1402,7 +1414,7 @@ func TestSystemdNotify(t *testing.T) {
 // pd3 top --once draws one frame of a live host's rates: requests,
 // latency per operation, the cache.
 func TestTopOnce(t *testing.T) {
-	host := start(t, []string{"page server", "metrics"}, "up", "--page", "127.0.0.1:0", "--nbd", "", "--mount", "",
+	host := start(t, []string{"page server", "metrics", "NBD server"}, "up", "--page", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--mount", "",
 		"--volume", "disk0:16MiB", "--cache", "1MiB", "--metrics", "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -1422,19 +1434,24 @@ func TestTopOnce(t *testing.T) {
 	assert.Contains(t, out, "pd3 top ")
 	assert.Regexp(t, `requests/s +NBD 0 +page [1-9]`, out)
 	assert.Regexp(t, `latency +page GET +p50 [0-9.]+[µm]?s +p99 `, out)
-	assert.Regexp(t, `host cache +hit ratio [0-9.]+%`, out)
+	assert.Regexp(t, `host cache +hit ratio [0-9.]+% .* resident [0-9.]+k? \([0-9.]+[KM]iB\)`, out)
+	assert.NotContains(t, out, "q quits", "--once is not live")
 	assert.Contains(t, out, "prefetch/s")
 	// The load reads pages in order: the mirrored requests' predictor
 	// follows it.
 	assert.Regexp(t, `predict/s +pages [0-9.]+k? +accuracy [0-9]+% +on\n`, out)
 	if runtime.NumCPU() > 1 { // with one CPU there is no governor
-		// Page requests need every P.
-		assert.Regexp(t, `processors +every P +switches/s 0\n`, out)
+		// Page requests need every core.
+		assert.Regexp(t, `Go scheduler +all cores +switches/s 0\n`, out)
 	}
 
 	out, err = run(t, "", "top", "127.0.0.1:1", "--once")
 	require.Error(t, err)
 	assert.Contains(t, out, "scraping http://127.0.0.1:1/metrics")
+
+	out, err = run(t, "", "top", host.Addrs["NBD server"], "--once")
+	require.Error(t, err)
+	assert.Contains(t, out, "the address answers NBD, not metrics: give the address the process's --metrics flag was given")
 }
 
 // Under a terminal (script(1) gives it a pseudo-terminal) pd3 top redraws

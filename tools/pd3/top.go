@@ -17,6 +17,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/pd3-go/pd3/internal/scrape"
+	"github.com/pd3-go/pd3/internal/units"
+	"github.com/pd3-go/pd3/pageid"
 )
 
 func topCmd() *cobra.Command {
@@ -29,8 +31,9 @@ func topCmd() *cobra.Command {
 and errors per second, p50/p99 latency per NBD command and page operation,
 the host cache's hit ratio and Loading Zone hits, prefetches issued, useful
 and wasted, the stream predictors' pages, accuracy and state, Host View false positives and negatives, memory-node round
-trips, dirty pages, and whether the host runs with its --lone-procs Ps
-(the governor of cached reads served one at a time). ADDR is what
+trips, replica failovers and repair, dirty and resident pages, and whether
+Go runs on all cores or on --lone-procs (the governor of cached reads
+served one at a time). ADDR is what
 --metrics was given (HOST:PORT) or the /metrics URL. q or Ctrl-C quits;
 --once prints one frame (over one interval) and exits, for scripts.`,
 		Args: cobra.ExactArgs(1),
@@ -95,7 +98,7 @@ func runTop(ctx context.Context, in *os.File, out io.Writer, addr string, interv
 			return err
 		}
 		now := time.Now()
-		frame := topFrame(addr, prev, cur, now.Sub(prevAt), interval)
+		frame := topFrame(addr, prev, cur, now.Sub(prevAt), interval, tty)
 		if tty {
 			// Home, clear; raw mode needs \r for each new line.
 			fmt.Fprint(out, "\x1b[H\x1b[2J"+strings.ReplaceAll(frame, "\n", "\r\n"))
@@ -109,8 +112,9 @@ func runTop(ctx context.Context, in *os.File, out io.Writer, addr string, interv
 	}
 }
 
-// topFrame renders the rates between two scrapes dt apart.
-func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, interval time.Duration) string {
+// topFrame renders the rates between two scrapes dt apart; live says q
+// quits it.
+func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, interval time.Duration, live bool) string {
 	v0, v1 := scrape.Values(before), scrape.Values(after)
 	has := func(name string) bool { _, ok := v1[name]; return ok }
 	rate := func(names ...string) float64 {
@@ -124,7 +128,11 @@ func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, inter
 	line := func(label, format string, args ...any) {
 		fmt.Fprintf(&b, "%-15s"+format+"\n", append([]any{label}, args...)...)
 	}
-	fmt.Fprintf(&b, "pd3 top %s  every %v  %s  (q quits)\n\n", addr, interval, time.Now().Format("15:04:05"))
+	quits := ""
+	if live {
+		quits = "  (q quits)"
+	}
+	fmt.Fprintf(&b, "pd3 top %s  every %v  %s%s\n\n", addr, interval, time.Now().Format("15:04:05"), quits)
 	if has("nbd_requests_total") || has("page_requests_total") {
 		line("requests/s", "NBD %-10s page %-10s errors %s",
 			num(rate("nbd_requests_total")), num(rate("page_requests_total")), num(rate("nbd_errors_total", "page_errors_total")))
@@ -154,8 +162,8 @@ func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, inter
 		if hits+misses > 0 {
 			ratio = fmt.Sprintf("%.1f%%", 100*hits/(hits+misses))
 		}
-		line("host cache", "hit ratio %-8s Loading Zone hits/s %-9s dirty %-8s resident %s",
-			ratio, num(rate("cache_loadingzone_hits_total")), num(v1["cache_dirty_pages"]), num(v1["cache_resident_pages"]))
+		line("host cache", "hit ratio %-8s Loading Zone hits/s %-9s dirty %-10s resident %s",
+			ratio, num(rate("cache_loadingzone_hits_total")), pages(v1["cache_dirty_pages"]), pages(v1["cache_resident_pages"]))
 	}
 	if has("prefetch_issued_total") {
 		line("prefetch/s", "issued %-9s useful %-9s wasted %-9s throttled %s",
@@ -185,12 +193,17 @@ func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, inter
 		line("memory node/s", "host reads %-9s write-backs %-9s prefetch reads %s",
 			num(rate("cache_remote_reads_total")), num(rate("cache_writebacks_total")), num(rate("prefetch_issued_total")))
 	}
+	if has("replica_read_failovers_total") {
+		line("replicas/s", "read failovers %-7s dropped %-7s repaired extents %-7s repair read %s/s",
+			num(rate("replica_read_failovers_total")), num(rate("replica_dropped_total")), num(rate("replica_repaired_extents_total")),
+			units.Approx(uint64(max(0, rate("replica_repair_bytes_total")))))
+	}
 	if has("procs_low") {
-		state := "every P"
+		state := "all cores"
 		if v1["procs_low"] == 1 {
-			state = "--lone-procs Ps (a run of lone cached reads)"
+			state = "fewer cores (--lone-procs: a run of lone cached reads)"
 		}
-		line("processors", "%s  switches/s %s", state, num(rate("procs_switches_total")))
+		line("Go scheduler", "%s  switches/s %s", state, num(rate("procs_switches_total")))
 	}
 	if has("link_attached") {
 		state := "attached"
@@ -200,6 +213,11 @@ func topFrame(addr string, before, after map[string]*dto.MetricFamily, dt, inter
 		line("agent process", "%s  fallbacks/s %s", state, num(rate("link_fallbacks_total")))
 	}
 	return b.String()
+}
+
+// pages prints a count of pages with the memory they take: "512 (2.00MiB)".
+func pages(n float64) string {
+	return fmt.Sprintf("%s (%s)", num(n), units.Approx(uint64(max(0, n))*pageid.Size))
 }
 
 // num prints a rate or count compactly: 0, 12.5, 1234, 12.3k, 4.56M.

@@ -443,7 +443,17 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 			stopping := notifyReady(ctx, log, "memory node listening on "+node.Addr)
 			<-ctx.Done()
 			stopping()
-			return node.Close()
+			vols, used := len(node.Server.Store.List()), node.Server.Store.Used()
+			log.Info(fmt.Sprintf("memory node stopping: %s, %s of memory", units.Count(vols, "volume", ""), units.FormatSize(used)))
+			if err := node.Close(); err != nil {
+				return err
+			}
+			if persist != "" {
+				log.Info("memory node stopped: its volumes are on disk in " + persist + "; start it again with the same --persist")
+			} else {
+				log.Info("memory node stopped: it was volatile, so its volumes are gone")
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7100", "listen address (host:port or unix:/path)")

@@ -142,6 +142,9 @@ func volumeCmd() *cobra.Command {
 					return err
 				}
 				if rec, err = cluster.MarkDeleting(ctx, cli, etcd.cluster, rec); err != nil {
+					if errors.Is(err, pageid.ErrHeld) {
+						err = fmt.Errorf("%w; stop the host serving it (pd3 cluster status shows which), then run pd3 volume rm again", err)
+					}
 					return err
 				}
 				// A replicated volume has a copy at every node of its map;
@@ -173,7 +176,11 @@ func volumeCmd() *cobra.Command {
 						return fmt.Errorf("volume %s stays marked %s: %w", args[0], cluster.VolumeDeleting, err)
 					}
 				}
-				return cluster.DropVolume(ctx, cli, etcd.cluster, rec)
+				if err := cluster.DropVolume(ctx, cli, etcd.cluster, rec); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "volume %s removed: %s freed at %s\n", args[0], units.FormatSize(rec.Size), units.Count(len(addrs), "memory node", ""))
+				return nil
 			})
 		},
 	}
