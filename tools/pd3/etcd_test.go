@@ -434,7 +434,12 @@ func TestReplicatedVolumeSurvivesANodeLoss(t *testing.T) {
 		require.NoError(t, err, out)
 		return out
 	}
-	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+0\s+0\s+1\s+healthy`, status())
+	first := status()
+	assert.Regexp(t, `disk0\s+64MiB\s+4\s+2\s+0\s+0\s+1\s+healthy`, first)
+	// One row per volume, however many nodes hold a copy.
+	assert.Contains(t, first, "\n1 volume\n")
+	assert.Regexp(t, `(?m)^disk0 +64MiB +\S+ +R=2 over 3 nodes +\S+ pid \d+$`, first)
+	assert.Regexp(t, `and \d+ filesystem volumes? \(the files and metadata of pd3 mounts\)`, first)
 	healthy := regexp.MustCompile(`disk0\s+64MiB\s+4\s+2\s+0\s+0\s+\d+\s+healthy\s+fs\.pd3\s+4TiB\s+1\s+2\s+0\s+0\s+\d+\s+healthy`)
 
 	underFio(0, "a node cut off and healed", func() {

@@ -1547,6 +1547,12 @@ func TestClusterStatus(t *testing.T) {
 
 	p, _ := os.FindProcess(b.Pid)
 	require.NoError(t, p.Signal(syscall.SIGKILL)) // no goodbye
+	b.Stop()                                      // reaped: its port refuses
+	// At once, long before its lease in etcd runs out: it does not answer.
+	out, err = run(t, "", "cluster", "status", "--etcd", etcd, "--cluster", "c1")
+	require.NoError(t, err, out)
+	assert.Regexp(t, `(?m)^[0-9a-f]{12} +unreachable +`+regexp.QuoteMeta(b.Addrs["memory node"])+` `, out)
+	assert.Contains(t, out, "is up in etcd but did not answer")
 	require.Eventually(t, func() bool {
 		for _, n := range status() {
 			if n.Addr == b.Addrs["memory node"] {
@@ -1563,8 +1569,9 @@ func TestClusterStatus(t *testing.T) {
 	up := start(t, []string{"etcd", "page server"}, "up", "--page", "127.0.0.1:0", "--nbd", "", "--mount", "", "--volume", "disk0:4MiB")
 	out, err = run(t, "", "cluster", "status", "--etcd", up.Addrs["etcd"])
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "cluster pd3: 1 memory nodes")
-	assert.Regexp(t, fmt.Sprintf(`(?m)^disk0 +[0-9a-f]{12} +4MiB +\S+ +\S+ pid %d$`, up.Pid), out, "the volume and the host holding it")
+	assert.Contains(t, out, "cluster pd3: 1 memory node\n")
+	assert.Contains(t, out, "\n1 volume\n")
+	assert.Regexp(t, fmt.Sprintf(`(?m)^disk0 +4MiB +\S+ +[0-9a-f]{12} +\S+ pid %d$`, up.Pid), out, "the volume and the host holding it")
 	up.Stop()
 	for _, line := range strings.Split(strings.TrimSpace(up.Output()), "\n") {
 		assert.True(t, strings.HasPrefix(line, "pd3: "), "etcd's own logging reached stderr: %q", line)
