@@ -8,8 +8,11 @@ BIN := bin/pd3
 # Fuzz budgets are execution counts, not durations: with a duration,
 # Go 1.26's fuzz coordinator can fail a clean run with "context deadline
 # exceeded" at the boundary (golang/go#75804, fixed in Go 1.27). Counts are
-# sized to about 10 s each on the 2-core CI machine; FUZZSCALE multiplies.
+# sized to about 10 s each on the 2-core CI machine; FUZZSCALE multiplies
+# and FUZZDIV divides (make test fuzzes a third of them, make test-long
+# twelve times them).
 FUZZSCALE ?= 1
+FUZZDIV ?= 1
 # Minimising a large interesting input may take the default 60s, which in a
 # short run leaves no time to fuzz (measured: 9 K vs 129 K executions).
 FUZZMIN ?= 1s
@@ -102,20 +105,25 @@ vet: deps
 # testsum prints what go test would, then "tests: N run, P passed, F
 # failed, S skipped" and each skip's reason; under PD3_REQUIRE=all (set by
 # .ci/run) a skip fails the run.
+# The packages that take minutes are named first, so that go test starts
+# them first and the short ones fill the other core around them.
+TEST_FIRST := ./tools/pd3 ./host ./fs ./nbd ./memnode
 test: vet deps-system
-	set -o pipefail; $(GO) test -race -count=1 -timeout 15m -json ./... | $(GO) run ./tools/testsum
-	$(MAKE) --no-print-directory fuzz
+	set -o pipefail; $(GO) test -race -count=1 -timeout 15m -json $(TEST_FIRST) ./... | $(GO) run ./tools/testsum
+	$(MAKE) --no-print-directory fuzz FUZZDIV=3
 
 fuzz: deps
 	@set -e; for t in $(FUZZ_TARGETS); do \
-	  pkg=$${t%%:*}; rest=$${t#*:}; name=$${rest%%:*}; n=$$(( $${rest##*:} * $(FUZZSCALE) )); \
+	  pkg=$${t%%:*}; rest=$${t#*:}; name=$${rest%%:*}; n=$$(( $${rest##*:} * $(FUZZSCALE) / $(FUZZDIV) )); \
 	  echo "fuzz $$pkg $$name ($$n executions)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $${n}x -fuzzminimizetime $(FUZZMIN) $$pkg; \
 	done
 
 # Longer suites: more fuzzing and repeated race runs.
+# PD3_SOAK=1: the randomised model tests take their long runs
+# (testutil.Soak).
 test-long: vet
-	$(GO) test -race -count=5 -timeout 60m ./...
+	PD3_SOAK=1 $(GO) test -race -count=5 -timeout 60m ./...
 	$(MAKE) --no-print-directory fuzz FUZZSCALE=12 FUZZMIN=30s
 
 bench: build

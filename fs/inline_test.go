@@ -88,21 +88,25 @@ func TestSmallFilesLiveInTheInode(t *testing.T) {
 // no more than a volume per file past a page.
 func TestManySmallFiles(t *testing.T) {
 	if testing.Short() {
-		t.Skip("10,000 files")
+		t.Skip("thousands of files")
 	}
 	need(t, "tar")
 	need(t, "diff")
 	src := t.TempDir()
-	testutil.SmallFiles(t, src, 10000)
+	testutil.SmallFiles(t, src, testutil.Soak(t, 3000, 10000))
 	run := func(name string, args ...string) {
 		t.Helper()
 		out, err := exec.Command(name, args...).CombinedOutput()
 		require.NoError(t, err, "%s %v: %s", name, args, out)
 	}
 	run("tar", "-C", src, "-cf", src+"/tree.tar", "tree")
-	repo, err := os.Getwd()
+	// The repository's sources as they are now, without .git: a tree of
+	// real files of every size that does not change under the test.
+	cwd, err := os.Getwd()
 	require.NoError(t, err)
-	repo += "/.."
+	repo := filepath.Join(src, "repo")
+	require.NoError(t, os.Mkdir(repo, 0o755))
+	run("sh", "-c", "tar -C "+cwd+"/.. --exclude=.git --exclude=bin -cf - . | tar -C "+repo+" -xf -")
 
 	addr := startNode(t, 0)
 	e := mount(t, addr, "", 16<<20)

@@ -15,7 +15,7 @@ func TestRandomOpsMatchAReference(t *testing.T) {
 	addr := startNode(t, 0)
 	e := mount(t, addr, "", 1<<20)
 	ops := fsmodel.Run(t, fsmodel.Config{
-		Dir: e.dir, Ref: t.TempDir(), Steps: 4000, Seed: testutil.Seed(t),
+		Dir: e.dir, Ref: t.TempDir(), Steps: testutil.Soak(t, 1000, 8000), Seed: testutil.Seed(t),
 		Remount: func(crash bool) string {
 			dir := e.dir
 			if crash {

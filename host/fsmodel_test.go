@@ -60,7 +60,7 @@ func TestRandomFileOpsOnAHostMount(t *testing.T) {
 				}
 			}()
 			ops := fsmodel.Run(t, fsmodel.Config{
-				Dir: dir, Ref: t.TempDir(), Steps: 2000, Seed: testutil.Seed(t),
+				Dir: dir, Ref: t.TempDir(), Steps: testutil.Soak(t, 500, 4000), Seed: testutil.Seed(t),
 				Remount: func(bool) string {
 					sum()
 					var victim string

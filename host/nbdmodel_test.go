@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/internal/nbdmodel"
+	"github.com/pd3-go/pd3/internal/testutil"
 )
 
 // TestRandomNBDRequestsOnEveryReadPath runs internal/nbdmodel's random
@@ -48,7 +49,7 @@ func TestRandomNBDRequestsOnEveryReadPath(t *testing.T) {
 					require.NoError(t, h.Close(ctx))
 					assert.NoError(t, h.Store.Check())
 				}()
-				nbdmodel.Check(t, h.NBDAddr, "disk0", size, structured, 300, nil)
+				nbdmodel.Check(t, h.NBDAddr, "disk0", size, structured, testutil.Soak(t, 120, 600), nil)
 				st := h.Store.Stats()
 				t.Logf("evictions %d, write-backs %d, Loading Zone hits %d", st.Evictions, st.WriteBacks, st.PrefetchHits)
 				if tc.dpu == EmbeddedAgent {
@@ -117,7 +118,7 @@ func TestRandomNBDRequestsOnAReplicatedVolume(t *testing.T) {
 				require.NoError(t, h.Close(ctx))
 				assert.NoError(t, h.Store.Check())
 			}()
-			nbdmodel.Check(t, h.NBDAddr, "disk0", size, dpuMode == EmbeddedAgent, 300, func() {
+			nbdmodel.Check(t, h.NBDAddr, "disk0", size, dpuMode == EmbeddedAgent, testutil.Soak(t, 120, 600), func() {
 				killReplica(t, access, nodes, "disk0")
 			})
 			t.Logf("failovers %d, dropped %d, repaired %d", h.Replicated.Failovers.Load(), h.Replicated.Dropped.Load(), h.Replicated.Repaired.Load())

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/pd3-go/pd3/internal/nbdmodel"
+	"github.com/pd3-go/pd3/internal/testutil"
 )
 
 // TestRandomRequestsMatchAModel: batches of random requests of every kind,
@@ -17,7 +18,7 @@ func TestRandomRequestsMatchAModel(t *testing.T) {
 		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
 			const size = 8 << 20
 			r := newRig(t, size, 16*4096)
-			nbdmodel.Check(t, r.addr, "disk0", size, structured, 600, nil)
+			nbdmodel.Check(t, r.addr, "disk0", size, structured, testutil.Soak(t, 300, 1200), nil)
 		})
 	}
 }

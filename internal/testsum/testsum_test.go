@@ -1,8 +1,12 @@
 package testsum
 
 import (
+	"io"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pd3-go/pd3/internal/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -66,4 +70,36 @@ func TestSkipsFailOnlyWhenRequired(t *testing.T) {
 	assert.True(t, sum.OK(true))
 	assert.False(t, sum.OK(false))
 	assert.Equal(t, "(no reason given)", sum.Skips[0].Reason)
+}
+
+// At each tick the packages still running are named: a run is never
+// silent for longer than a tick. A package that ended is not named.
+func TestTicksNameThePackagesStillRunning(t *testing.T) {
+	r, w := io.Pipe()
+	var out testutil.SyncBuffer
+	ticks := make(chan time.Time)
+	done := make(chan *Summary)
+	go func() {
+		sum, err := ReadTicking(r, &out, ticks)
+		assert.NoError(t, err)
+		done <- sum
+	}()
+	_, err := io.WriteString(w, `{"Action":"start","Package":"p/slow"}`+"\n"+`{"Action":"start","Package":"p/quick"}`+"\n"+
+		`{"Action":"pass","Package":"p/quick","Elapsed":0.1}`+"\n")
+	require.NoError(t, err)
+	// Each tick is taken by the reader between lines: tick until the
+	// lines above are in.
+	for !strings.Contains(out.String(), "ok  \tp/quick") {
+		ticks <- time.Now()
+	}
+	ticks <- time.Now()
+	ticks <- time.Now() // taken once the first one's line is written
+	after := out.String()[strings.Index(out.String(), "ok  \tp/quick"):]
+	assert.Regexp(t, `\.\.\. still running: p/slow \([0-9]+s\)\n`, after)
+	_, err = io.WriteString(w, `{"Action":"pass","Package":"p/slow","Elapsed":61}`+"\n")
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	<-done
+	all := out.String()
+	assert.NotContains(t, all[strings.Index(all, "ok  \tp/quick"):], "p/quick (", "a package that passed is not named")
 }

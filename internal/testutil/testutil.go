@@ -15,6 +15,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Soak returns n, the size of a randomised test's run in make test, or
+// long under make test-long (PD3_SOAK=1): the long runs find the rare
+// interleavings, the short ones keep make test within minutes.
+func Soak(t testing.TB, n, long int) int {
+	t.Helper()
+	if os.Getenv("PD3_SOAK") == "1" {
+		n = long
+	}
+	t.Logf("%d steps (make test-long: %d)", n, long)
+	return n
+}
+
 // Seed returns a random seed, logged so a failure can be replayed with
 // PD3_SEED=n.
 func Seed(t testing.TB) uint64 {

@@ -231,6 +231,7 @@ func TestBenchSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
 	out, err := run(t, "", "bench", "transport", "--duration", "200ms", "--rounds", "2", "--json")
 	require.NoError(t, err, out)
 	var rep bench.Report
@@ -368,6 +369,7 @@ func TestBenchNBDSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
 	for _, tool := range []string{"fio", "nbdkit"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s is not installed (make deps-system)", tool)
@@ -428,6 +430,7 @@ func TestBenchNBDBreakdownSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
 	for _, tool := range []string{"fio", "nbdkit"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s is not installed (make deps-system)", tool)
@@ -487,6 +490,7 @@ func TestBenchFUSESmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (mounts, drop_caches)")
 	}
@@ -1615,6 +1619,7 @@ func TestBenchRepairSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
 	if _, err := exec.LookPath("fio"); err != nil {
 		t.Skip("fio is not installed (make deps-system)")
 	}
@@ -1636,6 +1641,7 @@ func TestBenchAppsSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts several processes")
 	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (memory cgroups, loop devices, mounts)")
 	}

@@ -8,6 +8,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/pd3-go/pd3/internal/testsum"
 )
@@ -18,7 +19,11 @@ func main() {
 		fmt.Fprintf(os.Stderr, "testsum: PD3_REQUIRE=%q: the only requirement is \"all\" (every test runs)\n", require)
 		os.Exit(2)
 	}
-	sum, err := testsum.Read(os.Stdin, os.Stdout)
+	// A package may take minutes: say which are still running, once a
+	// minute, so a long run is never silent.
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	sum, err := testsum.ReadTicking(os.Stdin, os.Stdout, tick.C)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testsum: reading go test -json:", err)
 		os.Exit(2)
