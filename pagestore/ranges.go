@@ -347,8 +347,12 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 		if err := s.ZeroRange(ctx, vol, end, off+n-end, false); err != nil {
 			return err
 		}
-		s.discardPages(vol, first/pageid.Size, end/pageid.Size)
-		return tr.Trim(ctx, vol, first, end-first)
+		s.discardPages(vol, first/pageid.Size, end/pageid.Size, false)
+		if err := tr.Trim(ctx, vol, first, end-first); err != nil {
+			return err
+		}
+		s.discardPages(vol, first/pageid.Size, end/pageid.Size, true)
+		return nil
 	}
 	var zero [pageid.Size]byte
 	var runStart, runLen uint64 // a run of whole pages to trim remotely
@@ -357,6 +361,12 @@ func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep b
 			return nil
 		}
 		err := tr.Trim(ctx, vol, runStart, runLen)
+		if err == nil {
+			// A read between the discard and the trim loaded the old
+			// bytes from the remote: drop them, or they outlive the
+			// zeroing (a write since then is dirty, and newer: kept).
+			s.discardPages(vol, runStart/pageid.Size, (runStart+runLen)/pageid.Size, true)
+		}
 		runLen = 0
 		return err
 	}
@@ -445,7 +455,11 @@ func (s *Store) checkRange(vol uint16, off, n uint64) error {
 
 // discard drops page k from the cache without writing it back. Its frame
 // stays with the eviction policy, empty, and is reclaimed first-come.
-func (s *Store) discard(k pageid.Key) {
+func (s *Store) discard(k pageid.Key) { s.drop(k, false) }
+
+// drop is discard; with cleanOnly, a dirty page (a write newer than what
+// the caller dropped) stays.
+func (s *Store) drop(k pageid.Key, cleanOnly bool) {
 	f, ok := s.lookup(k)
 	if !ok {
 		return
@@ -453,7 +467,7 @@ func (s *Store) discard(k pageid.Key) {
 	fr := &s.frames[f]
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
-	if fr.key != k || !fr.valid {
+	if fr.key != k || !fr.valid || (cleanOnly && s.dirty(f)) {
 		return
 	}
 	for fr.wb.Load() {

@@ -320,3 +320,40 @@ func TestZeroRangeOfTerabytes(t *testing.T) {
 		assert.True(t, bytes.Equal(make([]byte, pageid.Size), got), "page %d still reads", k.Page())
 	}
 }
+
+// gatedTrim is a remote whose Trim waits at a gate: what a reader does
+// between a zeroing's discard of the cached pages and the remote's trim.
+type gatedTrim struct {
+	*MemRemote
+	entered, gate chan struct{}
+}
+
+func (g gatedTrim) Trim(ctx context.Context, vol uint16, off, n uint64) error {
+	close(g.entered)
+	<-g.gate
+	return g.MemRemote.Trim(ctx, vol, off, n)
+}
+
+// A page read while a zeroing of it is on its way to the remote (the
+// cached copy already dropped, the remote's not yet trimmed) loads the
+// old bytes; the zeroing must not leave them cached once it returns, or
+// every later read is stale.
+func TestZeroRangeLeavesNoStalePageCached(t *testing.T) {
+	ctx := context.Background()
+	g := gatedTrim{MemRemote: NewMemRemote(), entered: make(chan struct{}), gate: make(chan struct{})}
+	s := newTestStore(t, g, 64, "s3fifo", 64)
+	old := bytes.Repeat([]byte{0xAA}, pageid.Size)
+	k := pageid.MakeKey(1, 5)
+	require.NoError(t, s.Put(ctx, k, old))
+	require.NoError(t, s.Flush(ctx))
+	done := make(chan error, 1)
+	go func() { done <- s.ZeroRange(ctx, 1, 4*pageid.Size, 4*pageid.Size, false) }()
+	<-g.entered
+	got := make([]byte, pageid.Size)
+	require.NoError(t, s.Get(ctx, k, got))
+	assert.Equal(t, old, got, "read while the trim is in flight: the old bytes, as a concurrent read may")
+	close(g.gate)
+	require.NoError(t, <-done)
+	require.NoError(t, s.Get(ctx, k, got))
+	assert.Equal(t, make([]byte, pageid.Size), got, "after the zeroing returned: zeroes")
+}

@@ -244,17 +244,18 @@ func (s *Store) RemoveVolumePages(id uint16, end uint64) {
 	s.vmu.Lock()
 	delete(s.volumes, id)
 	s.vmu.Unlock()
-	s.discardPages(id, 0, end)
+	s.discardPages(id, 0, end, false)
 }
 
 // discardPages drops the cached pages first to end (exclusive) of volume
-// id without writing them back. A range of fewer pages than the cache
-// has frames is looked up page by page; a longer one (a file's volume is
-// terabytes) costs one pass over the frames instead.
-func (s *Store) discardPages(id uint16, first, end uint64) {
+// id without writing them back (with cleanOnly, the clean ones). A range
+// of fewer pages than the cache has frames is looked up page by page; a
+// longer one (a file's volume is terabytes) costs one pass over the
+// frames instead.
+func (s *Store) discardPages(id uint16, first, end uint64, cleanOnly bool) {
 	if end-first < uint64(len(s.frames)) {
 		for p := first; p < end; p++ {
-			s.discard(pageid.MakeKey(id, p))
+			s.drop(pageid.MakeKey(id, p), cleanOnly)
 		}
 		return
 	}
@@ -264,7 +265,7 @@ func (s *Store) discardPages(id uint16, first, end uint64) {
 		k, valid := fr.key, fr.valid
 		fr.mu.RUnlock()
 		if valid && k.Volume() == id && k.Page() >= first && k.Page() < end {
-			s.discard(k)
+			s.drop(k, cleanOnly)
 		}
 	}
 }
