@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -240,6 +243,35 @@ func inFlagWords(err error) error {
 	}
 	msg := configFieldRe.ReplaceAllStringFunc(ce.Err.Error(), func(m string) string { return words(m[strings.IndexByte(m, '.')+1:]) })
 	return usageError{fmt.Errorf("%s: %s", words(ce.Field), msg)}
+}
+
+// portsFree refuses, before anything starts or prints, a listen address
+// (flag → address) that another process holds: a port in use would
+// otherwise be found only after etcd and a memory node had started. A
+// port left to the system (:0) and unix sockets are not checked. The
+// check binds and lets go at once, so a port taken in between is still
+// reported by the server that binds it.
+func portsFree(flags map[string]string) error {
+	names := make([]string, 0, len(flags))
+	for f := range flags {
+		names = append(names, f)
+	}
+	slices.Sort(names)
+	for _, flag := range names {
+		addr := flags[flag]
+		if addr == "" || strings.HasPrefix(addr, "unix:") || strings.HasSuffix(addr, ":0") {
+			continue
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return usageError{fmt.Errorf("%s %s: the address is in use (another pd3 or server listens there): choose another with %s HOST:PORT, or %s '' for none", flag, addr, flag, flag)}
+			}
+			return usageError{fmt.Errorf("%s %s: %w", flag, addr, err)}
+		}
+		ln.Close()
+	}
+	return nil
 }
 
 // checkFirst refuses, before anything starts, a configuration host.Start

@@ -197,6 +197,10 @@ func TestServeReopensVolumesAtTheNode(t *testing.T) {
 }
 
 func TestBadFlagsSayWhy(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	taken := busy.Addr().String()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -216,6 +220,10 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		{[]string{"serve", "--memnode", "127.0.0.1:1", "--dpu", "none", "--mirror", "packet"}, "--mirror: packet feeds an agent: set --dpu to embedded or shm:NAME"},
 		{[]string{"serve", "--memnode", "127.0.0.1:1", "--tls", "require"}, "--tls: require needs --tls-certificates"},
 		{[]string{"dpu", "--memnode", "127.0.0.1:1", "--packet", "http=127.0.0.1:80"}, "neither page nor nbd"},
+		// A port in use, before etcd and the memory node start.
+		{[]string{"up", "--mount", "", "--nbd", taken}, "--nbd " + taken + ": the address is in use (another pd3 or server listens there): choose another with --nbd HOST:PORT, or --nbd '' for none"},
+		{[]string{"up", "--mount", "", "--nbd", "", "--page", taken}, "--page " + taken + ": the address is in use"},
+		{[]string{"serve", "--memnode", "127.0.0.1:1", "--nbd", "", "--metrics", taken}, "--metrics " + taken + ": the address is in use"},
 		{[]string{"bench", "page", "--arrivals", "bursty"}, "neither poisson nor uniform"},
 	} {
 		out, err := run(t, "", tc.args...)

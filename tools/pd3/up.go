@@ -155,6 +155,9 @@ back to the memory node first.`,
 			if err := checkFirst(cfg, true); err != nil {
 				return err
 			}
+			if err := portsFree(f.ports(&e)); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runUp(ctx, cfg, e, f.metrics)
@@ -178,6 +181,19 @@ func (e *embedFlags) add(fl *pflag.FlagSet, persistHelp string) {
 	fl.StringVar(&e.persist, "persist", "", persistHelp)
 	fl.IntVar(&e.memnodes, "memnodes", 1, "embedded memory nodes to start (more than one: volumes are replicated over them, --replicas)")
 	fl.StringVar(&e.etcdListen, "etcd-listen", "127.0.0.1:0", "client address of the embedded etcd, started unless --etcd names one (data in --persist DIR/etcd, else a temporary directory); none runs without a control plane")
+}
+
+// ports are the listen addresses the host's flags ask for, and the
+// embedded cluster's (e, when it is started), by flag.
+func (f *hostFlags) ports(e *embedFlags) map[string]string {
+	m := map[string]string{"--nbd": f.nbd, "--page": f.page, "--metrics": f.metrics}
+	if e != nil && f.memnode == "" {
+		m["--memnode-listen"] = e.listen
+		if e.etcdListen != "none" {
+			m["--etcd-listen"] = e.etcdListen
+		}
+	}
+	return m
 }
 
 // config is the embedded cluster the flags ask for.
@@ -236,6 +252,9 @@ DIR/volumes/NAME.`,
 			if err := checkFirst(cfg, true); err != nil {
 				return err
 			}
+			if err := portsFree(f.ports(&e)); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runUp(ctx, cfg, e, f.metrics)
@@ -271,6 +290,9 @@ func serveCmd() *cobra.Command {
 				cfg.Log.Info("no --memnode: the control plane places the volumes over its memory nodes (one copy of each 16 MiB extent; --replicas N for more)")
 			}
 			if err := checkFirst(cfg, false); err != nil {
+				return err
+			}
+			if err := portsFree(f.ports(nil)); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
