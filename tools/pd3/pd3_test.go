@@ -1384,6 +1384,27 @@ func TestSystemdUnitsVerify(t *testing.T) {
 	assert.Empty(t, strings.TrimSpace(string(out)), "warnings")
 }
 
+// The systemd units are hardened: systemd-analyze rates each one's
+// exposure at most 4.0 ("OK"), from the files as shipped.
+func TestSystemdUnitsAreHardened(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze is not installed (apt-get install systemd; .ci/run does)")
+	}
+	units, err := filepath.Glob("../../deploy/systemd/*.service")
+	require.NoError(t, err)
+	require.Len(t, units, 2)
+	overall := regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)`)
+	for _, u := range units {
+		out, _ := exec.Command("systemd-analyze", "security", "--offline=true", u).CombinedOutput()
+		m := overall.FindSubmatch(out)
+		require.NotNil(t, m, "%s:\n%s", u, out)
+		exposure, err := strconv.ParseFloat(string(m[1]), 64)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, exposure, 4.0, "%s:\n%s", u, out)
+		t.Logf("%s: exposure %.1f", filepath.Base(u), exposure)
+	}
+}
+
 // Under systemd (Type=notify) pd3 reports READY=1 once it listens and
 // STOPPING=1 when SIGTERM starts its shutdown, on $NOTIFY_SOCKET.
 func TestSystemdNotify(t *testing.T) {
