@@ -224,7 +224,7 @@ func (c *Config) Check() error {
 		return fieldErr("DPU", "a split agent needs a region name (shm:NAME)")
 	}
 	if c.NBDTLS != TLSOff && c.NBDTLSCertificates == "" && c.NBDListen != "" {
-		return fieldErr("NBDTLS", "%s needs Config.NBDTLSCertificates, a directory with server-cert.pem, server-key.pem and ca-cert.pem", c.NBDTLS)
+		return fieldErr("NBDTLS", "%s needs Config.NBDTLSCertificates, a directory with server-cert.pem, server-key.pem and ca-cert.pem (pd3 certs makes one)", c.NBDTLS)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func newRoot() *cobra.Command {
 		}
 		return nil
 	}
-	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd(), topCmd(), clusterCmd(), volumeCmd(), coordCmd(), nodeCmd())
+	root.AddCommand(upCmd(), serveCmd(), mountCmd(), cachestatCmd(), memnodeCmd(), dpuCmd(), pageCmd(), benchCmd(), topCmd(), clusterCmd(), volumeCmd(), coordCmd(), nodeCmd(), certsCmd())
 	// Runnable, so that "pd3 frob" fails NoArgs (an unknown command, a
 	// usage error) instead of printing the help and exiting 0.
 	root.Args = cobra.NoArgs

@@ -1405,6 +1405,37 @@ func TestSystemdUnitsAreHardened(t *testing.T) {
 	}
 }
 
+// pd3 certs makes what --tls-certificates and the memory-node link need:
+// a host serving NBD with --tls require is read by nbdinfo with the
+// client directory, and a second run never overwrites a key.
+func TestCertsServeTLS(t *testing.T) {
+	if _, err := exec.LookPath("nbdinfo"); err != nil {
+		t.Skip("nbdinfo is not installed (make deps-system; .ci/run does)")
+	}
+	dir := t.TempDir()
+	srv, cli := filepath.Join(dir, "server"), filepath.Join(dir, "client")
+	out, err := run(t, "", "certs", "--server-dir", srv, "--client-dir", cli)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "server certificate for [127.0.0.1 localhost] in "+srv)
+	key, err := os.Stat(filepath.Join(srv, "server-key.pem"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), key.Mode().Perm(), "keys are the owner's only")
+
+	host := start(t, []string{"NBD server"}, "up", "--page", "", "--mount", "", "--nbd", "127.0.0.1:0", "--volume", "disk0:4MiB",
+		"--tls", "require", "--tls-certificates", srv)
+	_, port, err := net.SplitHostPort(host.Addrs["NBD server"])
+	require.NoError(t, err)
+	size, err := exec.Command("nbdinfo", "--size", "nbds://localhost:"+port+"/disk0?tls-certificates="+cli).CombinedOutput()
+	require.NoError(t, err, "%s", size)
+	assert.Equal(t, "4194304", strings.TrimSpace(string(size)))
+
+	out, err = run(t, "", "certs", "--server-dir", srv, "--client-dir", filepath.Join(dir, "other"))
+	require.Error(t, err)
+	assert.Contains(t, out, filepath.Join(srv, "ca-cert.pem")+" exists: remove it, or choose another directory (nothing was written)")
+	_, err = os.Stat(filepath.Join(dir, "other"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing was written")
+}
+
 // Under systemd (Type=notify) pd3 reports READY=1 once it listens and
 // STOPPING=1 when SIGTERM starts its shutdown, on $NOTIFY_SOCKET.
 func TestSystemdNotify(t *testing.T) {
