@@ -420,6 +420,49 @@ func bySuffix[T any](kvs []*mvccpb.KeyValue, pfx string) map[string]T {
 	return out
 }
 
+// ErrNodeUp is Forget's answer for a node that is up.
+var ErrNodeUp = errors.New("cluster: the node is up")
+
+// ErrNodeHolds is Forget's answer for a node that volumes still name.
+var ErrNodeHolds = errors.New("cluster: volumes still name the node")
+
+// Forget removes the record of memory node id, which must be down and
+// named by no volume (a volume of its own, or a replica in a stripe map):
+// a volatile node that died stays listed down for ever otherwise. The
+// check of liveness and the removal are one transaction.
+func Forget(ctx context.Context, cli *clientv3.Client, cluster, id string) error {
+	pfx := prefix(cluster)
+	vols, err := Volumes(ctx, cli, cluster)
+	if err != nil {
+		return err
+	}
+	var named []string
+	for _, v := range vols {
+		if v.Node == id || (v.Stripes != nil && slices.Contains(v.Stripes.Nodes(), id)) {
+			named = append(named, v.Name)
+		}
+	}
+	if len(named) > 0 {
+		return fmt.Errorf("%w: node %s: %s", ErrNodeHolds, id, strings.Join(named, ", "))
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(pfx+"nodes/"+id), ">", 0),
+			clientv3.Compare(clientv3.CreateRevision(pfx+"alive/"+id), "=", 0)).
+		Then(clientv3.OpDelete(pfx+"nodes/"+id), clientv3.OpDelete(pfx+"draining/"+id)).
+		Else(clientv3.OpGet(pfx+"nodes/"+id, clientv3.WithCountOnly())).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("cluster: forgetting node %s: %w", id, err)
+	}
+	if !resp.Succeeded {
+		if resp.Responses[0].GetResponseRange().Count == 0 {
+			return fmt.Errorf("cluster: no memory node %s in cluster %s", id, cmp.Or(cluster, DefaultName))
+		}
+		return fmt.Errorf("%w: node %s", ErrNodeUp, id)
+	}
+	return nil
+}
+
 // Nodes lists the cluster's memory nodes, up or down, by id.
 func Nodes(ctx context.Context, cli *clientv3.Client, cluster string) ([]Node, error) {
 	pfx := prefix(cluster)

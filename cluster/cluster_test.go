@@ -82,6 +82,21 @@ func TestMembership(t *testing.T) {
 				nodes, err := Nodes(ctx, cli, "t")
 				return err == nil && len(nodes) == 1 && !nodes[0].Up
 			}, 10*time.Second, 100*time.Millisecond, "the crashed node is down, the stopped volatile one gone")
+
+			// Forgetting the down node: refused while a volume names it.
+			rec, err := ReserveVolume(ctx, cli, "t", VolumeRecord{Name: "v", Size: 1 << 20, Node: "aaa"})
+			require.NoError(t, err)
+			assert.ErrorIs(t, Forget(ctx, cli, "t", "aaa"), ErrNodeHolds)
+			require.NoError(t, DropVolume(ctx, cli, "t", rec))
+			require.NoError(t, Forget(ctx, cli, "t", "aaa"))
+			nodes, err = Nodes(ctx, cli, "t")
+			require.NoError(t, err)
+			assert.Empty(t, nodes)
+			assert.ErrorContains(t, Forget(ctx, cli, "t", "aaa"), "no memory node aaa in cluster t")
+			up, err := Register(ctx, cli, NodeRecord{ID: "ccc", Addr: "10.0.0.3:7100"}, RegisterOptions{Cluster: "t", TTL: time.Second})
+			require.NoError(t, err)
+			defer up.Close()
+			assert.ErrorIs(t, Forget(ctx, cli, "t", "ccc"), ErrNodeUp)
 		})
 	}
 }

@@ -19,7 +19,7 @@ import (
 
 // nodeCmd manages memory nodes through the control plane.
 func nodeCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "node", Short: "Drain memory nodes of replicated volumes (etcd)"}
+	cmd := &cobra.Command{Use: "node", Short: "Drain, undrain and forget memory nodes (etcd)"}
 	etcd := addEtcdFlags(cmd.PersistentFlags(), "etcd client URLs (comma-separated; pd3 up prints its embedded one)")
 	cmd.MarkPersistentFlagRequired("etcd")
 	var wait time.Duration
@@ -41,8 +41,12 @@ mark off. Volumes of one node (not replicated) cannot move: they are named.`,
 				if err != nil {
 					return err
 				}
-				if !slices.ContainsFunc(nodes, func(n cluster.Node) bool { return n.ID == id }) {
+				i := slices.IndexFunc(nodes, func(n cluster.Node) bool { return n.ID == id })
+				if i < 0 {
 					return fmt.Errorf("no memory node %s in cluster %s (pd3 cluster status lists them)", id, etcd.cluster)
+				}
+				if !nodes[i].Up {
+					return fmt.Errorf("node %s is down: nothing can be copied off it (the hosts re-replicate what it held from the other copies); once no volume names it, pd3 node forget %s removes it", id, id)
 				}
 				if err := cluster.SetDraining(ctx, cli, etcd.cluster, id, true); err != nil {
 					return err
@@ -111,7 +115,33 @@ mark off. Volumes of one node (not replicated) cannot move: they are named.`,
 			})
 		},
 	}
-	cmd.AddCommand(drain, undrain)
+	forget := &cobra.Command{
+		Use:   "forget ID",
+		Short: "Remove a memory node that is down for good from the cluster (no volume may name it)",
+		Long: `Remove the record of memory node ID, which must be down and named by no
+volume: a volatile node that died never comes back (it would register
+anew), and stays listed down until it is forgotten. A volume that lives on
+the node alone keeps it (remove the volume, or bring the node back); a
+replicated volume names it until its host has dropped the node's
+replicas, which a host serving the volume does on its own.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withEtcd(cmd, etcd, 0, func(ctx context.Context, cli *clientv3.Client) error {
+				err := cluster.Forget(ctx, cli, etcd.cluster, args[0])
+				switch {
+				case errors.Is(err, cluster.ErrNodeUp):
+					return fmt.Errorf("%w: stop it first (a volatile node that stops cleanly leaves by itself)", err)
+				case errors.Is(err, cluster.ErrNodeHolds):
+					return fmt.Errorf("%w: remove those that live on it alone (pd3 volume rm), or start a host for the replicated ones so that it drops the node's replicas", err)
+				case err != nil:
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s forgotten\n", args[0])
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(drain, undrain, forget)
 	return cmd
 }
 

@@ -1626,6 +1626,23 @@ func TestClusterStatus(t *testing.T) {
 		return false
 	}, 15*time.Second, 200*time.Millisecond, "the killed node is down once its lease runs out")
 
+	// A dead volatile node never comes back: drain has nothing to move,
+	// forget removes it; a node that is up cannot be forgotten.
+	bID, aID := addrs[b.Addrs["memory node"]], addrs[a.Addrs["memory node"]]
+	out, err = run(t, "", "node", "drain", bID, "--etcd", etcd, "--cluster", "c1")
+	require.Error(t, err)
+	assert.Contains(t, out, "node "+bID+" is down: nothing can be copied off it")
+	out, err = run(t, "", "node", "forget", aID, "--etcd", etcd, "--cluster", "c1")
+	require.Error(t, err)
+	assert.Contains(t, out, "the node is up: node "+aID+": stop it first")
+	out, err = run(t, "", "node", "forget", bID, "--etcd", etcd, "--cluster", "c1")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "node "+bID+" forgotten")
+	require.Len(t, status(), 1, "only the live node is left")
+	out, err = run(t, "", "node", "forget", bID, "--etcd", etcd, "--cluster", "c1")
+	require.Error(t, err)
+	assert.Contains(t, out, "no memory node "+bID+" in cluster c1")
+
 	out, err = run(t, "", "memnode", "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:1")
 	require.Error(t, err)
 	assert.Contains(t, out, "etcd unreachable at 127.0.0.1:1")
