@@ -216,7 +216,7 @@ func RenderReport(w io.Writer, runs map[string]SuiteRun) error {
 	b.WriteString(`# pd3 benchmarks: current results
 
 Every number here comes from one command, which runs each section's
-benchmark and rewrites this page (root; about an hour and a half):
+benchmark and rewrites this page (root; 52 minutes on the 2-core machine at the last run):
 
 ` + "```sh\nmake bench-report        # pd3 bench report --run all\n```" + `
 
