@@ -9,7 +9,7 @@ BIN := bin/pd3
 # Go 1.26's fuzz coordinator can fail a clean run with "context deadline
 # exceeded" at the boundary (golang/go#75804, fixed in Go 1.27). Counts are
 # sized to about 10 s each on the 2-core CI machine; FUZZSCALE multiplies
-# and FUZZDIV divides (make test fuzzes a third of them, make test-long
+# and FUZZDIV divides (make test fuzzes a sixth of them, make test-long
 # twelve times them).
 FUZZSCALE ?= 1
 FUZZDIV ?= 1
@@ -110,7 +110,7 @@ vet: deps
 TEST_FIRST := ./tools/pd3 ./host ./fs ./nbd ./memnode
 test: vet deps-system
 	set -o pipefail; $(GO) test -race -count=1 -timeout 15m -json $(TEST_FIRST) ./... | $(GO) run ./tools/testsum
-	$(MAKE) --no-print-directory fuzz FUZZDIV=3
+	$(MAKE) --no-print-directory fuzz FUZZDIV=6
 
 fuzz: deps
 	@set -e; for t in $(FUZZ_TARGETS); do \

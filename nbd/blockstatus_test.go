@@ -30,7 +30,7 @@ func nbdMap(t *testing.T, uri string) []extent {
 // reads as zeroes; a write the cache still holds is data already.
 func TestBlockStatusMapsHoles(t *testing.T) {
 	need(t, "nbdinfo", "nbdcopy")
-	const size, at, n = 1 << 30, 64 << 20, 16 << 20
+	const size, at, n = 256 << 20, 64 << 20, 16 << 20
 	r := newRig(t, size, 64<<20)
 	uri := r.uri("disk0")
 	assert.Equal(t, []extent{{0, size, 3}}, nbdMap(t, uri), "a fresh volume is one hole")
@@ -48,9 +48,10 @@ func TestBlockStatusMapsHoles(t *testing.T) {
 	got, err := os.ReadFile(out)
 	require.NoError(t, err)
 	require.Len(t, got, size)
-	assert.Equal(t, data, got[at:at+n])
-	assert.Equal(t, make([]byte, at), got[:at], "zeroes before")
-	assert.True(t, bytes.Equal(make([]byte, size-at-n), got[at+n:]), "zeroes after")
+	assert.True(t, bytes.Equal(data, got[at:at+n]), "the data")
+	zero := make([]byte, size-at-n)
+	assert.True(t, bytes.Equal(zero[:at], got[:at]), "zeroes before")
+	assert.True(t, bytes.Equal(zero, got[at+n:]), "zeroes after")
 
 	// A trimmed megabyte is a hole again.
 	require.NoError(t, r.store.ZeroRange(context.Background(), vol, at+4<<20, 1<<20, false))

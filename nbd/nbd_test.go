@@ -525,8 +525,8 @@ func TestNbdinfo(t *testing.T) {
 
 func TestNbdcopyRoundTrip(t *testing.T) {
 	need(t, "nbdcopy")
-	const size = 256 << 20
-	r := newRig(t, size, 64<<20)
+	const size = 64 << 20 // four times the cache
+	r := newRig(t, size, 16<<20)
 	dir := t.TempDir()
 	img := filepath.Join(dir, "in.img")
 	buf := make([]byte, size)
