@@ -534,21 +534,7 @@ func (c *Client) TrimQueued(ctx context.Context, vol uint16, off, n uint64, queu
 // Store.Allocated); the first run starts at off and the last ends at
 // off+n. One MAP request asks about MaxMap bytes.
 func (c *Client) Allocated(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, held bool)) error {
-	var (
-		runAt   = off
-		runHeld bool
-		started bool
-	)
-	emit := func(at uint64, held bool) {
-		if !started {
-			runHeld, started = held, true
-			return
-		}
-		if held != runHeld {
-			fn(runAt, at-runAt, runHeld)
-			runAt, runHeld = at, held
-		}
-	}
+	runs := pageid.Runs{Emit: func(o, m uint64, hole bool) { fn(o, m, !hole) }}
 	for end := off + n; off < end; {
 		m := min(end-off, MaxMap-off%ChunkSize)
 		b, err := c.control(ctx, &ReqHeader{Op: OpMap, Volume: vol, Offset: off, Count: uint32(m)}, nil)
@@ -560,13 +546,12 @@ func (c *Client) Allocated(ctx context.Context, vol uint16, off, n uint64, fn fu
 			return fmt.Errorf("memnode MAP: %w: %d bytes of bitmap for %d chunks", ErrFraming, len(b), last-first+1)
 		}
 		for i := first; i <= last; i++ {
-			emit(max(off, i*ChunkSize), b[(i-first)/8]>>((i-first)%8)&1 == 1)
+			from, to := max(off, i*ChunkSize), min(off+m, (i+1)*ChunkSize)
+			runs.Add(from, to-from, b[(i-first)/8]>>((i-first)%8)&1 == 0)
 		}
 		off += m
 	}
-	if started {
-		fn(runAt, off-runAt, runHeld)
-	}
+	runs.Flush()
 	return nil
 }
 

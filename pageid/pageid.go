@@ -70,3 +70,32 @@ var (
 	// ErrClosed: the client or store was used after Close.
 	ErrClosed = errors.New("closed")
 )
+
+// Runs joins adjacent runs of a volume's bytes of one kind (hole or data)
+// before handing them to Emit: a map answered chunk by chunk, page by
+// page or extent by extent comes out as the fewest runs. Add runs in
+// order, then Flush.
+type Runs struct {
+	Emit func(off, n uint64, hole bool)
+	at   uint64
+	n    uint64
+	hole bool
+}
+
+// Add appends n bytes at off, of the kind hole says.
+func (r *Runs) Add(off, n uint64, hole bool) {
+	if r.n > 0 && hole == r.hole && r.at+r.n == off {
+		r.n += n
+		return
+	}
+	r.Flush()
+	r.at, r.n, r.hole = off, n, hole
+}
+
+// Flush hands on the run being joined, if any.
+func (r *Runs) Flush() {
+	if r.n > 0 {
+		r.Emit(r.at, r.n, r.hole)
+		r.n = 0
+	}
+}

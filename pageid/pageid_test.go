@@ -31,3 +31,28 @@ func TestFailuresSayOnceWhatFailed(t *testing.T) {
 	assert.EqualError(t, err, "writing 64 of 64 pages failed (1:12050 to 1:12161), the first: no space")
 	assert.ErrorIs(t, err, cause)
 }
+
+func TestRunsJoinAdjacentRunsOfOneKind(t *testing.T) {
+	type run struct {
+		off, n uint64
+		hole   bool
+	}
+	var got []run
+	r := Runs{Emit: func(off, n uint64, hole bool) { got = append(got, run{off, n, hole}) }}
+	r.Add(0, 10, true)
+	r.Add(10, 5, true)
+	r.Add(15, 5, false)
+	r.Add(20, 1, false)
+	r.Add(30, 2, false) // not adjacent: a run of its own
+	r.Flush()
+	r.Flush()
+	want := []run{{0, 15, true}, {15, 6, false}, {30, 2, false}}
+	if len(got) != len(want) {
+		t.Fatalf("runs %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("runs %v, want %v", got, want)
+		}
+	}
+}

@@ -78,20 +78,14 @@ func (m *MemRemote) Page(k pageid.Key) []byte {
 func (m *MemRemote) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off, n uint64, hole bool)) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	runAt, end := off, off+n
-	for at := off; at < end; {
+	runs := pageid.Runs{Emit: fn}
+	for at, end := off, off+n; at < end; {
 		next := min(end, (at/pageid.Size+1)*pageid.Size)
 		_, held := m.pages[pageid.MakeKey(vol, at/pageid.Size)]
-		nextHeld := false
-		if next < end {
-			_, nextHeld = m.pages[pageid.MakeKey(vol, next/pageid.Size)]
-		}
-		if next == end || nextHeld != held {
-			fn(runAt, next-runAt, !held)
-			runAt = next
-		}
+		runs.Add(at, next-at, !held)
 		at = next
 	}
+	runs.Flush()
 	return nil
 }
 

@@ -473,31 +473,16 @@ func (r *Remote) Map(ctx context.Context, vol uint16, off, n uint64, fn func(off
 	if err != nil {
 		return err
 	}
-	var (
-		runAt, runLen uint64
-		runHole       bool
-	)
-	add := func(at, m uint64, hole bool) {
-		if runLen > 0 && hole == runHole && runAt+runLen == at {
-			runLen += m
-			return
-		}
-		if runLen > 0 {
-			fn(runAt, runLen, runHole)
-		}
-		runAt, runLen, runHole = at, m, hole
-	}
+	runs := pageid.Runs{Emit: fn}
 	s := v.p.stripes.Load()
 	for end := off + n; off < end; {
 		m := min(end-off, s.ExtentBytes-off%s.ExtentBytes)
-		if err := r.mapExtent(ctx, v, s, off, m, add); err != nil {
+		if err := r.mapExtent(ctx, v, s, off, m, runs.Add); err != nil {
 			return err
 		}
 		off += m
 	}
-	if runLen > 0 {
-		fn(runAt, runLen, runHole)
-	}
+	runs.Flush()
 	return nil
 }
 
