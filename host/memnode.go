@@ -47,6 +47,9 @@ type MemnodeConfig struct {
 	// Stages, if set, receives the node's stamps of a request's path
 	// (the miss-path breakdown; nil in production).
 	Stages *stages.Recorder
+	// Metrics, if set, is the address to serve /metrics on (Prometheus
+	// text), bound before the node serves.
+	Metrics string
 }
 
 // pollFor maps MemnodeConfig.PollFor to memnode.Server.PollFor.
@@ -64,11 +67,16 @@ func pollFor(d time.Duration) time.Duration {
 type Memnode struct {
 	Server *memnode.Server
 	Addr   string
+	// MetricsAddr is where /metrics is served ("" without
+	// MemnodeConfig.Metrics).
+	MetricsAddr string
 	// ID is the node's id in the cluster ("" without Etcd).
 	ID   string
 	done chan error
-	reg  *cluster.Registration
-	etcd *clientv3.Client
+	// stopMetrics stops the /metrics server (nil without one).
+	stopMetrics func() error
+	reg         *cluster.Registration
+	etcd        *clientv3.Client
 
 	closeOnce sync.Once
 	closeErr  error
@@ -103,6 +111,13 @@ func StartMemnode(ctx context.Context, cfg MemnodeConfig) (*Memnode, error) {
 			PollFor: pollFor(cfg.PollFor)},
 		Addr: addrString(ln),
 		done: make(chan error, 1),
+	}
+	if cfg.Metrics != "" {
+		if m.MetricsAddr, m.stopMetrics, err = ServeRegistry(ctx, cfg.Metrics, m.Registry()); err != nil {
+			ln.Close()
+			store.Close()
+			return nil, fmt.Errorf("memory node: %w", err)
+		}
 	}
 	go func() { m.done <- m.Server.Serve(ctx, ln) }()
 	if cfg.Etcd.Enabled() {
@@ -143,6 +158,9 @@ func (m *Memnode) Close() error {
 		}
 		if m.etcd != nil {
 			m.etcd.Close()
+		}
+		if m.stopMetrics != nil {
+			m.stopMetrics()
 		}
 		m.Server.Close()
 		err := closedByUs(<-m.done)

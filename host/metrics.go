@@ -14,6 +14,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/loadingzone"
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/nbd"
 	"github.com/pd3-go/pd3/nbd/nbdproto"
 	"github.com/pd3-go/pd3/pagestore"
@@ -130,12 +131,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		))
 	}
 	if r := h.Replicated; r != nil {
-		m.R.MustRegister(newCollector(atomics(r),
-			counter("replica_read_failovers_total", "Reads of a replicated volume that went on to another replica.", func(r *replica.Remote) uint64 { return r.Failovers.Load() }),
-			counter("replica_dropped_total", "Replicas taken off a stripe map: they missed a write, or their node went down.", func(r *replica.Remote) uint64 { return r.Dropped.Load() }),
-			counter("replica_repaired_extents_total", "Extents copied to a new replica.", func(r *replica.Remote) uint64 { return r.Repaired.Load() }),
-			counter("replica_repair_bytes_total", "Bytes read to copy extents to new replicas: the chunks that hold memory (holes are not read).", func(r *replica.Remote) uint64 { return r.RepairBytes.Load() }),
-		))
+		m.R.MustRegister(replicaCollector(r))
 	}
 	if f := h.FS; f != nil {
 		m.R.MustRegister(newCollector(atomics(f),
@@ -180,6 +176,16 @@ func (h *Host) Registry() *prometheus.Registry {
 		))
 	}
 	return m.R
+}
+
+// replicaCollector exposes a replicated volume set's failovers and repair.
+func replicaCollector(r *replica.Remote) prometheus.Collector {
+	return newCollector(atomics(r),
+		counter("replica_read_failovers_total", "Reads of a replicated volume that went on to another replica.", func(r *replica.Remote) uint64 { return r.Failovers.Load() }),
+		counter("replica_dropped_total", "Replicas taken off a stripe map: they missed a write, or their node went down.", func(r *replica.Remote) uint64 { return r.Dropped.Load() }),
+		counter("replica_repaired_extents_total", "Extents copied to a new replica.", func(r *replica.Remote) uint64 { return r.Repaired.Load() }),
+		counter("replica_repair_bytes_total", "Bytes read to copy extents to new replicas: the chunks that hold memory (holes are not read).", func(r *replica.Remote) uint64 { return r.RepairBytes.Load() }),
+	)
 }
 
 // ServeMetrics serves /metrics on addr until ctx ends; it returns the
@@ -319,4 +325,55 @@ func (l *latencies) observePage(op pageproto.Op, d time.Duration) {
 		o = l.pageBy[op]
 	}
 	o.Observe(d.Seconds())
+}
+
+// Registry returns the memory node's metrics: its connections and
+// requests (one snapshot of memnode.Server.Stats per scrape), its memory
+// and, with --persist, its log's group commits.
+func (m *Memnode) Registry() *prometheus.Registry {
+	r := NewMetrics().R
+	type stats = memnode.Stats
+	r.MustRegister(newCollector(m.Server.Stats,
+		counter("memnode_connections_total", "Connections accepted.", func(s stats) uint64 { return s.Connections }),
+		gauge("memnode_connections_open", "Connections being served.", func(s stats) float64 { return float64(s.Open) }),
+		counter("memnode_connections_refused_total", "Connections closed at or before HELLO: a wrong token or protocol version, TLS on one side only, no HELLO in time.", func(s stats) uint64 { return s.Refused }),
+		counter("memnode_failed_requests_total", "Requests answered with an error status.", func(s stats) uint64 { return s.Failed }),
+		counter("memnode_read_bytes_total", "Bytes READ and PREFETCH returned.", func(s stats) uint64 { return s.ReadBytes }),
+		counter("memnode_written_bytes_total", "Bytes WRITE stored.", func(s stats) uint64 { return s.WrittenBytes }),
+	), memnodeRequests{m.Server, prometheus.NewDesc("pd3_memnode_requests_total", "Requests received, by operation.", []string{"op"}, nil)})
+	store := m.Server.Store
+	r.MustRegister(newCollector(atomics(store),
+		gauge("memnode_used_bytes", "Bytes of page memory allocated to volumes (a chunk at a time: a chunk any byte of which was written holds memory).", func(s *memnode.Store) float64 { return float64(s.Used()) }),
+		gauge("memnode_capacity_bytes", "The most page memory the node allocates (--capacity; 0: unlimited).", func(s *memnode.Store) float64 { return float64(s.Capacity()) }),
+		gauge("memnode_volumes", "Volumes the node holds.", func(s *memnode.Store) float64 { return float64(len(s.List())) }),
+		counter("memnode_log_syncs_total", "fdatasyncs of the --persist log (entries/syncs is the group-commit batch; 0 when volatile).", func(s *memnode.Store) uint64 { n, _ := s.LogStats(); return n }),
+		counter("memnode_log_entries_total", "Entries written to the --persist log.", func(s *memnode.Store) uint64 { _, n := s.LogStats(); return n }),
+	))
+	return r
+}
+
+// memnodeRequests exposes a memory node's requests with an op label.
+type memnodeRequests struct {
+	srv  *memnode.Server
+	desc *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c memnodeRequests) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c memnodeRequests) Collect(ch chan<- prometheus.Metric) {
+	s := c.srv.Stats()
+	// Every operation is exported from the start, at 0 until used, so a
+	// rate() has a series to work on; unknown codes only once seen.
+	for op, n := range s.Requests {
+		name := memnode.Op(op).String()
+		if op == 0 {
+			if n == 0 {
+				continue
+			}
+			name = "UNKNOWN"
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), name)
+	}
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/nbdclient"
 	"github.com/pd3-go/pd3/internal/scrape"
+	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
+	"github.com/pd3-go/pd3/replica"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -116,6 +118,31 @@ func TestDashboardQueriesExist(t *testing.T) {
 
 	mfs, err := scrape.Families(context.Background(), addr)
 	require.NoError(t, err)
+	// The replica panel's metrics come from a replicated host, the memory
+	// nodes' panels from `pd3 memnode --metrics`: their collectors, as
+	// those register them.
+	others := prometheus.NewRegistry()
+	others.MustRegister(replicaCollector(&replica.Remote{}))
+	node := &Memnode{Server: &memnode.Server{Store: memnode.NewStore(0)}}
+	gathered, err := prometheus.Gatherers{others, node.Registry()}.Gather()
+	require.NoError(t, err)
+	for _, mf := range gathered {
+		mfs[mf.GetName()] = mf
+	}
+	// Every query is narrowed by a dashboard variable: the host panels by
+	// $instance (without it, hosts are summed), the node panels by $memnode.
+	selector := regexp.MustCompile(`pd3_[a-z0-9_]+(\{[^}]*\})?`)
+	for _, pn := range dash.Panels {
+		for _, tg := range pn.Targets {
+			for _, sel := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				want := `{instance=~"$instance"}`
+				if strings.HasPrefix(sel[0], "pd3_memnode_") {
+					want = `{instance=~"$memnode"}`
+				}
+				assert.Equal(t, want, sel[1], "%s in panel %q", sel[0], pn.Title)
+			}
+		}
+	}
 
 	name := regexp.MustCompile(`pd3_[a-z0-9_]+`)
 	queried := 0

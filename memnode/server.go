@@ -55,6 +55,7 @@ type Server struct {
 	// spinners: one connection at a time polls (PollFor); the others
 	// sleep at once.
 	spinners sockio.Spinners
+	stats    serverStats
 }
 
 // DefaultPollFor is the polling window pd3's memory nodes run with: long
@@ -113,9 +114,14 @@ type conn struct {
 	windows map[uint32]*window
 	last    *window
 	lastKey uint32
+	// st counts the connection's requests (Server.Stats).
+	st *connStats
 }
 
 func (s *Server) serveConn(nc net.Conn) error {
+	st := s.stats.start()
+	served := false
+	defer func() { s.stats.end(st, !served) }()
 	var rd io.Reader = nc
 	fast := sockio.NewReader(nc)
 	if fast != nil {
@@ -134,6 +140,7 @@ func (s *Server) serveConn(nc net.Conn) error {
 		nc: nc,
 		r:  bufio.NewReaderSize(rd, readBufSize),
 		bw: pipeline.NewBatchWriter(nc, writeBufSize, nil),
+		st: st,
 	}
 	// With persistence, write acknowledgements leave only once their log
 	// entries are on stable storage; the connection keeps executing.
@@ -142,6 +149,7 @@ func (s *Server) serveConn(nc net.Conn) error {
 	if err := c.handshake(); err != nil {
 		return err
 	}
+	served = true
 	if fast != nil {
 		// This goroutine plays the NIC: it waits for requests in poll(2)
 		// and answers them with no scheduler hop (see sockio).
@@ -160,6 +168,7 @@ func (s *Server) serveConn(nc net.Conn) error {
 			return err
 		}
 		s.Stages.Stamp(stages.NodeRequestRead)
+		c.st.request(h.Op)
 		if _, err := c.r.Discard(ReqHeaderSize); err != nil {
 			return err
 		}
@@ -221,6 +230,7 @@ func (c *conn) handshake() error {
 		return err
 	}
 	c.r.Discard(ReqHeaderSize)
+	c.st.request(h.Op)
 	if h.Op != OpHello {
 		c.respond(&h, StatusUnauthorised, nil)
 		return fmt.Errorf("%w: %v before HELLO", ErrUnauthorised, h.Op)
@@ -320,6 +330,9 @@ func (c *conn) execute(h *ReqHeader) error {
 			tok, err = st.write(h.Volume, h.Offset, p)
 			return err
 		})
+		if err == nil {
+			c.st.wrBytes.Add(uint64(len(p)))
+		}
 		return c.respondToken(h, err, tok)
 	case OpTrim:
 		if s := c.authorise(h, h.Volume, h.Offset, uint64(h.Count), AccessWrite); s != StatusOK {
@@ -427,6 +440,9 @@ func (c *conn) respondData(h *ReqHeader, key uint64, n int, fill func([]byte) er
 	}
 	if err := fill(buf[start+RespHeaderSize+pre:]); err != nil {
 		buf = appendResp(buf[:start], h, statusOf(err), nil)
+		c.st.failed.Add(1)
+	} else {
+		c.st.readBytes.Add(uint64(n))
 	}
 	c.bw.EndLater(buf)
 	return nil
@@ -443,6 +459,9 @@ func (c *conn) respond(h *ReqHeader, s Status, payload []byte) error {
 	if err != nil {
 		return err
 	}
+	if s != StatusOK {
+		c.st.failed.Add(1)
+	}
 	c.bw.EndLater(appendResp(buf, h, s, payload))
 	return nil
 }
@@ -456,7 +475,11 @@ func (c *conn) respondToken(h *ReqHeader, err error, tok uint64) error {
 	if berr != nil {
 		return berr
 	}
-	c.bw.EndTokenLater(appendResp(buf, h, statusOf(err), nil), tok)
+	s := statusOf(err)
+	if s != StatusOK {
+		c.st.failed.Add(1)
+	}
+	c.bw.EndTokenLater(appendResp(buf, h, s, nil), tok)
 	return nil
 }
 

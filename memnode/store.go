@@ -79,6 +79,10 @@ func NewStore(capacity uint64) *Store {
 // Used reports the bytes of chunk memory allocated.
 func (s *Store) Used() uint64 { return s.used.Load() }
 
+// Capacity is the most bytes of chunk memory the store allocates (0:
+// unlimited).
+func (s *Store) Capacity() uint64 { return s.capacity }
+
 // Create makes a new volume of size bytes (rounded up to a page).
 func (s *Store) Create(name string, size uint64) (pageid.VolumeInfo, error) {
 	if err := validName(name); err != nil {

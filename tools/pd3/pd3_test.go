@@ -1787,3 +1787,38 @@ func waitOps(t *testing.T, hist *linearize.History, n int) {
 	require.Eventually(t, func() bool { return hist.Len() >= target }, 60*time.Second, 5*time.Millisecond,
 		"the clients stopped making progress (%d of %d operations)", hist.Len(), target)
 }
+
+// TestMemnodeServesMetrics: `pd3 memnode --metrics` answers a scrape with
+// the requests it served, the bytes they carried and the memory it holds.
+func TestMemnodeServesMetrics(t *testing.T) {
+	node := start(t, []string{"memory node", "metrics"}, "memnode", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--capacity", "8MiB")
+	ctx := context.Background()
+	c, err := memnode.Dial(ctx, node.Addrs["memory node"], memnode.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	v, err := c.Create(ctx, "disk0", 1<<20)
+	require.NoError(t, err)
+	page := make([]byte, pageid.Size)
+	require.NoError(t, c.WriteAt(ctx, v.ID, 0, page))
+	require.NoError(t, c.ReadAt(ctx, v.ID, 0, page))
+
+	resp, err := http.Get(node.Addrs["metrics"])
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := string(body)
+	for _, want := range []string{
+		`pd3_memnode_requests_total{op="WRITE"} 1`,
+		`pd3_memnode_requests_total{op="READ"} 1`,
+		`pd3_memnode_requests_total{op="CREATE"} 1`,
+		"pd3_memnode_written_bytes_total 4096",
+		"pd3_memnode_read_bytes_total 4096",
+		"pd3_memnode_connections_open 1",
+		"pd3_memnode_volumes 1",
+		fmt.Sprintf("pd3_memnode_used_bytes %g", float64(memnode.ChunkSize)),
+		"pd3_memnode_capacity_bytes 8.388608e+06",
+		"pd3_memnode_failed_requests_total 0",
+	} {
+		assert.Contains(t, m, want+"\n")
+	}
+}

@@ -405,7 +405,7 @@ func runHost(ctx context.Context, cfg host.Config, metrics string) error {
 }
 
 func memnodeCmd() *cobra.Command {
-	var listen, persist string
+	var listen, persist, metrics string
 	var capBytes uint64
 	var pollFor time.Duration
 	var token *secretFlag
@@ -444,7 +444,8 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 			}
 			node, err := host.StartMemnode(ctx, host.MemnodeConfig{Listen: listen, Token: token.Value(), TLS: tlsFiles, Grants: gs, Etcd: access, Cluster: etcd.cluster,
 				Progress: recoveryProgress(os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))), Capacity: capBytes, Log: log, Persist: persist, Stages: stageRecorder(),
-				PollFor: cmp.Or(pollFor, -1)}) // the flag's 0: sleep at once
+				PollFor: cmp.Or(pollFor, -1), // the flag's 0: sleep at once
+				Metrics: metrics})
 			if err != nil {
 				return err
 			}
@@ -462,6 +463,9 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 				mode += fmt.Sprintf(", node %s of cluster %s", node.ID, etcd.cluster)
 			}
 			log.Info(fmt.Sprintf("memory node listening on %s (%s)", node.Addr, mode))
+			if node.MetricsAddr != "" {
+				log.Info(fmt.Sprintf("metrics listening on http://%s/metrics", node.MetricsAddr))
+			}
 			stopping := notifyReady(ctx, log, "memory node listening on "+node.Addr)
 			<-ctx.Done()
 			stopping()
@@ -485,6 +489,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
 	cmd.Flags().DurationVar(&pollFor, "poll-for", memnode.DefaultPollFor, "how long a connection whose requests ran dry polls for the next one before it sleeps (0: sleep at once; a quiet connection polls once, then sleeps)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
+	cmd.Flags().StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9101)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
 	return cmd
 }
