@@ -11,10 +11,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -122,8 +124,23 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	single := false
 	for _, k := range keys {
-		fmt.Fprintf(w, "ratio %-28s %.3f\n", k, r.Ratios[k])
+		v := r.Ratios[k]
+		line := fmt.Sprintf("ratio %-28s %.3f", k, v)
+		switch sp, ok := spreadOf(r, k); {
+		case !ok:
+		case sp == 0:
+			single = true
+		case sp >= math.Abs(v-1):
+			line += fmt.Sprintf("  runs spread ±%.0f %%: WITHIN THE SPREAD, this run shows no difference", 100*sp)
+		default:
+			line += fmt.Sprintf("  runs spread ±%.0f %%", 100*sp)
+		}
+		fmt.Fprintln(w, line)
+	}
+	if single {
+		fmt.Fprintln(w, "warning: one run per system, so the ratios carry no spread; one run on a shared VM can swing by a fifth or more: --rounds 3 reports medians and their spread")
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
@@ -133,11 +150,26 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 
 func (r *Report) printRows(tw *tabwriter.Writer) {
 	fmt.Fprintln(tw, "system\tconfig\tops/s\truns ops/s\tGB/s\tp50 µs\tp99 µs\thost CPU µs/op\tagent CPU µs/op\tmemnode CPU µs/op\thost RSS MiB\tmemnode RSS MiB\tstored MiB\tLZ hit%\tsend delay p99 µs\terrors\t")
+	// A column a system has no measure of (no memory node, an agent in
+	// the host's process, no Loading Zone) shows "-", not a zero.
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.3f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%d\t\n",
-			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, x.P50us, x.P99us, x.HostCPUusOp, x.AgentCPUusOp, x.MemnodeCPUusOp,
-			mib(x.HostRSS), mib(x.MemnodeRSS), mib(x.MemnodeStored), 100*x.LZHitRatio(), sendDelay(x), x.Errors)
+		lz := "-"
+		if x.Counters != nil {
+			lz = fmt.Sprintf("%.1f", 100*x.LZHitRatio())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
+			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, opt(x.P50us, 1), opt(x.P99us, 1),
+			opt(x.HostCPUusOp, 2), opt(x.AgentCPUusOp, 2), opt(x.MemnodeCPUusOp, 2),
+			opt(mib(x.HostRSS), 1), opt(mib(x.MemnodeRSS), 1), opt(mib(x.MemnodeStored), 1), lz, sendDelay(x), x.Errors)
 	}
+}
+
+// opt prints v with prec decimals, or "-" for 0: not measured.
+func opt(v float64, prec int) string {
+	if v == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(v, 'f', prec, 64)
 }
 
 // printApps is the applications' table: throughput (or a timed

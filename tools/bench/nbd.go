@@ -152,7 +152,7 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 		}
 		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, nil, host.Stop, nil
 	case "pd3", "pd3-persist":
-		args := []string{"memnode", "--listen", "127.0.0.1:0"}
+		args := []string{"memnode", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"}
 		var dir string
 		if sys == "pd3-persist" {
 			var err error
@@ -161,7 +161,7 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			}
 			args = append(args, "--persist", dir)
 		}
-		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, args...)
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node", "metrics"}, args...)
 		if err != nil {
 			os.RemoveAll(dir)
 			return "", nil, nil, nil, err
@@ -238,7 +238,7 @@ func startReplicated(ctx context.Context, exe string, cache uint64, size, replic
 	children = append(children, coord)
 	etcd := coord.Addrs["etcd"]
 	for range 2 {
-		node, err := StartChild(ctx, exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
+		node, err := StartChild(ctx, exe, []string{"memory node", "metrics"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd, "--metrics", "127.0.0.1:0")
 		if err != nil {
 			stop()
 			return "", nil, nil, nil, err
@@ -352,7 +352,9 @@ func runSystem(rep *Report, pr Progress, sys, at string, jobs []string, start fu
 }
 
 // measured runs one fio job and adds the server's CPU per operation and
-// RSS (proc may be nil: nothing to measure).
+// RSS (proc may be nil: nothing to measure), and the memory node's: its
+// CPU, RSS and, where it serves /metrics (pd3 memnode --metrics), the
+// bytes it stores.
 func measured(proc, node *Child, sys, job string, run func() (Result, error)) (Result, error) {
 	var cpu0, ncpu0 time.Duration
 	if proc != nil {
@@ -377,6 +379,11 @@ func measured(proc, node *Child, sys, job string, run func() (Result, error)) (R
 			r.MemnodeCPUusOp = us(node.CPU()-ncpu0) / float64(r.Ops)
 		}
 		r.MemnodeRSS = node.RSS()
+		if url := node.Addrs["metrics"]; url != "" {
+			if v, err := scrapeValues(context.Background(), url); err == nil {
+				r.MemnodeStored = uint64(v["memnode_used_bytes"])
+			}
+		}
 	}
 	return r, nil
 }

@@ -70,7 +70,12 @@ func (r *Report) Plot(path string) error {
 		}
 		plots = append(plots, p)
 	} else {
-		p, err := barPlot(r, "throughput (ops/s)", func(x Result) float64 { return x.OpsPerSec }, ratioLabel)
+		ylabel := "throughput (ops/s)"
+		if ref, ok := oneReference(r.Results); ok {
+			// The labels read as the printed ratios do: REF/SYSTEM.
+			ylabel = fmt.Sprintf("throughput (ops/s); on each bar %s ÷ that bar", ref)
+		}
+		p, err := barPlot(r, ylabel, func(x Result) float64 { return x.OpsPerSec }, ratioLabel)
 		if err != nil {
 			return err
 		}
@@ -120,13 +125,75 @@ func (r *Report) Plot(path string) error {
 	return f.Close()
 }
 
-// ratioLabel is a bar's value relative to the first system measured in
-// its configuration.
+// ratioLabel labels the first system measured in a configuration (pd3,
+// the system the ratios are of) with its throughput, and every other bar
+// with FIRST/THIS, in the direction of the ratios the report prints
+// (pd3/nbdkit-memory 1.18 is 1.18 above the nbdkit-memory bar).
 func ratioLabel(x, first Result) string {
-	if first.OpsPerSec == 0 || x.System == first.System {
-		return strconv.FormatFloat(x.OpsPerSec, 'f', 0, 64)
+	if first.OpsPerSec == 0 || x.OpsPerSec == 0 || x.System == first.System {
+		return compact(x.OpsPerSec)
 	}
-	return fmt.Sprintf("%.2f× %s", x.OpsPerSec/first.OpsPerSec, first.System)
+	return strconv.FormatFloat(first.OpsPerSec/x.OpsPerSec, 'f', 2, 64)
+}
+
+// compactTicks are gonum's default ticks in plain numbers (25k, 2.5k,
+// not 25000.00).
+type compactTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (compactTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label == "" || hi < 10 {
+			continue
+		}
+		v, suffix := ts[i].Value, ""
+		switch {
+		case v >= 1e6:
+			v, suffix = v/1e6, "M"
+		case v >= 1e3:
+			v, suffix = v/1e3, "k"
+		}
+		ts[i].Label = strconv.FormatFloat(v, 'f', -1, 64) + suffix
+	}
+	return ts
+}
+
+// oneReference is the system measured first in every configuration, if
+// it is the same one throughout.
+func oneReference(rs []Result) (string, bool) {
+	first := map[string]string{}
+	var ref string
+	for _, x := range rs {
+		if _, seen := first[x.Config]; !seen {
+			first[x.Config] = x.System
+			if ref != "" && ref != x.System {
+				return "", false
+			}
+			ref = x.System
+		}
+	}
+	return ref, ref != ""
+}
+
+// compact prints a rate in three digits: 812, 52.1k, 1.20M.
+func compact(v float64) string {
+	for _, u := range []struct {
+		div    float64
+		suffix string
+	}{{1e6, "M"}, {1e3, "k"}} {
+		if v >= u.div {
+			v /= u.div
+			switch {
+			case v >= 100:
+				return fmt.Sprintf("%.0f%s", v, u.suffix)
+			case v >= 10:
+				return fmt.Sprintf("%.1f%s", v, u.suffix)
+			}
+			return fmt.Sprintf("%.2f%s", v, u.suffix)
+		}
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
 }
 
 // barPlot groups results by configuration (x) with a bar per system.
@@ -143,9 +210,11 @@ func barPlot(r *Report, ylabel string, val func(Result) float64, label func(x, f
 	p := plot.New()
 	p.Y.Label.Text = ylabel
 	p.Y.Min = 0
+	p.Y.Tick.Marker = compactTicks{}
 	p.Legend.Top = true
 	p.NominalX(configs...)
-	barW := vg.Length(min(60, 560/max(1, len(configs)*len(systems)))) * vg.Millimeter / 5
+	// The bars take up to 180 mm of the 10-inch chart, at most 12 mm each.
+	barW := min(12*vg.Millimeter, 180*vg.Millimeter/vg.Length(max(1, len(configs)*len(systems))))
 	for i, sys := range systems {
 		vals := make(plotter.Values, len(configs))
 		var xys plotter.XYs
@@ -182,11 +251,16 @@ func barPlot(r *Report, ylabel string, val func(Result) float64, label func(x, f
 				return nil, err
 			}
 			for k := range l.TextStyle {
-				l.TextStyle[k].Font.Size = 7
-				l.TextStyle[k].Rotation = 1.5708 // vertical, so labels of neighbouring bars do not overlap
-				l.TextStyle[k].XAlign = draw.XLeft
-				l.TextStyle[k].YAlign = draw.YCenter
-				l.TextStyle[k].Color = color.Black
+				ts := &l.TextStyle[k]
+				ts.Font.Size = 9
+				ts.Color = color.Black
+				if ts.Width(labels[k]) <= barW*1.15 {
+					ts.XAlign, ts.YAlign = draw.XCenter, draw.YBottom
+					continue
+				}
+				// Wider than its bar: vertical, so neighbours do not overlap.
+				ts.Rotation = 1.5708
+				ts.XAlign, ts.YAlign = draw.XLeft, draw.YCenter
 			}
 			l.Offset = vg.Point{X: bars.Offset, Y: vg.Millimeter}
 			p.Add(l)

@@ -47,7 +47,13 @@ func TestPlot(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(string(svg), "<?xml") || strings.Contains(string(svg), "<svg"))
 	assert.Contains(t, string(svg), "nbdkit-memory")
-	assert.Contains(t, string(svg), "2.88× pd3", "bars carry their ratio to the first system (19070/6615)")
+	// Labels read as the printed ratio pd3/nbdkit-memory does (6615/19070),
+	// not inverted; pd3's own bar carries its throughput, horizontally.
+	assert.Contains(t, string(svg), ">0.35</text>")
+	assert.Contains(t, string(svg), ">6.62k</text>")
+	assert.Contains(t, string(svg), "on each bar pd3 ÷ that bar")
+	assert.Contains(t, string(svg), "font-size:9px\">0.35")
+	assert.NotContains(t, string(svg), ">25000.00<", "ticks in plain numbers")
 
 	sweep := &Report{Bench: "page", Machine: "test", Results: []Result{
 		{System: "pd3", Config: "dist=uniform T=CPUs lz=256KiB", OpsPerSec: 100},

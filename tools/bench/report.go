@@ -403,29 +403,45 @@ func goalValue(g Goal) float64 {
 }
 
 // ratioSpread is how far, relative to itself, a ratio A/B@CONFIG of rates
-// could move within its two rows' runs: the sum of their ranges over their
-// medians; 0 when unknown.
+// could move within its two rows' runs; 0 when unknown.
 func ratioSpread(rep *Report, key string) float64 {
+	sp, _ := spreadOf(rep, key)
+	return sp
+}
+
+// spreadOf is how far, relative to itself, a ratio A/B@CONFIG of rates
+// could move within its two rows' runs: the sum of their ranges over
+// their medians. ok is false for a ratio that is not of two rows' rates
+// (CPU or memory, "KIND:…"); a spread of 0 with ok means a single run.
+func spreadOf(rep *Report, key string) (spread float64, ok bool) {
 	if strings.Contains(key, ":") {
-		return 0 // a ratio of CPU or memory, not of the rates the runs spread over
+		return 0, false
 	}
 	pair, config, _ := strings.Cut(key, "@")
-	a, bsys, ok := strings.Cut(pair, "/")
-	if !ok {
-		return 0
+	a, b, cut := strings.Cut(pair, "/")
+	if !cut {
+		return 0, false
 	}
-	spread := func(sys string) float64 {
+	row := func(sys string) (float64, bool) {
 		for _, r := range rep.Results {
 			if r.System == sys && (config == "" || r.Config == config) {
 				if n := len(r.RoundsOpsPerSec); n > 1 && r.OpsPerSec > 0 {
-					return (r.RoundsOpsPerSec[n-1] - r.RoundsOpsPerSec[0]) / r.OpsPerSec
+					return (r.RoundsOpsPerSec[n-1] - r.RoundsOpsPerSec[0]) / r.OpsPerSec, true
 				}
-				return 0
+				return 0, true
 			}
 		}
-		return 0
+		return 0, false
 	}
-	return spread(a) + spread(bsys)
+	sa, oka := row(a)
+	sb, okb := row(b)
+	if !oka || !okb {
+		return 0, false
+	}
+	if sa == 0 || sb == 0 {
+		return 0, true // a single run on either side: no spread known
+	}
+	return sa + sb, true
 }
 
 // group prints a number with a space between thousands, two decimals

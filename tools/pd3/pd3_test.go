@@ -418,6 +418,10 @@ func TestBenchNBDSmoke(t *testing.T) {
 	for _, r := range rep.Results {
 		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
 		remoteCPU[r.System] += r.MemnodeCPUusOp
+		if r.System == "pd3" {
+			// From the node's /metrics: the 64 MiB fill is stored there.
+			assert.GreaterOrEqual(t, r.MemnodeStored, uint64(64<<20), "pd3 %s: bytes stored at the memory node", r.Config)
+		}
 	}
 	for _, sys := range []string{"pd3", "nbdkit-cache-nbd", "go-relay-nbdkit-memory"} {
 		assert.Positive(t, remoteCPU[sys], "the remote process's CPU is measured for %s", sys)
