@@ -1614,6 +1614,20 @@ func TestClusterStatus(t *testing.T) {
 	}
 	require.Contains(t, addrs, a.Addrs["memory node"])
 	require.Contains(t, addrs, b.Addrs["memory node"])
+	// A write shows in IN USE at once: the node's answer, not the figure
+	// it renews in etcd every few seconds.
+	ctx := context.Background()
+	mc, err := memnode.Dial(ctx, a.Addrs["memory node"], memnode.ClientOptions{})
+	require.NoError(t, err)
+	v, err := mc.Create(ctx, "v1", 4<<20)
+	require.NoError(t, err)
+	require.NoError(t, mc.WriteAt(ctx, v.ID, 0, make([]byte, pageid.Size)))
+	mc.Close()
+	for _, n := range status() {
+		if n.Addr == a.Addrs["memory node"] {
+			assert.Equal(t, uint64(memnode.ChunkSize), n.Stored, "the chunk just written")
+		}
+	}
 	out, err := run(t, "", "cluster", "status", "--etcd", etcd, "--cluster", "c1")
 	require.NoError(t, err)
 	assert.Regexp(t, `(?m)^[0-9a-f]{12} +up +`+regexp.QuoteMeta(b.Addrs["memory node"])+` +64MiB +`, out)

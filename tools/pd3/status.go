@@ -22,9 +22,13 @@ type clusterStatus struct {
 	Cluster string       `json:"cluster"`
 	Nodes   []nodeStatus `json:"nodes"`
 	// Volumes has one row per volume, however many nodes hold it.
-	Volumes    []volumeStatus  `json:"volumes"`
-	Files      fsVolumes       `json:"filesystem_volumes"`
-	Replicated []replicaStatus `json:"replicated"`
+	Volumes []volumeStatus `json:"volumes"`
+	Files   fsVolumes      `json:"filesystem_volumes"`
+	// Bookkeeping is the memory of pd3's own volumes (pd3.leases and
+	// pd3.epochs: the volume leases and fencing epochs hosts keep at a
+	// node), so that the nodes' IN USE adds up.
+	Bookkeeping uint64          `json:"bookkeeping_stored"`
+	Replicated  []replicaStatus `json:"replicated"`
 }
 
 // nodeStatus is a node as etcd records it, and whether it answered now:
@@ -90,7 +94,15 @@ func statusOf(ctx context.Context, name string, nodes []cluster.Node, recs []clu
 			vs, err := listNode(ctx, n.Addr, token)
 			if err != nil {
 				st.Nodes[i].State, st.Nodes[i].Error = "unreachable", err.Error()
+				return
 			}
+			// The node's own answer, not the figure it last put in etcd
+			// (renewed every few seconds): a write just made shows.
+			var stored uint64
+			for _, v := range vs {
+				stored += v.Stored
+			}
+			st.Nodes[i].Stored = stored
 			lists[i] = vs
 		})
 	}
@@ -112,6 +124,7 @@ func statusOf(ctx context.Context, name string, nodes []cluster.Node, recs []clu
 		for _, v := range vs {
 			switch {
 			case strings.HasPrefix(v.Name, "pd3."): // pd3's own bookkeeping
+				st.Bookkeeping += v.Stored
 				continue
 			case strings.HasPrefix(v.Name, "fs."):
 				fsNames[v.Name] = true
@@ -240,6 +253,9 @@ func (st *clusterStatus) print(out io.Writer) error {
 	}
 	if st.Files.Count > 0 {
 		fmt.Fprintf(w, "and %s (the files and metadata of pd3 mounts), %s stored\n", units.Count(st.Files.Count, "filesystem volume", ""), units.FormatSize(st.Files.Stored))
+	}
+	if st.Bookkeeping > 0 {
+		fmt.Fprintf(w, "and pd3's own records (pd3.* volumes), %s stored\n", units.FormatSize(st.Bookkeeping))
 	}
 	if len(st.Replicated) > 0 {
 		fmt.Fprintf(w, "\nreplication\n")
