@@ -195,7 +195,9 @@ func TestControlMetrics(t *testing.T) {
 	ctx := context.Background()
 	etcd, err := etcdembed.Start(ctx, etcdembed.Config{Dir: t.TempDir()})
 	require.NoError(t, err)
-	defer etcd.Close()
+	// A cleanup, not a defer: etcd must outlive the host, whose Close
+	// (a cleanup of hostOnNewNode's, run first) releases its hold there.
+	t.Cleanup(func() { etcd.Close() })
 	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", 1 << 20}}, CacheBytes: 16 * 4096,
 		Etcd: cluster.Access{Endpoints: []string{etcd.Endpoint}}})
 	mfs, err := h.Registry().Gather()
