@@ -29,7 +29,7 @@ FUZZ_TARGETS := \
 	./nbd:FuzzServerStream:20000 \
 	./dpu/parse:FuzzPageParser:300000 \
 	./dpu/parse:FuzzNBDParser:300000 \
-	./dpu:FuzzRingMsg:300000 \
+	./dpu/split:FuzzRingMsg:300000 \
 	./fs:FuzzSnapshot:100000 \
 	./fs:FuzzJournalRecord:100000 \
 	./dpu/mirror/packet:FuzzSegment:300000 \

@@ -201,6 +201,11 @@ const lazyBatch = 256
 
 func (a *Agent) enqueue(acc []parse.Access) { a.push(acc, true, len(acc)) }
 
+// Enqueue queues accesses the agent learns of other than by parsing a
+// stream: split mode's resync of the pages a host holds (as writes, so
+// Host View adds them).
+func (a *Agent) Enqueue(acc []parse.Access) { a.enqueue(acc) }
+
 func (a *Agent) enqueueLazy(acc []parse.Access) { a.push(acc, false, len(acc)) }
 
 // push queues acc for the prefetcher, the first parsed of them parsed

@@ -3,9 +3,6 @@ package dpu
 import (
 	"context"
 	"testing"
-	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -58,24 +55,6 @@ func TestRemoteConformance(t *testing.T) {
 		{"LeapRemote", all, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newRig(t, 64)
 			return LeapRemote{Engine: r.e, L: NewLeap(func() uint64 { return 0 })}, r.vol.ID
-		}},
-		{"Link, agent attached", remotetest.Capabilities{Trimmer: true, Mapper: true}, func(t *testing.T) (pagestore.Remote, uint16) {
-			r := newSplitRig(t)
-			agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
-			require.NoError(t, err)
-			t.Cleanup(func() { agentConn.Close() })
-			l := OpenLink(r.name, memnode.Remote{C: r.c})
-			t.Cleanup(l.Close)
-			r.startAgent(t, agentConn) // it serves a host's link once one is open
-			require.Eventually(t, l.Attached, 5*time.Second, time.Millisecond)
-			return l, r.vol.ID
-		}},
-		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true, Mapper: true}, func(t *testing.T) (pagestore.Remote, uint16) {
-			r := newSplitRig(t)
-			l := OpenLink(r.name, memnode.Remote{C: r.c})
-			t.Cleanup(l.Close)
-			require.False(t, l.Attached())
-			return l, r.vol.ID
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -19,14 +19,9 @@
 //   - Leap is the host-side baseline prefetcher (majority delta over the
 //     host's own misses).
 //   - In split mode the agent is its own process behind shared-memory
-//     rings and a shared Loading Zone; the host fails over to its own
-//     connection whenever the agent's heartbeat stops. ringmsg.go is the
-//     region's layout and the ring messages (typed header, byte layout,
-//     fuzzed); link.go the host's side (Link: attach, failover, resync,
-//     calls, hints); splitagent.go the agent's (AgentRegion: the region,
-//     the dispatch loop and the workers that carry out host requests;
-//     the agent process's parts are wired by host.RunAgent). A
-//     reply carries the memory node's status for the request.
+//     rings and a shared Loading Zone (package split: the host's Link and
+//     the agent's AgentRegion); the host fails over to its own connection
+//     whenever the agent's heartbeat stops.
 //
 // The agent is an accelerator: the host never needs it to be correct.
 package dpu

@@ -16,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/memnode/memnodetest"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/replica"
 	"github.com/stretchr/testify/assert"
@@ -39,16 +40,7 @@ func testNode(t *testing.T, ctx context.Context) (*memnode.Client, pageid.Volume
 // sizedNode is testNode with a volume of size bytes.
 func sizedNode(t *testing.T, ctx context.Context, size uint64) (*memnode.Client, pageid.VolumeInfo) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &memnode.Server{Store: memnode.NewStore(0)}
-	go srv.Serve(ctx, ln)
-	c, err := memnode.Dial(ctx, ln.Addr().String(), memnode.ClientOptions{})
-	require.NoError(t, err)
-	vol, err := c.Create(ctx, "v", size)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close(); srv.Close() })
-	return c, vol
+	return memnodetest.Node(t, ctx, size)
 }
 
 func newRig(t *testing.T, lzRecords int) *rig {
@@ -487,4 +479,29 @@ func TestCloseWaitsForCompletionsInProgress(t *testing.T) {
 	}
 	release()
 	<-closed
+}
+
+// TestInvalidateDropsOldCopies: after a write by another connection and
+// Invalidate, neither a placed copy nor a prefetch in flight serves the
+// old bytes.
+func TestInvalidateDropsOldCopies(t *testing.T) {
+	r := newRig(t, 256)
+	ctx := context.Background()
+	dst := make([]byte, pageid.Size)
+	for i := uint64(0); i < 100; i++ {
+		k := pageid.MakeKey(r.vol.ID, 1+i%100)
+		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, versioned(2*i)))
+		r.e.Prefetch(k)
+		if i%2 == 0 {
+			require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, time.Millisecond)
+		}
+		// The host writes around the engine, then tells it.
+		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, versioned(2*i+1)))
+		r.e.Invalidate(k)
+		// A prefetch in flight has landed, or been dropped, before the look.
+		require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, 50*time.Microsecond)
+		if r.lz.CheckAndReturn(uint64(k), dst) == pageid.Size {
+			require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "round %d: old copy served", i)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
 	"github.com/pd3-go/pd3/dpu/parse"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -43,7 +44,7 @@ type AgentConfig struct {
 }
 
 // Capture is a server whose requests the agent captures: Proto is
-// dpu.ProtoPage or dpu.ProtoNBD.
+// split.ProtoPage or split.ProtoNBD.
 type Capture struct {
 	Proto byte
 	Addr  string
@@ -82,7 +83,7 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer c.Close()
-	region, err := dpu.CreateAgentRegion(cfg.Name, cmp.Or(cfg.RingBytes, 8<<20), lzRecords)
+	region, err := split.CreateAgentRegion(cfg.Name, cmp.Or(cfg.RingBytes, 8<<20), lzRecords)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -98,7 +99,7 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 	defer s.Agent.Close()
 	s.Kernel = hostview.New(hostPages+lzRecords+1024, 2)
 	s.Agent.SetKernelView(s.Kernel)
-	resolve := dpu.NBDResolver(ctx, c)
+	resolve := split.NBDResolver(ctx, c)
 	nbdParser := func() parse.Parser { return &parse.NBDParser{Resolve: resolve} }
 
 	var wg sync.WaitGroup
@@ -107,7 +108,7 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 	defer cancel() // first: it ends the captures
 	for _, t := range cfg.Captures {
 		var m mirror.Mirror = s.Agent
-		if t.Proto == dpu.ProtoNBD {
+		if t.Proto == split.ProtoNBD {
 			m = s.Agent.Mirror(nbdParser)
 		}
 		pc, err := packet.ListenAddr(t.Addr, m)
@@ -132,7 +133,7 @@ func RunAgent(ctx context.Context, cfg AgentConfig, ready func(*Agent)) error {
 		defer closer()
 		s.MetricsAddr = addr
 	}
-	return region.Serve(ctx, dpu.HostService{
+	return region.Serve(ctx, split.HostService{
 		Agent: s.Agent, Engine: s.Engine, Kernel: s.Kernel, NBDParser: nbdParser, Workers: cfg.Workers,
 		Ready: func() {
 			if ready != nil {

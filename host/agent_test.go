@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -47,7 +47,7 @@ func TestRunAgentServesAHost(t *testing.T) {
 	require.Eventually(t, func() bool { return !h.Link.Attached() }, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, h.Store.Get(ctx, 1<<48|9, buf), "the host reads directly without its agent")
 
-	err = RunAgent(ctx, AgentConfig{Name: name, Memnode: node.Addr, Captures: []Capture{{Proto: dpu.ProtoPage, Addr: "0.0.0.0:1"}}}, nil)
+	err = RunAgent(ctx, AgentConfig{Name: name, Memnode: node.Addr, Captures: []Capture{{Proto: split.ProtoPage, Addr: "0.0.0.0:1"}}}, nil)
 	assert.ErrorContains(t, err, "agent: watching 0.0.0.0:1")
 	_, err = os.Stat(shm.Path(name))
 	assert.True(t, os.IsNotExist(err), "a failed start removes its region")

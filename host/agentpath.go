@@ -5,6 +5,7 @@ import (
 
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/parse"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/shm"
 	"github.com/pd3-go/pd3/loadingzone"
@@ -37,7 +38,7 @@ func (h *Host) missPath(cfg Config, opt *pagestore.Options, conn dpu.Conn, direc
 	case AgentSplit:
 		// A separate agent process: the host keeps its direct memnode
 		// connection for whenever the agent is absent or dead.
-		h.Link = dpu.OpenLink(cfg.DPU.Region, direct)
+		h.Link = split.OpenLink(cfg.DPU.Region, direct)
 		h.onClose(func() error { h.Link.Close(); return nil })
 		opt.Prefetched = h.Link
 		opt.OnEvict = h.Link.Evicted

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
@@ -151,7 +152,7 @@ type Host struct {
 	Agent    *dpu.Agent  // nil without an agent
 	Engine   *dpu.Engine // nil without an agent or host-side prefetcher
 	Leap     *dpu.Leap   // nil unless Prefetch is "leap"
-	Link     *dpu.Link   // nil unless DPU is "shm:NAME"
+	Link     *split.Link // nil unless DPU is "shm:NAME"
 	// Replicated is the Remote of replicated volumes (Replicas > 0);
 	// Client is then nil.
 	Replicated *replica.Remote

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/procgov"
@@ -161,13 +162,13 @@ func (h *Host) Registry() *prometheus.Registry {
 	}
 	if l := h.Link; l != nil {
 		m.R.MustRegister(newCollector(atomics(l),
-			counter("link_attaches_total", "Times the host attached to a DPU agent process.", func(s *dpu.Link) uint64 { return s.Attaches.Load() }),
-			counter("link_agent_deaths_total", "Times the attached agent stopped and the host went direct.", func(s *dpu.Link) uint64 { return s.Deaths.Load() }),
-			counter("link_fallbacks_total", "Host reads/writes redone on the direct path because the agent was gone.", func(s *dpu.Link) uint64 { return s.Fallbacks.Load() }),
-			counter("link_mirror_drops_total", "Mirrored connections cut because the agent's ring was full.", func(s *dpu.Link) uint64 { return s.MirrorDrops.Load() }),
-			counter("link_agent_reads_total", "Host misses served through the agent.", func(s *dpu.Link) uint64 { return s.AgentReads.Load() }),
-			counter("link_agent_writes_total", "Write-backs carried by the agent.", func(s *dpu.Link) uint64 { return s.AgentWrites.Load() }),
-			gauge("link_attached", "1 while a live agent serves the host.", func(s *dpu.Link) float64 {
+			counter("link_attaches_total", "Times the host attached to a DPU agent process.", func(s *split.Link) uint64 { return s.Attaches.Load() }),
+			counter("link_agent_deaths_total", "Times the attached agent stopped and the host went direct.", func(s *split.Link) uint64 { return s.Deaths.Load() }),
+			counter("link_fallbacks_total", "Host reads/writes redone on the direct path because the agent was gone.", func(s *split.Link) uint64 { return s.Fallbacks.Load() }),
+			counter("link_mirror_drops_total", "Mirrored connections cut because the agent's ring was full.", func(s *split.Link) uint64 { return s.MirrorDrops.Load() }),
+			counter("link_agent_reads_total", "Host misses served through the agent.", func(s *split.Link) uint64 { return s.AgentReads.Load() }),
+			counter("link_agent_writes_total", "Write-backs carried by the agent.", func(s *split.Link) uint64 { return s.AgentWrites.Load() }),
+			gauge("link_attached", "1 while a live agent serves the host.", func(s *split.Link) float64 {
 				if s.Attached() {
 					return 1
 				}

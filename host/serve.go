@@ -12,10 +12,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
 	"github.com/pd3-go/pd3/dpu/parse"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
@@ -66,7 +66,7 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 		nbdMir = h.Agent.Mirror(func() parse.Parser { return &parse.NBDParser{Resolve: h.resolveExport} })
 	case h.Link != nil:
 		mir = h.Link
-		nbdMir = h.Link.Mirror(dpu.ProtoNBD)
+		nbdMir = h.Link.Mirror(split.ProtoNBD)
 	}
 	// tapped returns the mirror a frontend taps its reads into, after
 	// starting a packet capture of its address instead when asked to.

@@ -17,7 +17,7 @@ import (
 // Remote against this contract.
 
 // Remote is where pages live when they are not cached: a memory node
-// (memnode.Remote), the DPU agent (dpu.Engine in process, dpu.Link over
+// (memnode.Remote), the DPU agent (dpu.Engine in process, split.Link over
 // shared memory), a host-side prefetcher in front of either
 // (dpu.LeapRemote), or memory (MemRemote, for tests and baselines).
 // Implementations are safe for concurrent use. A page never written reads

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/dpu/split"
 	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/spf13/cobra"
@@ -82,9 +82,9 @@ func parseCaptures(specs []string) ([]host.Capture, error) {
 		case !ok || addr == "":
 			return nil, fmt.Errorf("--packet %q: want page=ADDR or nbd=ADDR", s)
 		case kind == "page":
-			t.Proto = dpu.ProtoPage
+			t.Proto = split.ProtoPage
 		case kind == "nbd":
-			t.Proto = dpu.ProtoNBD
+			t.Proto = split.ProtoNBD
 		default:
 			return nil, fmt.Errorf("--packet %q: protocol %q is neither page nor nbd", s, kind)
 		}

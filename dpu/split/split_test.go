@@ -1,4 +1,4 @@
-package dpu
+package split
 
 import (
 	"context"
@@ -11,10 +11,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
+	"github.com/pd3-go/pd3/memnode/memnodetest"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
@@ -46,7 +48,7 @@ func newSplitRig(t *testing.T) *splitRig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	c, vol := testNode(t, ctx)
+	c, vol := memnodetest.Node(t, ctx, 1<<20)
 	// Subtest names hold '/', which a region name (a file in /dev/shm) cannot.
 	name := strings.NewReplacer("/", "-", ",", "", " ", "_").Replace(t.Name())
 	return &splitRig{ctx: ctx, cancel: cancel, c: c, vol: vol, name: fmt.Sprintf("test-%s-%d", name, time.Now().UnixNano())}
@@ -55,8 +57,8 @@ func newSplitRig(t *testing.T) *splitRig {
 // testAgent is an agent process's parts, wired here as host.RunAgent
 // wires them (this package cannot import host, which imports it).
 type testAgent struct {
-	Agent  *Agent
-	Engine *Engine
+	Agent  *dpu.Agent
+	Engine *dpu.Engine
 	Zone   *loadingzone.Zone
 	HV     *hostview.Set
 	Kernel *hostview.Set
@@ -69,8 +71,8 @@ func (r *splitRig) startAgent(t *testing.T, c *memnode.Client) *testAgent {
 	require.NoError(t, err)
 	ta := &testAgent{Zone: region.Zone, HV: hostview.New(8192, 2), Kernel: hostview.New(8192, 2)}
 	region.Zone.OnDrop = func(k uint64) { ta.HV.Delete(k) }
-	ta.Engine = NewEngine(NodeConn{Client: c}, ta.HV, region.Zone, 0)
-	ta.Agent = NewAgent(ta.HV, region.Zone, ta.Engine, func() parse.Parser { return new(parse.PageParser) })
+	ta.Engine = dpu.NewEngine(dpu.NodeConn{Client: c}, ta.HV, region.Zone, 0)
+	ta.Agent = dpu.NewAgent(ta.HV, region.Zone, ta.Engine, func() parse.Parser { return new(parse.PageParser) })
 	ta.Agent.SetKernelView(ta.Kernel)
 	ready, done := make(chan struct{}), make(chan struct{})
 	var serveErr error
@@ -124,31 +126,6 @@ func TestAttachWaitsForDirectWrites(t *testing.T) {
 	close(direct.release)
 	require.NoError(t, <-wrote)
 	require.Eventually(t, l.Attached, 5*time.Second, 10*time.Millisecond, "attaches once the write is done")
-}
-
-// TestInvalidateDropsOldCopies: after a write by another connection and
-// Invalidate, neither a placed copy nor a prefetch in flight serves the
-// old bytes.
-func TestInvalidateDropsOldCopies(t *testing.T) {
-	r := newRig(t, 256)
-	ctx := context.Background()
-	dst := make([]byte, pageid.Size)
-	for i := uint64(0); i < 100; i++ {
-		k := pageid.MakeKey(r.vol.ID, 1+i%100)
-		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, versioned(2*i)))
-		r.e.Prefetch(k)
-		if i%2 == 0 {
-			require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, time.Millisecond)
-		}
-		// The host writes around the engine, then tells it.
-		require.NoError(t, r.e.c.(NodeConn).WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, versioned(2*i+1)))
-		r.e.Invalidate(k)
-		// A prefetch in flight has landed, or been dropped, before the look.
-		require.Eventually(t, func() bool { return !r.e.inFlight(k) }, 5*time.Second, 50*time.Microsecond)
-		if r.lz.CheckAndReturn(uint64(k), dst) == pageid.Size {
-			require.Equal(t, 2*i+1, binary.LittleEndian.Uint64(dst), "round %d: old copy served", i)
-		}
-	}
 }
 
 // TestAttachResyncsHostView: an agent that attaches (a restart, say)
@@ -245,8 +222,8 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 			a.Kernel.Contains(uint64(k(12))) && a.Kernel.Contains(uint64(k(13)))
 	}, 5*time.Second, 10*time.Millisecond, "kernel Host View does not follow the ranges")
 
-	l.ReadAhead(SourceFUSE, k(100), 8, 0)
-	l.ReadAhead(SourceFUSE, k(108), 8, 0) // sequential: predicts from 116 on
+	l.ReadAhead(dpu.SourceFUSE, k(100), 8, 0)
+	l.ReadAhead(dpu.SourceFUSE, k(108), 8, 0) // sequential: predicts from 116 on
 	require.Eventually(t, func() bool { return a.Engine.Placed.Load() >= 8 }, 5*time.Second, 10*time.Millisecond)
 	dst := make([]byte, pageid.Size)
 	assert.Equal(t, pageid.Size, a.Zone.CheckAndReturn(uint64(k(116)), dst), "the page after the stream was prefetched")
@@ -257,8 +234,8 @@ func TestSplitAgentGetsFUSEEvents(t *testing.T) {
 	// handles the writes first.)
 	skipped := a.Agent.Skipped.Load()
 	l.Written(k(200), 64)
-	l.ReadAhead(SourceFUSE, k(184), 8, 0)
-	l.ReadAhead(SourceFUSE, k(192), 8, 0) // predicts from 200 on
+	l.ReadAhead(dpu.SourceFUSE, k(184), 8, 0)
+	l.ReadAhead(dpu.SourceFUSE, k(192), 8, 0) // predicts from 200 on
 	require.Eventually(t, func() bool { return a.HV.Contains(uint64(k(200))) && a.HV.Contains(uint64(k(263))) },
 		5*time.Second, 10*time.Millisecond, "written pages did not reach Host View")
 	require.Eventually(t, func() bool { return a.Agent.Skipped.Load() >= skipped+8 }, 5*time.Second, 10*time.Millisecond,
@@ -346,6 +323,7 @@ func TestAgentRefusingWritesIsBypassed(t *testing.T) {
 func TestSplitAgentTrimsManyGiB(t *testing.T) {
 	r := newSplitRig(t)
 	ctx := r.ctx
+	const bigVolume = 8 << 30 // past what one TRIM request may cover
 	big, err := r.c.Create(ctx, "big", bigVolume)
 	require.NoError(t, err)
 	l, agentConn := r.agentLink(t)
@@ -359,4 +337,11 @@ func TestSplitAgentTrimsManyGiB(t *testing.T) {
 	got := make([]byte, pageid.Size)
 	require.NoError(t, r.c.ReadAt(ctx, big.ID, last.Page()*pageid.Size, got))
 	assert.Equal(t, make([]byte, pageid.Size), got, "the last page trimmed still holds data")
+}
+
+// versioned is a page whose first 8 bytes are v.
+func versioned(v uint64) []byte {
+	p := make([]byte, pageid.Size)
+	binary.LittleEndian.PutUint64(p, v)
+	return p
 }

@@ -1,8 +1,9 @@
-package dpu
+package split
 
 import (
 	"bytes"
 	"context"
+	"github.com/pd3-go/pd3/dpu"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -58,7 +59,7 @@ func FuzzRingMsg(f *testing.F) {
 		}(),
 		func() []byte { b := encodeTrim(11, 3, 4096, 8192); return b[:] }(),
 		func() []byte { b := encodeFence(12, 3, 1<<40); return b[:] }(),
-		func() []byte { b := encodeRange(msgReadAhead, SourceFUSE, k, 32, 1000); return b[:] }(),
+		func() []byte { b := encodeRange(msgReadAhead, dpu.SourceFUSE, k, 32, 1000); return b[:] }(),
 		func() []byte {
 			b := encodeHeader(msgHeader{typ: msgMirror, arg: ProtoNBD, tag: 2})
 			return append(b[:], "bytes"...)

@@ -1,4 +1,4 @@
-package dpu
+package split
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package dpu
+package split
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/parse"
 	"github.com/pd3-go/pd3/hostview"
@@ -70,8 +71,8 @@ func (r *AgentRegion) Close() error {
 
 // HostService is what serves a host's messages through a region.
 type HostService struct {
-	Agent  *Agent
-	Engine *Engine
+	Agent  *dpu.Agent
+	Engine *dpu.Engine
 	// Kernel is the Host View of the host's kernel page cache, kept from
 	// the host's KERNEL messages.
 	Kernel *hostview.Set
@@ -148,7 +149,7 @@ func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
 			st, ok := streams[r.tag]
 			if !ok {
 				if r.arg == ProtoNBD {
-					st = a.newStream(hs.NBDParser)
+					st = a.Mirror(hs.NBDParser).NewStream()
 				} else {
 					st = a.NewStream()
 				}
@@ -182,7 +183,7 @@ func (r *AgentRegion) Serve(ctx context.Context, hs HostService) error {
 			for i := range len(r.keys) / 8 {
 				keys = append(keys, parse.Access{Key: r.keyAt(i), Kind: parse.Write})
 			}
-			a.enqueue(keys)
+			a.Enqueue(keys)
 		case msgTrim, msgInvalidate, msgRead, msgWrite, msgFence:
 			j := job{ringMsg: r, free: &bufs}
 			if r.typ == msgWrite {
@@ -206,7 +207,7 @@ type job struct {
 	free *sync.Pool
 }
 
-func (j job) run(ctx context.Context, e *Engine, r *replier) {
+func (j job) run(ctx context.Context, e *dpu.Engine, r *replier) {
 	var err error
 	var page []byte
 	switch j.typ {
