@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/pageid"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // leasesVolume holds one lease word per volume id at the memory node, and
@@ -175,20 +176,37 @@ func (h *Host) holdVolumes(ctx context.Context, cfg Config, ttl time.Duration, e
 			h.Store.Resume()
 		}
 	})
-	for _, v := range h.Volumes {
-		// Twice the TTL: an etcd that restarted (pd3 up --persist after a
-		// crash) gives the dead holder's session a whole TTL again.
-		hold, err := ch.Hold(ctx, v.Name, 2*ttl+time.Second)
-		if err != nil {
-			return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
+	node := nodeOf(ctx, cli, cfg)
+	// The volumes are held side by side: each hold, record and token is
+	// a few etcd and node round trips, which etcd commits together, so a
+	// host of a thousand volumes starts in seconds, not tens of them.
+	leases := make([]volumeLease, len(h.Volumes))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(openWorkers)
+	for i, v := range h.Volumes {
+		g.Go(func() error {
+			// Twice the TTL: an etcd that restarted (pd3 up --persist
+			// after a crash) gives the dead holder's session a whole TTL
+			// again.
+			hold, err := ch.Hold(gctx, v.Name, 2*ttl+time.Second)
+			if err != nil {
+				return fmt.Errorf("host: volume %q is served by another host: %w", v.Name, err)
+			}
+			leases[i] = volumeLease{v: v, release: hold.Release}
+			if err := recordVolume(gctx, cli, cfg, node, v); err != nil {
+				return err
+			}
+			return h.presentToken(gctx, v, epochs, hold)
+		})
+	}
+	err = g.Wait()
+	for _, l := range leases {
+		if l.release != nil { // held: released when the host stops
+			h.leases = append(h.leases, l)
 		}
-		h.leases = append(h.leases, volumeLease{v: v, release: hold.Release})
-		if err := recordVolume(ctx, cli, cfg, v); err != nil {
-			return err
-		}
-		if err := h.presentToken(ctx, v, epochs, hold); err != nil {
-			return err
-		}
+	}
+	if err != nil {
+		return err
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
 	h.stopLeases = func() { close(stop); <-done }
@@ -236,15 +254,8 @@ func (h *Host) holdFS(ctx context.Context, cfg Config, fcfg *fs.Config) error {
 // held by this host: one is written for a volume created here (or before
 // the records existed). A volume being removed (pd3 volume rm) is not
 // served.
-func recordVolume(ctx context.Context, cli *clientv3.Client, cfg Config, v pageid.VolumeInfo) error {
-	rec := cluster.VolumeRecord{Name: v.Name, ID: v.ID, Size: v.Size, PageSize: pageid.Size, NodeAddr: cfg.Memnode}
-	if nodes, err := cluster.Nodes(ctx, cli, cfg.Cluster); err == nil {
-		for _, n := range nodes {
-			if n.Addr == cfg.Memnode {
-				rec.Node = n.ID
-			}
-		}
-	}
+func recordVolume(ctx context.Context, cli *clientv3.Client, cfg Config, node string, v pageid.VolumeInfo) error {
+	rec := cluster.VolumeRecord{Name: v.Name, ID: v.ID, Size: v.Size, PageSize: pageid.Size, NodeAddr: cfg.Memnode, Node: node}
 	got, err := cluster.EnsureVolume(ctx, cli, cfg.Cluster, rec)
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
@@ -263,6 +274,27 @@ func recordVolume(ctx context.Context, cli *clientv3.Client, cfg Config, v pagei
 	return nil
 }
 
+// nodeOf is the cluster's id of the node at cfg.Memnode ("" when it has
+// none, or for striped volumes, which name their nodes in their maps).
+func nodeOf(ctx context.Context, cli *clientv3.Client, cfg Config) string {
+	if cfg.Memnode == "" {
+		return ""
+	}
+	nodes, err := cluster.Nodes(ctx, cli, cfg.Cluster)
+	if err != nil {
+		return ""
+	}
+	for _, n := range nodes {
+		if n.Addr == cfg.Memnode {
+			return n.ID
+		}
+	}
+	return ""
+}
+
+// openWorkers bounds the volumes a host opens, holds or releases at once.
+const openWorkers = 16
+
 // releaseVolumes stops the renewals and gives the leases up; it runs
 // after the dirty pages are written back, so the next holder reads them.
 func (h *Host) releaseVolumes() error {
@@ -275,13 +307,16 @@ func (h *Host) releaseVolumes() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var errs []error
-	for _, vl := range h.leases {
+	errs := make([]error, len(h.leases), len(h.leases)+2)
+	var g errgroup.Group
+	g.SetLimit(openWorkers)
+	for i, vl := range h.leases {
 		if h.Store != nil && h.Store.Fenced(vl.v.ID) {
 			continue
 		}
-		errs = append(errs, vl.release(ctx))
+		g.Go(func() error { errs[i] = vl.release(ctx); return nil })
 	}
+	g.Wait()
 	h.leases = nil
 	if h.fsHold != nil {
 		if f := h.heldFS.Load(); f == nil || !f.Fenced() {

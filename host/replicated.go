@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/pd3-go/pd3/internal/units"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/sockio"
+	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/replica"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 var _ dpu.Conn = (*replica.Remote)(nil)
@@ -48,9 +50,13 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	clients := make(map[string]*memnode.Client)
+	var dialMu sync.Mutex
 	// dial connects to node id once; a node down or unreachable is left
-	// out, and its replicas are dropped when the volume is fenced.
+	// out, and its replicas are dropped when the volume is fenced. The
+	// volumes open side by side: one dial at a time.
 	dial := func(id string) *memnode.Client {
+		dialMu.Lock()
+		defer dialMu.Unlock()
 		if c, ok := clients[id]; ok {
 			return c
 		}
@@ -79,27 +85,39 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 			return nil, fmt.Errorf("host: fs %q: %w", cfg.FSName, err)
 		}
 	}
-	var vols []replica.Volume
-	for _, vs := range cfg.Volumes {
-		rec, err := replicatedVolume(ctx, cli, cfg, nodes, vs, dial)
-		if err != nil {
-			return nil, fmt.Errorf("host: volume %q: %w", vs.Name, err)
-		}
-		v := replica.Volume{ID: rec.ID, Name: rec.Name, Size: rec.Size, Stripes: *rec.Stripes, Local: map[string]uint16{}}
-		for _, id := range rec.Stripes.Nodes() {
-			c := dial(id)
-			if c == nil {
-				continue
-			}
-			info, err := c.Open(ctx, rec.Name)
+	// Each volume is a few etcd and node round trips: opened side by
+	// side (openWorkers at a time), in cfg's order in the end.
+	vols := make([]replica.Volume, len(cfg.Volumes))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(openWorkers)
+	for i, vs := range cfg.Volumes {
+		g.Go(func() error {
+			rec, err := replicatedVolume(gctx, cli, cfg, nodes, vs, dial)
 			if err != nil {
-				cfg.Log.Warn("host: a replica's node does not have the volume; its replicas will be dropped", "volume", rec.Name, "node", id, "err", err)
-				continue
+				return fmt.Errorf("host: volume %q: %w", vs.Name, err)
 			}
-			v.Local[id] = info.ID
-		}
-		vols = append(vols, v)
-		h.Volumes = append(h.Volumes, pageid.VolumeInfo{ID: rec.ID, Size: rec.Size, Name: rec.Name})
+			v := replica.Volume{ID: rec.ID, Name: rec.Name, Size: rec.Size, Stripes: *rec.Stripes, Local: map[string]uint16{}}
+			for _, id := range rec.Stripes.Nodes() {
+				c := dial(id)
+				if c == nil {
+					continue
+				}
+				info, err := c.Open(gctx, rec.Name)
+				if err != nil {
+					cfg.Log.Warn("host: a replica's node does not have the volume; its replicas will be dropped", "volume", rec.Name, "node", id, "err", err)
+					continue
+				}
+				v.Local[id] = info.ID
+			}
+			vols[i] = v
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for _, v := range vols {
+		h.Volumes = append(h.Volumes, pageid.VolumeInfo{ID: v.ID, Size: v.Size, Name: v.Name})
 	}
 	reach := make(map[string]*memnode.Client)
 	for id, c := range clients {
