@@ -26,8 +26,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 )
 
 // DefaultName is the cluster name when none is given (--cluster).
@@ -71,9 +69,9 @@ func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
 	if err != nil {
 		return nil, dialError(at, err)
 	}
+	// 5 s for an etcd that is still starting (docs/decisions.md, 25).
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	go giveUpOnFailure(cctx, cancel, cli.ActiveConnection())
 	if _, err := cli.Get(cctx, "/pd3/", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
 		if perr := probe(ctx, a.Endpoints); perr != nil {
@@ -83,26 +81,6 @@ func Dial(ctx context.Context, a Access) (*clientv3.Client, error) {
 		return nil, dialError(at, err)
 	}
 	return cli, nil
-}
-
-// giveUpOnFailure cancels a first request once gRPC has tried every
-// endpoint and none took the connection (TRANSIENT_FAILURE): an etcd
-// that refuses connections is answered at once, not after the 5 s the
-// request may take. It returns when the connection is ready or ctx ends.
-func giveUpOnFailure(ctx context.Context, cancel context.CancelFunc, conn *grpc.ClientConn) {
-	for {
-		switch s := conn.GetState(); s {
-		case connectivity.Ready, connectivity.Shutdown:
-			return
-		case connectivity.TransientFailure:
-			cancel()
-			return
-		default:
-			if !conn.WaitForStateChange(ctx, s) {
-				return
-			}
-		}
-	}
 }
 
 // probe connects to each TCP endpoint once and reports why none took the
