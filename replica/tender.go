@@ -136,15 +136,28 @@ func (t *Tender) dropJoining(ctx context.Context) {
 }
 
 // refresh installs the stripe maps of the control plane where they are
-// newer: an operator's moves.
+// newer: an operator's moves. The records are read in one request, not
+// one per volume: an idle host of a thousand volumes asked etcd a
+// thousand times a second.
 func (t *Tender) refresh(ctx context.Context) {
+	if len(t.Groups)+len(t.Volumes) == 0 {
+		return
+	}
+	recs, err := cluster.Volumes(ctx, t.Etcd, t.Cluster)
+	if err != nil {
+		return // etcd unreachable: the next tick asks again
+	}
+	byName := make(map[string]*cluster.VolumeRecord, len(recs))
+	for i := range recs {
+		byName[recs[i].Name] = &recs[i]
+	}
 	for _, fg := range t.Groups {
-		if rec, err := cluster.GetVolume(ctx, t.Etcd, t.Cluster, fg.Group.Record()); err == nil && rec.Stripes != nil {
+		if rec := byName[fg.Group.Record()]; rec != nil && rec.Stripes != nil {
 			fg.Group.Install(*rec.Stripes)
 		}
 	}
 	for _, v := range t.Volumes {
-		if rec, err := cluster.GetVolume(ctx, t.Etcd, t.Cluster, v.Name); err == nil && rec.Stripes != nil {
+		if rec := byName[v.Name]; rec != nil && rec.Stripes != nil {
 			t.Remote.Install(v.ID, *rec.Stripes)
 		}
 	}

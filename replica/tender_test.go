@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/internal/scrape"
 	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -96,4 +98,40 @@ func TestTenderRepairsWhatALostNodeHeld(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestTenderRefreshAsksEtcdOnce: the tender's look for newer stripe maps
+// is one request however many volumes the host serves (it was one per
+// volume a second: an idle host of 256 volumes sent etcd 218 a second).
+func TestTenderRefreshAsksEtcdOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs etcd")
+	}
+	ctx := context.Background()
+	etcd := testetcd.Start(t, 1, "http")
+	cli, err := cluster.Dial(ctx, cluster.Access{Endpoints: etcd.Clients})
+	require.NoError(t, err)
+	defer cli.Close()
+	const name = "refresh"
+	rem, err := New(map[string]*memnode.Client{}, nil, nil) // serves none of them: Install ignores each
+	require.NoError(t, err)
+	tend := &Tender{Etcd: cli, Cluster: name, Remote: rem}
+	for i := range 64 {
+		s := cluster.Stripes{Epoch: 1, ExtentBytes: 1 << 20, Replicas: 1, Extents: [][]string{{"a"}}}
+		rec, err := Reserve(ctx, cli, name, cluster.VolumeRecord{Name: fmt.Sprintf("v%d", i), Size: 1 << 20, Stripes: &s}, nil)
+		require.NoError(t, err)
+		tend.Volumes = append(tend.Volumes, pageid.VolumeInfo{ID: rec.ID, Name: rec.Name, Size: rec.Size})
+	}
+	received := func() float64 {
+		mfs, err := scrape.Families(ctx, etcd.Clients[0]+"/metrics")
+		require.NoError(t, err)
+		var n float64
+		for _, m := range mfs["grpc_server_msg_received_total"].GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+		return n
+	}
+	before := received()
+	tend.refresh(ctx)
+	assert.LessOrEqual(t, received()-before, 2.0, "gRPC requests etcd received for one refresh of 64 volumes")
 }
