@@ -69,6 +69,15 @@ type Result struct {
 	// Integrity is "ok" when the application's checks passed after the
 	// run (amcheck, e2fsck), else what failed.
 	Integrity string `json:"integrity,omitempty"`
+	// The scale benchmark's: the times from starting a host to its NBD
+	// server listening, first (creating the volumes) and again
+	// (reopening them); the keys in etcd; the requests etcd received a
+	// second with the host idle; the bytes of a volume's record.
+	CreateMillis  float64 `json:"create_ms,omitempty"`
+	OpenMillis    float64 `json:"open_ms,omitempty"`
+	EtcdKeys      uint64  `json:"etcd_keys,omitempty"`
+	EtcdReqPerSec float64 `json:"etcd_requests_per_sec,omitempty"`
+	MapBytes      uint64  `json:"record_bytes,omitempty"`
 	// Counters are the host's metrics over the measured interval
 	// (counters as deltas, gauges at the end), without the pd3_ prefix.
 	Counters map[string]float64 `json:"counters,omitempty"`
@@ -113,9 +122,12 @@ func (r *Report) Print(w io.Writer, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "%s on %s\n", r.Bench, r.Machine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	if r.Bench == "apps" {
+	switch r.Bench {
+	case "apps":
 		r.printApps(tw)
-	} else {
+	case "scale":
+		r.printScale(tw)
+	default:
 		r.printRows(tw)
 	}
 	tw.Flush()

@@ -42,6 +42,20 @@ func (r *Report) Plot(path string) error {
 			return err
 		}
 		plots = append(plots, p)
+	} else if r.Bench == "scale" {
+		// The costs of a host as its volumes grow: the time to reopen
+		// them (create above each bar), and its memory.
+		p, err := barPlot(r, "reopen (ms); create above each bar", func(x Result) float64 { return x.OpenMillis },
+			func(x, _ Result) string { return "create " + compact(x.CreateMillis) })
+		if err != nil {
+			return err
+		}
+		q, err := barPlot(r, "host RSS (MiB)", func(x Result) float64 { return mib(x.HostRSS) },
+			func(x, _ Result) string { return strconv.FormatFloat(mib(x.HostRSS), 'f', 0, 64) })
+		if err != nil {
+			return err
+		}
+		plots = append(plots, p, q)
 	} else if r.Bench == "apps" {
 		// Workloads differ by orders of magnitude (rows/s, tps, IOPS):
 		// each bar is its system's throughput over the ceiling's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -41,33 +42,19 @@ func Repair(ctx context.Context, opt RepairOptions) (*Report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	var children []*Child
-	defer func() {
-		for i := len(children) - 1; i >= 0; i-- {
-			children[i].Stop()
-		}
-	}()
-	coord, err := StartChild(ctx, opt.Exe, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", filepath.Join(dir, "etcd"))
+	bc, err := startBenchCluster(ctx, opt.Exe, dir, opt.Nodes)
 	if err != nil {
 		return nil, err
 	}
-	children = append(children, coord)
-	etcd := coord.Addrs["etcd"]
-	var nodes []*Child
-	for range opt.Nodes {
-		n, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd)
-		if err != nil {
-			return nil, err
-		}
-		children, nodes = append(children, n), append(nodes, n)
-	}
+	defer bc.Stop()
+	etcd, nodes := bc.Etcd, bc.Nodes
 	host, err := StartChild(ctx, opt.Exe, []string{"NBD server"}, "serve", "--replicas", strconv.Itoa(opt.Replicas), "--etcd", etcd,
 		"--volume", "disk0:"+strconv.FormatUint(opt.Size, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", "none",
 		"--repair-rate", strconv.FormatUint(opt.Rate, 10))
 	if err != nil {
 		return nil, err
 	}
-	children = append(children, host)
+	defer host.Stop()
 	cli, err := cluster.Dial(ctx, cluster.Access{Endpoints: []string{etcd}})
 	if err != nil {
 		return nil, err
@@ -172,6 +159,50 @@ func Repair(ctx context.Context, opt RepairOptions) (*Report, error) {
 		fmt.Sprintf("SIGKILL of one node holding %d of %d extents: down after %.1f s (its etcd lease), whole again %.1f s later (%s copied, --repair-rate %s/s); %.1f s in all",
 			held, len(rec.Stripes.Extents), down.Sub(killed).Seconds(), repair.Seconds(), units.FormatSize(copied), units.FormatSize(opt.Rate), healthy.Sub(killed).Seconds()))
 	return rep, nil
+}
+
+// benchCluster is a control plane (pd3 coord) and memory node processes
+// registered with it, started for a benchmark.
+type benchCluster struct {
+	Etcd  string
+	Nodes []*Child
+	coord *Child
+}
+
+// startBenchCluster starts pd3 coord with its data in dir/etcd and n
+// memory nodes (pd3 memnode --etcd, and nodeArgs); what it started is
+// stopped again if a step fails.
+func startBenchCluster(ctx context.Context, exe, dir string, n int, nodeArgs ...string) (_ *benchCluster, err error) {
+	coord, err := StartChild(ctx, exe, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", filepath.Join(dir, "etcd"))
+	if err != nil {
+		return nil, err
+	}
+	bc := &benchCluster{Etcd: coord.Addrs["etcd"], coord: coord}
+	defer func() {
+		if err != nil {
+			bc.Stop()
+		}
+	}()
+	want := []string{"memory node"}
+	if slices.Contains(nodeArgs, "--metrics") {
+		want = append(want, "metrics")
+	}
+	for range n {
+		node, err := StartChild(ctx, exe, want, append([]string{"memnode", "--listen", "127.0.0.1:0", "--etcd", bc.Etcd}, nodeArgs...)...)
+		if err != nil {
+			return nil, err
+		}
+		bc.Nodes = append(bc.Nodes, node)
+	}
+	return bc, nil
+}
+
+// Stop stops the memory nodes, then the control plane.
+func (bc *benchCluster) Stop() {
+	for _, n := range slices.Backward(bc.Nodes) {
+		n.Stop()
+	}
+	bc.coord.Stop()
 }
 
 // nodeAt is the id of the node registered at addr.

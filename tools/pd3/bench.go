@@ -459,7 +459,64 @@ pd3-r1,pd3-r2 compares the data path at R=2 with R=1.)`,
 	repairc.Flags().IntVar(&ropt.Nodes, "nodes", 3, "memory node processes")
 	repairc.Flags().IntVar(&ropt.Replicas, "replicas", 2, "replicas of each extent")
 	repairc.Flags().DurationVar(&ropt.Timeout, "timeout", 2*time.Minute, "give up on each wait after this long")
-	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, relay, repairc, appsCmd(exe, sigctx, emit, &asJSON))
+	sopt := bench.ScaleOptions{}
+	var sweeps, volumeCounts, sizes string
+	scalec := &cobra.Command{
+		Use:   "scale",
+		Short: "How pd3's costs grow with its volumes' number and size, each configuration in fresh processes",
+		Long: `How pd3's costs grow with its work. Each configuration runs in fresh processes on
+loopback: pd3 coord, --nodes memory nodes and one pd3 serve --etcd that places
+its volumes through the control plane. Reported per configuration: the time
+from starting the host to its NBD server listening, creating the volumes and
+reopening them; the host's RSS; the nodes' RSS per byte they store; the keys
+in etcd, the requests etcd receives a second while the host is idle, and the
+bytes of a volume's record.
+
+--sweep volumes opens --volumes counts of 16 MiB volumes on one host; --sweep
+size opens one volume of each of --sizes (sparse) and writes --written bytes
+of it with fio, read back and checked.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if sopt.Exe, err = exe(); err != nil {
+				return err
+			}
+			sopt.Sweeps = strings.Split(sweeps, ",")
+			sopt.Volumes, sopt.Sizes = nil, nil
+			for _, f := range strings.Split(volumeCounts, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil || n < 1 {
+					return fmt.Errorf("--volumes %q: want counts of volumes, e.g. 1,64,1024", volumeCounts)
+				}
+				sopt.Volumes = append(sopt.Volumes, n)
+			}
+			for _, f := range strings.Split(sizes, ",") {
+				n, err := units.ParseSize(strings.TrimSpace(f))
+				if err != nil {
+					return fmt.Errorf("--sizes: %w", err)
+				}
+				sopt.Sizes = append(sopt.Sizes, n)
+			}
+			ctx, stop := sigctx(cmd)
+			defer stop()
+			if watched(asJSON) {
+				sopt.Progress = &barProgress{}
+			}
+			rep, err := bench.Scale(ctx, sopt)
+			if err != nil {
+				return err
+			}
+			return emit(rep)
+		},
+	}
+	scalec.Flags().StringVar(&sweeps, "sweep", "volumes,size", "dimensions to sweep: "+strings.Join(bench.ScaleSweeps, ", "))
+	scalec.Flags().StringVar(&volumeCounts, "volumes", "1,64,1024", "volume counts of the volumes sweep")
+	scalec.Flags().StringVar(&sizes, "sizes", "256MiB,1GiB,4GiB,16GiB", "volume sizes of the size sweep")
+	pagesVar(scalec.Flags(), &sopt.Written, "written", "1GiB", "bytes written and read back in each volume of the size sweep (at most its size)")
+	pagesVar(scalec.Flags(), &sopt.Cache, "cache", "64MiB", "the host's --cache")
+	scalec.Flags().IntVar(&sopt.Nodes, "nodes", 2, "memory node processes")
+	scalec.Flags().DurationVar(&sopt.Idle, "idle", 5*time.Second, "how long etcd's requests are counted with the host idle")
+	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, relay, repairc, scalec, appsCmd(exe, sigctx, emit, &asJSON))
 	return cmd
 }
 

@@ -1713,6 +1713,36 @@ func TestVolumesHeldInEtcd(t *testing.T) {
 	assert.True(t, strings.HasPrefix(out, "acknowledged and synced\x00"))
 }
 
+// pd3 bench scale end to end on a few small configurations: each row
+// has its times, memory and etcd figures, and the chart is drawn.
+func TestBenchScaleSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes")
+	}
+	t.Parallel() // with the other smoke runs, once the serial tests are done
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (make deps-system)")
+	}
+	plotPath := filepath.Join(t.TempDir(), "scale.png")
+	out, err := run(t, "", "bench", "scale", "--volumes", "1,4", "--sizes", "8MiB", "--written", "4MiB", "--idle", "200ms",
+		"--json", "--plot", plotPath)
+	require.NoError(t, err, out)
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Len(t, rep.Results, 3)
+	for _, r := range rep.Results {
+		assert.Positive(t, r.CreateMillis, r.Config)
+		assert.Positive(t, r.OpenMillis, r.Config)
+		assert.Positive(t, r.HostRSS, r.Config)
+		assert.Positive(t, r.EtcdKeys, r.Config)
+		assert.Positive(t, r.MapBytes, r.Config)
+	}
+	assert.Equal(t, []string{"volumes=1", "volumes=4", "size=8MiB"}, []string{rep.Results[0].Config, rep.Results[1].Config, rep.Results[2].Config})
+	assert.Greater(t, rep.Results[1].EtcdKeys, rep.Results[0].EtcdKeys, "a record and a hold per volume")
+	assert.GreaterOrEqual(t, rep.Results[2].MemnodeStored, uint64(4<<20), "the bytes written are stored at the nodes")
+	assert.FileExists(t, plotPath)
+}
+
 // pd3 bench repair end to end on a small volume: the killed node holds
 // some extents, they are copied, and the figures are there.
 func TestBenchRepairSmoke(t *testing.T) {
