@@ -43,19 +43,39 @@ func (r *Report) Plot(path string) error {
 		}
 		plots = append(plots, p)
 	} else if r.Bench == "scale" {
-		// The costs of a host as its volumes grow: the time to reopen
-		// them (create above each bar), and its memory.
-		p, err := barPlot(r, "reopen (ms); create above each bar", func(x Result) float64 { return x.OpenMillis },
-			func(x, _ Result) string { return "create " + compact(x.CreateMillis) })
-		if err != nil {
-			return err
+		// The costs of a host as its volumes grow (the time to reopen
+		// them, create above each bar; its memory), and the I/O rows'
+		// throughput with the host CPU per operation above.
+		costs, io := *r, *r
+		costs.Results, io.Results = nil, nil
+		for _, x := range r.Results {
+			if x.CreateMillis > 0 {
+				costs.Results = append(costs.Results, x)
+			} else {
+				io.Results = append(io.Results, x)
+			}
 		}
-		q, err := barPlot(r, "host RSS (MiB)", func(x Result) float64 { return mib(x.HostRSS) },
-			func(x, _ Result) string { return strconv.FormatFloat(mib(x.HostRSS), 'f', 0, 64) })
-		if err != nil {
-			return err
+		if len(costs.Results) > 0 {
+			p, err := barPlot(&costs, "reopen (ms); create above each bar", func(x Result) float64 { return x.OpenMillis },
+				func(x, _ Result) string { return "create " + compact(x.CreateMillis) })
+			if err != nil {
+				return err
+			}
+			q, err := barPlot(&costs, "host RSS (MiB)", func(x Result) float64 { return mib(x.HostRSS) },
+				func(x, _ Result) string { return strconv.FormatFloat(mib(x.HostRSS), 'f', 0, 64) })
+			if err != nil {
+				return err
+			}
+			plots = append(plots, p, q)
 		}
-		plots = append(plots, p, q)
+		if len(io.Results) > 0 {
+			p, err := barPlot(&io, "ops/s, all hosts; host CPU µs/op above", func(x Result) float64 { return x.OpsPerSec },
+				func(x, _ Result) string { return strconv.FormatFloat(x.HostCPUusOp, 'f', 1, 64) })
+			if err != nil {
+				return err
+			}
+			plots = append(plots, p)
+		}
 	} else if r.Bench == "apps" {
 		// Workloads differ by orders of magnitude (rows/s, tps, IOPS):
 		// each bar is its system's throughput over the ceiling's
@@ -95,7 +115,7 @@ func (r *Report) Plot(path string) error {
 		}
 		plots = append(plots, p)
 	}
-	if slices.ContainsFunc(r.Results, func(x Result) bool { return x.P99us > 0 }) {
+	if r.Bench != "scale" && slices.ContainsFunc(r.Results, func(x Result) bool { return x.P99us > 0 }) {
 		p, err := barPlot(r, "p99 latency (µs), p50 above", func(x Result) float64 { return x.P99us },
 			func(x, _ Result) string { return "p50 " + strconv.FormatFloat(x.P50us, 'f', 0, 64) })
 		if err != nil {

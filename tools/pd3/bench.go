@@ -460,7 +460,7 @@ pd3-r1,pd3-r2 compares the data path at R=2 with R=1.)`,
 	repairc.Flags().IntVar(&ropt.Replicas, "replicas", 2, "replicas of each extent")
 	repairc.Flags().DurationVar(&ropt.Timeout, "timeout", 2*time.Minute, "give up on each wait after this long")
 	sopt := bench.ScaleOptions{}
-	var sweeps, volumeCounts, sizes string
+	var sweeps, volumeCounts, sizes, nodeCounts, hostCounts string
 	scalec := &cobra.Command{
 		Use:   "scale",
 		Short: "How pd3's costs grow with its volumes' number and size, each configuration in fresh processes",
@@ -474,7 +474,13 @@ bytes of a volume's record.
 
 --sweep volumes opens --volumes counts of 16 MiB volumes on one host; --sweep
 size opens one volume of each of --sizes (sparse) and writes --written bytes
-of it with fio, read back and checked.`,
+of it with fio, read back and checked. --sweep nodes runs fio randread Q32 and
+randwrite Q32 with a FLUSH every 32 writes on one host at R=2 over each of
+--node-counts nodes; --sweep hosts on each of --host-counts hosts at once over
+--host-nodes nodes, every host with a volume of its own, beside as many
+nbdkit memory servers (the ceiling in the same run). They report throughput,
+p99, CPU per operation of the hosts and of the nodes, and etcd's requests a
+second under the load.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -482,13 +488,26 @@ of it with fio, read back and checked.`,
 				return err
 			}
 			sopt.Sweeps = strings.Split(sweeps, ",")
-			sopt.Volumes, sopt.Sizes = nil, nil
-			for _, f := range strings.Split(volumeCounts, ",") {
-				n, err := strconv.Atoi(strings.TrimSpace(f))
-				if err != nil || n < 1 {
-					return fmt.Errorf("--volumes %q: want counts of volumes, e.g. 1,64,1024", volumeCounts)
+			sopt.Sizes = nil
+			counts := func(flag, list string) ([]int, error) {
+				var ns []int
+				for _, f := range strings.Split(list, ",") {
+					n, err := strconv.Atoi(strings.TrimSpace(f))
+					if err != nil || n < 1 {
+						return nil, fmt.Errorf("--%s %q: want counts separated by commas, e.g. 1,2,4", flag, list)
+					}
+					ns = append(ns, n)
 				}
-				sopt.Volumes = append(sopt.Volumes, n)
+				return ns, nil
+			}
+			if sopt.Volumes, err = counts("volumes", volumeCounts); err != nil {
+				return err
+			}
+			if sopt.NodeCounts, err = counts("node-counts", nodeCounts); err != nil {
+				return err
+			}
+			if sopt.HostCounts, err = counts("host-counts", hostCounts); err != nil {
+				return err
 			}
 			for _, f := range strings.Split(sizes, ",") {
 				n, err := units.ParseSize(strings.TrimSpace(f))
@@ -509,7 +528,13 @@ of it with fio, read back and checked.`,
 			return emit(rep)
 		},
 	}
-	scalec.Flags().StringVar(&sweeps, "sweep", "volumes,size", "dimensions to sweep: "+strings.Join(bench.ScaleSweeps, ", "))
+	scalec.Flags().StringVar(&sweeps, "sweep", strings.Join(bench.ScaleSweeps, ","), "dimensions to sweep: "+strings.Join(bench.ScaleSweeps, ", "))
+	scalec.Flags().StringVar(&nodeCounts, "node-counts", "1,2,4,8", "memory node counts of the nodes sweep")
+	scalec.Flags().StringVar(&hostCounts, "host-counts", "1,2,4", "host counts of the hosts sweep")
+	scalec.Flags().IntVar(&sopt.HostNodes, "host-nodes", 4, "memory nodes under the hosts sweep")
+	pagesVar(scalec.Flags(), &sopt.IOSize, "io-size", "512MiB", "each host's volume in the nodes and hosts sweeps (filled, then fio over all of it)")
+	scalec.Flags().DurationVar(&sopt.Runtime, "runtime", 10*time.Second, "each fio job's measured time (nodes, hosts)")
+	scalec.Flags().DurationVar(&sopt.Ramp, "ramp", time.Second, "each fio job's ramp before it measures (nodes, hosts)")
 	scalec.Flags().StringVar(&volumeCounts, "volumes", "1,64,1024", "volume counts of the volumes sweep")
 	scalec.Flags().StringVar(&sizes, "sizes", "256MiB,1GiB,4GiB,16GiB", "volume sizes of the size sweep")
 	pagesVar(scalec.Flags(), &sopt.Written, "written", "1GiB", "bytes written and read back in each volume of the size sweep (at most its size)")

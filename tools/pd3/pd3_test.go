@@ -1725,12 +1725,22 @@ func TestBenchScaleSmoke(t *testing.T) {
 	}
 	plotPath := filepath.Join(t.TempDir(), "scale.png")
 	out, err := run(t, "", "bench", "scale", "--volumes", "1,4", "--sizes", "8MiB", "--written", "4MiB", "--idle", "200ms",
+		"--node-counts", "1", "--host-counts", "1", "--host-nodes", "1", "--io-size", "8MiB", "--runtime", "1s", "--ramp", "0s",
 		"--json", "--plot", plotPath)
 	require.NoError(t, err, out)
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	require.Len(t, rep.Results, 3)
-	for _, r := range rep.Results {
+	require.Len(t, rep.Results, 3+2+4) // volumes 1 and 4, one size; nodes=1 two jobs; hosts=1 two jobs, pd3 and the ceiling
+	io := rep.Results[3:]
+	for _, r := range io {
+		assert.Positive(t, r.OpsPerSec, "%s %s", r.System, r.Config)
+		if r.System == "pd3" {
+			assert.Positive(t, r.HostCPUusOp, r.Config)
+			assert.Positive(t, r.EtcdReqPerSec, r.Config)
+		}
+	}
+	assert.Equal(t, "nbdkit-memory", io[len(io)-1].System, "the ceiling in the same run")
+	for _, r := range rep.Results[:3] {
 		assert.Positive(t, r.CreateMillis, r.Config)
 		assert.Positive(t, r.OpenMillis, r.Config)
 		assert.Positive(t, r.HostRSS, r.Config)
