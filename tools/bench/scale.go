@@ -40,6 +40,8 @@ type ScaleOptions struct {
 	HostNodes              int
 	IOSize                 uint64
 	Runtime, Ramp          time.Duration
+	// NodeArgs are added to every memory node's command line.
+	NodeArgs []string
 	// Idle is how long etcd's requests are counted with the host idle.
 	Idle     time.Duration
 	Progress Progress
@@ -348,7 +350,7 @@ func scaleIO(ctx context.Context, opt ScaleOptions, jobDir, name string, nodes, 
 			procs, uris = append(procs, c), append(uris, "nbd://"+addr)
 		}
 	} else {
-		bc, err := startBenchCluster(ctx, opt.Exe, dir, nodes)
+		bc, err := startBenchCluster(ctx, opt.Exe, dir, nodes, opt.NodeArgs...)
 		if err != nil {
 			return nil, err
 		}

@@ -535,6 +535,7 @@ second under the load.`,
 	pagesVar(scalec.Flags(), &sopt.IOSize, "io-size", "512MiB", "each host's volume in the nodes and hosts sweeps (filled, then fio over all of it)")
 	scalec.Flags().DurationVar(&sopt.Runtime, "runtime", 10*time.Second, "each fio job's measured time (nodes, hosts)")
 	scalec.Flags().DurationVar(&sopt.Ramp, "ramp", time.Second, "each fio job's ramp before it measures (nodes, hosts)")
+	scalec.Flags().StringArrayVar(&sopt.NodeArgs, "node-arg", nil, "an argument added to every memory node's command line (repeat), e.g. --node-arg=--poll-for=0")
 	scalec.Flags().StringVar(&volumeCounts, "volumes", "1,64,1024", "volume counts of the volumes sweep")
 	scalec.Flags().StringVar(&sizes, "sizes", "256MiB,1GiB,4GiB,16GiB", "volume sizes of the size sweep")
 	pagesVar(scalec.Flags(), &sopt.Written, "written", "1GiB", "bytes written and read back in each volume of the size sweep (at most its size)")
