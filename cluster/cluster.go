@@ -122,8 +122,15 @@ func dialError(at string, err error) error {
 
 // newSession opens an etcd session (a lease kept alive) of ttl, in whole
 // seconds as etcd counts them, at least one.
-func newSession(cli *clientv3.Client, ttl time.Duration) (*concurrency.Session, error) {
-	return concurrency.NewSession(cli, concurrency.WithTTL(max(1, int(ttl.Round(time.Second)/time.Second))))
+func newSession(ctx context.Context, cli *clientv3.Client, ttl time.Duration) (*concurrency.Session, error) {
+	secs := max(1, int(ttl.Round(time.Second)/time.Second))
+	// The lease is granted within ctx: concurrency.NewSession would wait
+	// for an etcd that is gone for as long as it stays gone.
+	lease, err := cli.Grant(ctx, int64(secs))
+	if err != nil {
+		return nil, err
+	}
+	return concurrency.NewSession(cli, concurrency.WithTTL(secs), concurrency.WithLease(lease.ID))
 }
 
 func prefix(cluster string) string { return "/pd3/" + cmp.Or(cluster, DefaultName) + "/" }
@@ -244,7 +251,7 @@ type RegisterOptions struct {
 // Close; cli stays the caller's.
 func Register(ctx context.Context, cli *clientv3.Client, rec NodeRecord, opt RegisterOptions) (*Registration, error) {
 	ttl := cmp.Or(opt.TTL, 5*time.Second)
-	sess, err := newSession(cli, ttl)
+	sess, err := newSession(ctx, cli, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: node lease: %w", err)
 	}
@@ -338,7 +345,19 @@ func (r *Registration) rejoin(every time.Duration) bool {
 		r.log.Warn(fmt.Sprintf("memory node %s: etcd did not hear from it for %v: it shows as down; rejoining", r.rec.ID, r.ttl))
 	}
 	for {
-		if sess, err := newSession(r.cli, r.ttl); err == nil {
+		// Each try within an interval, and given up at once by Close: a
+		// node stopped while etcd is gone must stop.
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		go func() {
+			select {
+			case <-r.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		sess, err := newSession(ctx, r.cli, r.ttl)
+		cancel()
+		if err == nil {
 			r.mu.Lock()
 			r.sess.Orphan()
 			r.sess = sess
@@ -387,22 +406,27 @@ func (r *Registration) Close() error {
 			}
 		}
 		sess := r.session()
-		err = errors.Join(err, endSession(sess, sess.Done(), "node "+r.rec.ID+"'s"))
+		err = errors.Join(err, endSession(ctx, sess, sess.Done(), "node "+r.rec.ID+"'s"))
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("cluster: node %s: etcd did not answer within 5s, so the node left without a word: etcd shows it down once its lease runs out (%w)", r.rec.ID, ctx.Err())
+		}
 	})
 	return err
 }
 
-// endSession ends sess: revoked, so that what it holds goes at once, or
-// only let go if lost is closed (etcd let go of it already: nothing to
-// revoke). whose names the session in the error.
-func endSession(sess *concurrency.Session, lost <-chan struct{}, whose string) error {
+// endSession ends sess: revoked within ctx, so that what it holds goes
+// at once, or only let go if lost is closed (etcd let go of it already:
+// nothing to revoke). whose names the session in the error. (The
+// session's own Close would wait a whole TTL for an etcd that is gone,
+// after the caller had waited for it already.)
+func endSession(ctx context.Context, sess *concurrency.Session, lost <-chan struct{}, whose string) error {
+	sess.Orphan() // no more keep-alives
 	select {
 	case <-lost:
-		sess.Orphan()
 		return nil
 	default:
 	}
-	if err := sess.Close(); err != nil {
+	if _, err := sess.Client().Revoke(ctx, sess.Lease()); err != nil {
 		return fmt.Errorf("cluster: ending %s session (etcd revokes it after its TTL anyway): %w", whose, err)
 	}
 	return nil

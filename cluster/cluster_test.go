@@ -230,6 +230,27 @@ func TestNodeRejoinsAfterLosingItsSession(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "the node is up again under a new session")
 }
 
+// A node stopped while etcd is gone stops: its registration gives up
+// rejoining and its goodbye to etcd within a bound (it waited for etcd
+// for ever, so a memory node ignored SIGTERM until etcd came back).
+func TestNodeStopsWhileEtcdIsGone(t *testing.T) {
+	etcd, err := etcdembed.Start(context.Background(), etcdembed.Config{Dir: t.TempDir()})
+	require.NoError(t, err)
+	cli := dialEventually(t, etcd.Endpoint)
+	r, err := Register(context.Background(), cli, NodeRecord{ID: "n1", Addr: "10.0.0.1:7100"}, RegisterOptions{Cluster: "t", TTL: time.Second})
+	require.NoError(t, err)
+	etcd.Close()
+	<-r.session().Done() // lost: the registration now tries to rejoin
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }()
+	select {
+	case err := <-closed:
+		assert.Error(t, err, "etcd is gone: the goodbye could not be said")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close does not return while etcd is gone")
+	}
+}
+
 // The alive key is written when the node's figures change, not on every
 // refresh (each put is a write and an fdatasync in etcd), and is put again
 // every repairTicks refreshes anyway, which mends a deleted key.

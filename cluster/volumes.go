@@ -51,7 +51,7 @@ func (h HostInfo) String() string { return fmt.Sprintf("%s pid %d", h.Hostname, 
 // /pd3/NAME/hosts/LEASE for as long as the session lives; cli stays the
 // caller's.
 func NewHost(ctx context.Context, cli *clientv3.Client, name string, ttl time.Duration) (*Host, error) {
-	sess, err := newSession(cli, ttl)
+	sess, err := newSession(ctx, cli, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: host session: %w", err)
 	}
@@ -193,12 +193,19 @@ func (h *Host) Hold(ctx context.Context, name string, wait time.Duration) (*Hold
 	return &Hold{m: m}, nil
 }
 
-// Close releases what the host holds and ends its session. A session
-// already lost has nothing left to end.
+// Close releases what the host holds and ends its session, waiting for
+// etcd at most 5 s. A session already lost has nothing left to end.
 func (h *Host) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return h.CloseContext(ctx)
+}
+
+// CloseContext is Close waiting for etcd until ctx ends.
+func (h *Host) CloseContext(ctx context.Context) error {
 	h.once.Do(func() { close(h.stop) })
 	<-h.done
-	return endSession(h.session(), h.lost, "the host's")
+	return endSession(ctx, h.session(), h.lost, "the host's")
 }
 
 // Hold is a host's hold on one volume.

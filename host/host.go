@@ -182,7 +182,7 @@ type Host struct {
 	closers      []func() error
 	leases       []volumeLease
 	stopLeases   func()
-	closeControl func() error // the etcd session and client, if any
+	closeControl func(context.Context) error // the etcd session and client, if any
 	// With the control plane: the session the filesystem is held under,
 	// the epochs volume its token comes from, its hold's release, and the
 	// filesystem to fence if the session is lost (set once it is open).

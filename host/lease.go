@@ -159,12 +159,12 @@ func (h *Host) holdVolumes(ctx context.Context, cfg Config, ttl time.Duration, e
 	}
 	// Closed by releaseVolumes once the holds are released: ending the
 	// session first would look like losing it.
-	h.closeControl = cli.Close
+	h.closeControl = func(context.Context) error { return cli.Close() }
 	ch, err := cluster.NewHost(ctx, cli, cfg.Cluster, ttl)
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
-	h.closeControl = func() error { return errors.Join(ch.Close(), cli.Close()) }
+	h.closeControl = func(ctx context.Context) error { return errors.Join(ch.CloseContext(ctx), cli.Close()) }
 	h.control, h.ttl, h.epochs = ch, ttl, epochs
 	// While the host does not know whether it still holds its volumes,
 	// it serves nothing; a no fences them below, then lets the held
@@ -305,7 +305,10 @@ func (h *Host) releaseVolumes() error {
 			h.Store.Resume() // a doubt cut short by the stop: nothing serves any more
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// One deadline for everything the control plane is told at a stop:
+	// an etcd that is gone costs the stop 5 s, not 5 s a step.
+	const patience = 5 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	errs := make([]error, len(h.leases), len(h.leases)+2)
 	var g errgroup.Group
@@ -325,8 +328,18 @@ func (h *Host) releaseVolumes() error {
 		h.fsHold = nil
 	}
 	if h.closeControl != nil {
-		errs = append(errs, h.closeControl())
+		errs = append(errs, h.closeControl(ctx))
 		h.closeControl = nil
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	if err != nil && ctx.Err() != nil {
+		// Not a list of "context deadline exceeded": what it means.
+		who := "the memory node"
+		if h.control != nil {
+			who = "etcd"
+		}
+		return fmt.Errorf("host: %s did not answer within %v, so this host's holds on its volumes were not given back: they expire on their own when their lease runs out (%w)",
+			who, patience, ctx.Err())
+	}
+	return err
 }
