@@ -128,6 +128,13 @@ func (h *Host) resume() bool {
 	old := h.session()
 	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, h.ttl/2))
 	defer cancel()
+	go func() { // a Close meanwhile ends the question: the host stops
+		select {
+		case <-h.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	ttl, err := h.cli.TimeToLive(ctx, old.Lease())
 	if err != nil || ttl.TTL <= 0 {
 		return false
