@@ -114,8 +114,8 @@ type conn struct {
 	windows map[uint32]*window
 	last    *window
 	lastKey uint32
-	// st counts the connection's requests (Server.Stats).
-	st *connStats
+	// counts are the connection's requests (Server.Stats).
+	counts *connStats
 }
 
 func (s *Server) serveConn(nc net.Conn) error {
@@ -136,11 +136,11 @@ func (s *Server) serveConn(nc net.Conn) error {
 		nc, rd, fast = tc, tc, nil
 	}
 	c := &conn{
-		s:  s,
-		nc: nc,
-		r:  bufio.NewReaderSize(rd, readBufSize),
-		bw: pipeline.NewBatchWriter(nc, writeBufSize, nil),
-		st: st,
+		s:      s,
+		nc:     nc,
+		r:      bufio.NewReaderSize(rd, readBufSize),
+		bw:     pipeline.NewBatchWriter(nc, writeBufSize, nil),
+		counts: st,
 	}
 	// With persistence, write acknowledgements leave only once their log
 	// entries are on stable storage; the connection keeps executing.
@@ -168,7 +168,7 @@ func (s *Server) serveConn(nc net.Conn) error {
 			return err
 		}
 		s.Stages.Stamp(stages.NodeRequestRead)
-		c.st.request(h.Op)
+		c.counts.request(h.Op)
 		if _, err := c.r.Discard(ReqHeaderSize); err != nil {
 			return err
 		}
@@ -230,7 +230,7 @@ func (c *conn) handshake() error {
 		return err
 	}
 	c.r.Discard(ReqHeaderSize)
-	c.st.request(h.Op)
+	c.counts.request(h.Op)
 	if h.Op != OpHello {
 		c.respond(&h, StatusUnauthorised, nil)
 		return fmt.Errorf("%w: %v before HELLO", ErrUnauthorised, h.Op)
@@ -331,7 +331,7 @@ func (c *conn) execute(h *ReqHeader) error {
 			return err
 		})
 		if err == nil {
-			c.st.wrBytes.Add(uint64(len(p)))
+			c.counts.wrBytes.Add(uint64(len(p)))
 		}
 		return c.respondToken(h, err, tok)
 	case OpTrim:
@@ -440,9 +440,9 @@ func (c *conn) respondData(h *ReqHeader, key uint64, n int, fill func([]byte) er
 	}
 	if err := fill(buf[start+RespHeaderSize+pre:]); err != nil {
 		buf = appendResp(buf[:start], h, statusOf(err), nil)
-		c.st.failed.Add(1)
+		c.counts.failed.Add(1)
 	} else {
-		c.st.readBytes.Add(uint64(n))
+		c.counts.readBytes.Add(uint64(n))
 	}
 	c.bw.EndLater(buf)
 	return nil
@@ -460,7 +460,7 @@ func (c *conn) respond(h *ReqHeader, s Status, payload []byte) error {
 		return err
 	}
 	if s != StatusOK {
-		c.st.failed.Add(1)
+		c.counts.failed.Add(1)
 	}
 	c.bw.EndLater(appendResp(buf, h, s, payload))
 	return nil
@@ -477,7 +477,7 @@ func (c *conn) respondToken(h *ReqHeader, err error, tok uint64) error {
 	}
 	s := statusOf(err)
 	if s != StatusOK {
-		c.st.failed.Add(1)
+		c.counts.failed.Add(1)
 	}
 	c.bw.EndTokenLater(appendResp(buf, h, s, nil), tok)
 	return nil

@@ -125,11 +125,7 @@ func TestTenderRefreshAsksEtcdOnce(t *testing.T) {
 	received := func() float64 {
 		mfs, err := scrape.Families(ctx, etcd.Clients[0]+"/metrics")
 		require.NoError(t, err)
-		var n float64
-		for _, m := range mfs["grpc_server_msg_received_total"].GetMetric() {
-			n += m.GetCounter().GetValue()
-		}
-		return n
+		return scrape.Sum(mfs, "grpc_server_msg_received_total")
 	}
 	before := received()
 	tend.refresh(ctx)

@@ -52,6 +52,16 @@ func Families(ctx context.Context, url string) (map[string]*dto.MetricFamily, er
 	return mfs, nil
 }
 
+// Sum is the total of family name's counters and gauges over all its
+// label values (0 when absent): e.g. etcd's grpc_server_msg_received_total.
+func Sum(mfs map[string]*dto.MetricFamily, name string) float64 {
+	var n float64
+	for _, m := range mfs[name].GetMetric() {
+		n += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+	}
+	return n
+}
+
 // Values returns the counters, gauges and untyped samples of the pd3_
 // families by name without the prefix; a family with several series
 // (labels) gives their sum.

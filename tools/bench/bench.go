@@ -170,14 +170,14 @@ func (r *Report) printRows(tw *tabwriter.Writer) {
 			lz = fmt.Sprintf("%.1f", 100*x.LZHitRatio())
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
-			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, opt(x.P50us, 1), opt(x.P99us, 1),
-			opt(x.HostCPUusOp, 2), opt(x.AgentCPUusOp, 2), opt(x.MemnodeCPUusOp, 2),
-			opt(mib(x.HostRSS), 1), opt(mib(x.MemnodeRSS), 1), opt(mib(x.MemnodeStored), 1), lz, sendDelay(x), x.Errors)
+			x.System, x.Config, x.OpsPerSec, roundsRange(x), x.GBytesPerSec, orDash(x.P50us, 1), orDash(x.P99us, 1),
+			orDash(x.HostCPUusOp, 2), orDash(x.AgentCPUusOp, 2), orDash(x.MemnodeCPUusOp, 2),
+			orDash(mib(x.HostRSS), 1), orDash(mib(x.MemnodeRSS), 1), orDash(mib(x.MemnodeStored), 1), lz, sendDelay(x), x.Errors)
 	}
 }
 
-// opt prints v with prec decimals, or "-" for 0: not measured.
-func opt(v float64, prec int) string {
+// orDash prints v with prec decimals, or "-" for 0: not measured.
+func orDash(v float64, prec int) string {
 	if v == 0 {
 		return "-"
 	}

@@ -181,13 +181,7 @@ func (compactTicks) Ticks(lo, hi float64) []plot.Tick {
 		if ts[i].Label == "" || hi < 10 {
 			continue
 		}
-		v, suffix := ts[i].Value, ""
-		switch {
-		case v >= 1e6:
-			v, suffix = v/1e6, "M"
-		case v >= 1e3:
-			v, suffix = v/1e3, "k"
-		}
+		v, suffix := siScale(ts[i].Value)
 		ts[i].Label = strconv.FormatFloat(v, 'f', -1, 64) + suffix
 	}
 	return ts
@@ -210,24 +204,30 @@ func oneReference(rs []Result) (string, bool) {
 	return ref, ref != ""
 }
 
+// siScale is v in thousands or millions where it reaches them, and
+// the suffix that says so.
+func siScale(v float64) (float64, string) {
+	switch {
+	case v >= 1e6:
+		return v / 1e6, "M"
+	case v >= 1e3:
+		return v / 1e3, "k"
+	}
+	return v, ""
+}
+
 // compact prints a rate in three digits: 812, 52.1k, 1.20M.
 func compact(v float64) string {
-	for _, u := range []struct {
-		div    float64
-		suffix string
-	}{{1e6, "M"}, {1e3, "k"}} {
-		if v >= u.div {
-			v /= u.div
-			switch {
-			case v >= 100:
-				return fmt.Sprintf("%.0f%s", v, u.suffix)
-			case v >= 10:
-				return fmt.Sprintf("%.1f%s", v, u.suffix)
-			}
-			return fmt.Sprintf("%.2f%s", v, u.suffix)
-		}
+	v, suffix := siScale(v)
+	switch {
+	case suffix == "":
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 100:
+		return fmt.Sprintf("%.0f%s", v, suffix)
+	case v >= 10:
+		return fmt.Sprintf("%.1f%s", v, suffix)
 	}
-	return strconv.FormatFloat(v, 'f', 0, 64)
+	return fmt.Sprintf("%.2f%s", v, suffix)
 }
 
 // barPlot groups results by configuration (x) with a bar per system.

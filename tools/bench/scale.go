@@ -242,9 +242,7 @@ func scaleRun(ctx context.Context, opt ScaleOptions, volumes []string, write uin
 	if err != nil {
 		return r, err
 	}
-	if mf := mfs["etcd_debugging_mvcc_keys_total"]; mf != nil && len(mf.GetMetric()) > 0 {
-		r.EtcdKeys = uint64(mf.GetMetric()[0].GetGauge().GetValue())
-	}
+	r.EtcdKeys = uint64(scrape.Sum(mfs, "etcd_debugging_mvcc_keys_total"))
 	cli, err := cluster.Dial(ctx, cluster.Access{Endpoints: []string{etcd}})
 	if err != nil {
 		return r, err
@@ -286,11 +284,7 @@ func etcdReceived(ctx context.Context, url string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var n float64
-	for _, m := range mfs["grpc_server_msg_received_total"].GetMetric() {
-		n += m.GetCounter().GetValue()
-	}
-	return n, nil
+	return scrape.Sum(mfs, "grpc_server_msg_received_total"), nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -313,12 +307,12 @@ func (r *Report) printScale(tw *tabwriter.Writer) {
 			record = strconv.FormatUint(x.MapBytes, 10)
 		}
 		if x.CreateMillis > 0 {
-			written = opt(x.GBytesPerSec, 3)
+			written = orDash(x.GBytesPerSec, 3)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			x.System, x.Config, opt(x.OpsPerSec, 0), opt(x.P99us, 0), opt(x.HostCPUusOp, 2), opt(x.MemnodeCPUusOp, 2),
-			opt(x.CreateMillis, 0), opt(x.OpenMillis, 0), opt(mib(x.HostRSS), 1), opt(mib(x.MemnodeRSS), 1), opt(mib(x.MemnodeStored), 1), perByte,
-			keys, opt(x.EtcdReqPerSec, 1), record, written)
+			x.System, x.Config, orDash(x.OpsPerSec, 0), orDash(x.P99us, 0), orDash(x.HostCPUusOp, 2), orDash(x.MemnodeCPUusOp, 2),
+			orDash(x.CreateMillis, 0), orDash(x.OpenMillis, 0), orDash(mib(x.HostRSS), 1), orDash(mib(x.MemnodeRSS), 1), orDash(mib(x.MemnodeStored), 1), perByte,
+			keys, orDash(x.EtcdReqPerSec, 1), record, written)
 	}
 }
 
