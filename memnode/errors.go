@@ -13,7 +13,8 @@ import (
 // layer shares are pageid's: a volume that does not exist (ErrNoVolume),
 // bytes past its end (ErrOutOfRange), a name taken (ErrExists), no memory
 // (ErrNoMemory), no disk room at a persistent node (ErrNoSpace), a write
-// fenced by a newer holder (ErrFenced). A connection broken with requests
+// fenced by a newer holder (ErrFenced), a page whose bytes no longer match
+// the checksum the node kept when they were written (ErrCorrupt). A connection broken with requests
 // in flight fails them with pageid.ErrUnavailable (the client redials on
 // the next request), and a closed client with pageid.ErrClosed.
 var (
@@ -68,6 +69,7 @@ var statusErrs = [...]error{
 	StatusTLSRequired:  ErrTLSRequired,
 	StatusFenced:       pageid.ErrFenced,
 	StatusNoSpace:      pageid.ErrNoSpace,
+	StatusCorrupt:      pageid.ErrCorrupt,
 }
 
 // Err returns the sentinel for s, or nil for StatusOK.

@@ -62,6 +62,7 @@ type volume struct {
 type chunk struct {
 	mu    sync.RWMutex
 	data  []byte      // nil until written
+	sums  []uint32    // each page's checksum (sums.go); allocated with data
 	dirty atomic.Bool // changed since the last checkpoint (persistent stores)
 }
 
@@ -380,12 +381,15 @@ func (s *Store) ReadAt(id uint16, off uint64, p []byte) error {
 			return nil
 		}
 		c.mu.RLock()
+		defer c.mu.RUnlock()
 		if c.data == nil {
 			clear(q)
-		} else {
-			copy(q, c.data[co:])
+			return nil
 		}
-		c.mu.RUnlock()
+		if err := c.verifyLocked(co, uint64(len(q))); err != nil {
+			return err
+		}
+		copy(q, c.data[co:])
 		return nil
 	})
 }
@@ -460,10 +464,15 @@ func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
 	err := s.span(id, off, p, true, func(v *volume, c *chunk, at, co uint64, q []byte) error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if err := s.allocLocked(v, c); err != nil {
+		if c.data != nil {
+			if err := c.verifyPartialLocked(co, uint64(len(q))); err != nil {
+				return err
+			}
+		} else if err := s.allocLocked(v, c); err != nil {
 			return err
 		}
 		copy(c.data[co:], q)
+		c.sealLocked(co, uint64(len(q)))
 		return s.logLocked(c, opLogWrite, v.info.ID, at, 0, q, &seq)
 	})
 	return seq, err
@@ -480,6 +489,7 @@ func (s *Store) apply(id uint16, off uint64, p []byte, dirty bool) error {
 			return err
 		}
 		copy(c.data[co:], q)
+		c.sealLocked(co, uint64(len(q)))
 		if dirty {
 			c.dirty.Store(true)
 		}
@@ -523,6 +533,7 @@ func (s *Store) allocLocked(v *volume, c *chunk) error {
 		}
 	}
 	c.data = make([]byte, ChunkSize)
+	c.sums = make([]uint32, pagesPerChunk)
 	v.stored.Add(ChunkSize)
 	return nil
 }
@@ -591,7 +602,7 @@ func (v *volume) current() pageid.VolumeInfo {
 func (s *Store) freeChunk(c *chunk) {
 	c.mu.Lock()
 	if c.data != nil {
-		c.data = nil
+		c.data, c.sums = nil, nil
 		s.used.Add(^uint64(ChunkSize - 1))
 	}
 	c.mu.Unlock()
@@ -645,12 +656,17 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 		c.mu.Lock()
 		if co == 0 && m >= chunkEnd {
 			if c.data != nil {
-				c.data = nil
+				c.data, c.sums = nil, nil
 				s.used.Add(^uint64(ChunkSize - 1))
 				v.stored.Add(^uint64(ChunkSize - 1))
 			}
 		} else if c.data != nil {
+			if err := c.verifyPartialLocked(co, m); err != nil {
+				c.mu.Unlock()
+				return 0, fmt.Errorf("trim of %d bytes at %d of volume %q: %w", m, off, v.info.Name, err)
+			}
 			clear(c.data[co : co+m])
+			c.sealLocked(co, m)
 		}
 		if log {
 			if err := s.logLocked(c, opLogTrim, id, off, m, nil, &seq); err != nil {
@@ -685,6 +701,9 @@ func (s *Store) atomic8(id uint16, off uint64, lastSeq *uint64, f func(old uint6
 	defer c.mu.Unlock()
 	var old uint64
 	if c.data != nil {
+		if err := c.verifyLocked(co, 8); err != nil {
+			return 0, err
+		}
 		old = binary.LittleEndian.Uint64(c.data[co:])
 	}
 	nw := f(old)
@@ -695,6 +714,7 @@ func (s *Store) atomic8(id uint16, off uint64, lastSeq *uint64, f func(old uint6
 		return 0, err
 	}
 	binary.LittleEndian.PutUint64(c.data[co:], nw)
+	c.sealLocked(co, 8)
 	var seq uint64
 	if err := s.logLocked(c, opLogWrite, id, off, 0, c.data[co:co+8], &seq); err != nil {
 		return 0, err

@@ -174,6 +174,7 @@ const (
 	StatusTLSRequired  Status = 12
 	StatusFenced       Status = 13
 	StatusNoSpace      Status = 14
+	StatusCorrupt      Status = 15
 )
 
 // ReqHeader is a decoded request header.

@@ -463,3 +463,29 @@ func (w *progress) await(k int64) {
 		runtime.Gosched()
 	}
 }
+
+// A page corrupt at one replica (its node's checksum no longer matches)
+// is read from the other: the bytes the host gets are the ones it wrote.
+func TestCorruptReplicaFailsOver(t *testing.T) {
+	r := newRig(t, 48, 16, 5*time.Second, nil)
+	rem := r.remote(t)
+	writeAll(t, rem, 48, 3)
+	for e, reps := range r.vol.Stripes.Extents {
+		first := reps[0]
+		require.NoError(t, r.srv[first].Store.CorruptForTest(r.vol.Local[first], uint64(e*16+2)*pageid.Size+17)) // page 2 at one replica
+		for _, id := range reps {
+			require.NoError(t, r.srv[id].Store.CorruptForTest(r.vol.Local[id], uint64(e*16+5)*pageid.Size)) // page 5 at both
+		}
+	}
+	got := make([]byte, pageid.Size)
+	for i := range 48 {
+		err := rem.ReadPage(context.Background(), pageid.MakeKey(7, uint64(i)), got)
+		if i%16 == 5 {
+			assert.ErrorIs(t, err, pageid.ErrCorrupt, "page %d is corrupt at every replica", i)
+			continue
+		}
+		require.NoError(t, err, "page %d", i)
+		require.Equal(t, page(3+byte(i)), got, "page %d", i)
+	}
+	assert.NotZero(t, rem.Failovers.Load())
+}
