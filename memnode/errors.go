@@ -1,6 +1,7 @@
 package memnode
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -108,4 +109,21 @@ func StatusOf(err error) (s Status, ok bool) {
 func statusOf(err error) Status {
 	s, _ := StatusOf(err)
 	return s
+}
+
+// NodeFault says whether err condemns the node's copy rather than the
+// request, for layers that keep data on many nodes (replicas, erasure-coded
+// shards) and go to another copy on a node's fault: the node is
+// unreachable or silent, lost the volume, or holds a corrupt page. A
+// fenced write (the caller was superseded), a request the node finds
+// malformed, or the caller giving up are the request's.
+func NodeFault(ctx context.Context, err error) bool {
+	switch {
+	case ctx.Err() != nil,
+		errors.Is(err, pageid.ErrFenced), errors.Is(err, pageid.ErrOutOfRange),
+		errors.Is(err, ErrTooLarge), errors.Is(err, ErrMisaligned),
+		errors.Is(err, ErrBadRequest), errors.Is(err, pageid.ErrClosed):
+		return false
+	}
+	return true
 }

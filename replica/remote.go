@@ -232,19 +232,8 @@ func (r *Remote) volume(vol uint16) (*volume, error) {
 }
 
 // replicaFault says whether err condemns the replica rather than the
-// request: the node is unreachable, silent, or lost the volume. A fenced
-// write (this host was superseded), a request the node finds malformed,
-// or the caller giving up are the request's.
-func replicaFault(ctx context.Context, err error) bool {
-	switch {
-	case ctx.Err() != nil,
-		errors.Is(err, pageid.ErrFenced), errors.Is(err, pageid.ErrOutOfRange),
-		errors.Is(err, memnode.ErrTooLarge), errors.Is(err, memnode.ErrMisaligned),
-		errors.Is(err, memnode.ErrBadRequest), errors.Is(err, pageid.ErrClosed):
-		return false
-	}
-	return true
-}
+// request (memnode.NodeFault).
+func replicaFault(ctx context.Context, err error) bool { return memnode.NodeFault(ctx, err) }
 
 // replicas fills buf with the nodes of extent e that this host reaches,
 // best first for a read: healthy before recently failed, then fewest
