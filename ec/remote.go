@@ -20,6 +20,11 @@ import (
 type Node interface {
 	ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) error
 	WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error
+	Trim(ctx context.Context, vol uint16, off, n uint64) error
+	// ReadFn and ReadAsync read without blocking (the agent's engine).
+	ReadFn(vol uint16, off uint64, p []byte, done func(error))
+	ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
+	Fence(ctx context.Context, vol uint16, token uint64) error
 }
 
 // Control records shards that missed a write, in the control plane, so
@@ -343,16 +348,6 @@ func (r *Remote) gather(ctx context.Context, v *volume, g int, o uint64, rw *row
 	return nil
 }
 
-// WritePages implements pagestore.Remote.
-func (r *Remote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byte) error {
-	for i, k := range keys {
-		if err := r.WriteAt(ctx, k.Volume(), k.Page()*pageid.Size, pages[i][:pageid.Size]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // WriteAt writes p at byte off of volume vol, data and parity, and
 // returns once every shard it changes holds it or was dropped.
 func (r *Remote) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
@@ -368,23 +363,37 @@ func (r *Remote) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) 
 	})
 }
 
-// writeRun writes data as the run at o of data shard s of group g: the
-// row's other data shards are read (or decoded), the parity encoded, and
-// the data shard and the parity written.
+// writeRun writes data as the run at o of data shard s of group g.
 func (r *Remote) writeRun(ctx context.Context, v *volume, g, s int, o uint64, data []byte) error {
+	_, err := r.update(ctx, v, g, s, o, len(data), data)
+	return err
+}
+
+// update sets the n bytes at o of data shard s of group g to data (nil:
+// zeroes, trimmed at the node): the row's other data shards are read (or
+// decoded), the parity encoded, and the data shard and the parity shards
+// written. With data nil a parity run that comes out all zeroes is
+// trimmed too; zero reports which shards now hold only zeroes there.
+func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n int, data []byte) (zero []bool, err error) {
 	mu := r.lock(v, g, o)
 	mu.Lock()
 	defer mu.Unlock()
-	rw, release := r.row(v, len(data))
+	rw, release := r.row(v, n)
 	defer release()
 	p := v.p.Load()
 	if err := r.readOthers(ctx, v, p, g, s, o, rw); err != nil {
-		return err
+		return nil, err
 	}
-	copy(rw.shards[s], data)
+	trim := data == nil
+	if trim {
+		clear(rw.shards[s])
+	} else {
+		copy(rw.shards[s], data)
+	}
 	if err := v.enc.Encode(rw.shards); err != nil {
-		return fmt.Errorf("ec: volume %q group %d: %w", v.Name, g, err)
+		return nil, fmt.Errorf("ec: volume %q group %d: %w", v.Name, g, err)
 	}
+	zero = make([]bool, p.Shards())
 	// Write the data shard and the parity; every other data shard is
 	// unchanged.
 	var wg sync.WaitGroup
@@ -393,19 +402,25 @@ func (r *Remote) writeRun(ctx context.Context, v *volume, g, s int, o uint64, da
 		if x != s && x < p.K {
 			continue
 		}
-		n, local, id := r.node(v, p, g, x)
+		node, local, id := r.node(v, p, g, x)
 		switch {
 		case id == "":
 			errs[x] = errShardLost
 			continue
-		case n == nil:
+		case node == nil:
 			errs[x] = fmt.Errorf("node %s: %w", id, pageid.ErrUnavailable)
 			continue
 		}
+		zero[x] = trim && (x == s || isZero(rw.shards[x]))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[x] = n.WriteAt(ctx, local, p.NodeOffset(g, x, o), rw.shards[x])
+			at := p.NodeOffset(g, x, o)
+			if zero[x] {
+				errs[x] = node.Trim(ctx, local, at, uint64(n))
+			} else {
+				errs[x] = node.WriteAt(ctx, local, at, rw.shards[x])
+			}
 		}()
 	}
 	wg.Wait()
@@ -424,21 +439,22 @@ func (r *Remote) writeRun(ctx context.Context, v *volume, g, s int, o uint64, da
 			held++
 			continue
 		}
+		zero[x] = false
 		if err == errShardLost {
 			continue
 		}
 		if !memnode.NodeFault(ctx, err) {
-			return fmt.Errorf("ec: volume %q group %d shard %d: %w", v.Name, g, x, err)
+			return nil, fmt.Errorf("ec: volume %q group %d shard %d: %w", v.Name, g, x, err)
 		}
 		r.noteFault(p.Groups[g][x], err)
 		if derr := r.drop(ctx, v, g, x); derr != nil {
-			return fmt.Errorf("ec: volume %q group %d shard %d missed a write (%v) and could not be dropped: %w", v.Name, g, x, err, derr)
+			return nil, fmt.Errorf("ec: volume %q group %d shard %d missed a write (%v) and could not be dropped: %w", v.Name, g, x, err, derr)
 		}
 	}
 	if held < p.K {
-		return fmt.Errorf("ec: volume %q group %d: %d of %d shards took the write: %w", v.Name, g, held, p.Shards(), ErrLost)
+		return nil, fmt.Errorf("ec: volume %q group %d: %d of %d shards took the write: %w", v.Name, g, held, p.Shards(), ErrLost)
 	}
-	return nil
+	return zero, nil
 }
 
 var errShardLost = errors.New("ec: shard lost")

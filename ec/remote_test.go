@@ -103,7 +103,7 @@ func (r *rig) stored() uint64 {
 
 func TestConformance(t *testing.T) {
 	r := newRig(t, Scheme{4, 2}, 6, 10*extent)
-	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true})
+	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true, Trimmer: true})
 }
 
 // model is what a volume must read as: the last bytes written to each
@@ -357,4 +357,47 @@ func TestShardThatMissedAWriteIsNeverRead(t *testing.T) {
 	d, l := q.Health()
 	assert.Equal(t, 1, d)
 	assert.Zero(t, l)
+}
+
+// A trim reads as zeroes, keeps the rows decodable, and frees the memory
+// of every chunk it leaves all zeroes, parity included: a trim of the
+// whole volume leaves nothing stored.
+func TestTrimFreesMemoryAndKeepsParity(t *testing.T) {
+	const size = 8 * extent
+	r := newRig(t, Scheme{4, 2}, 6, size)
+	rem := r.remote(t)
+	ctx := context.Background()
+	m := &model{pages: map[uint64][]byte{}}
+	buf := make([]byte, extent)
+	rnd := rand.New(rand.NewPCG(5, 6))
+	for off := uint64(0); off < size; off += extent {
+		fill(rnd, buf)
+		require.NoError(t, rem.WriteAt(ctx, r.vol.ID, off, buf))
+		for i := uint64(0); i < extent/pageid.Size; i++ {
+			m.set(off/pageid.Size+i, buf[i*pageid.Size:(i+1)*pageid.Size])
+		}
+	}
+	// Part of one extent: zeroes there, the rest as written, and still so
+	// with two nodes gone (the parity was coded for the zeroes).
+	require.NoError(t, rem.Trim(ctx, r.vol.ID, extent+8*pageid.Size, 100*pageid.Size))
+	for i := uint64(0); i < 100; i++ {
+		delete(m.pages, extent/pageid.Size+8+i)
+	}
+	m.check(t, rem, r.vol.ID, size, nil)
+	all := rem.Placement
+	p, _ := all(r.vol.ID)
+	r.srv[p.Groups[0][1]].Close()
+	r.srv[p.Groups[0][4]].Close()
+	m.check(t, rem, r.vol.ID, size, nil)
+
+	// The whole volume, on fresh nodes: nothing stored afterwards.
+	r2 := newRig(t, Scheme{4, 2}, 6, size)
+	rem2 := r2.remote(t)
+	for off := uint64(0); off < size; off += extent {
+		require.NoError(t, rem2.WriteAt(ctx, r2.vol.ID, off, buf))
+	}
+	require.Equal(t, uint64(size*3/2), r2.stored())
+	require.NoError(t, rem2.Trim(ctx, r2.vol.ID, 0, size))
+	assert.Zero(t, r2.stored(), "every chunk of data and parity freed")
+	(&model{pages: map[uint64][]byte{}}).check(t, rem2, r2.vol.ID, size, nil)
 }
