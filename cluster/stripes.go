@@ -213,27 +213,41 @@ var ErrLastReplica = errors.New("cluster: the extent's last replica")
 // on the record as read, retried when another change came first, and
 // returns the new map; fn reports whether it changed anything.
 func UpdateStripes(ctx context.Context, cli *clientv3.Client, cluster, name string, fn func(s *Stripes) (bool, error)) (Stripes, error) {
+	rec, err := updateRecord(ctx, cli, cluster, name, func(rec *VolumeRecord) (bool, error) {
+		if rec.Stripes == nil {
+			return false, fmt.Errorf("cluster: volume %q is not replicated", name)
+		}
+		changed, err := fn(rec.Stripes)
+		if changed && err == nil {
+			rec.Stripes.Epoch++
+		}
+		return changed, err
+	})
+	if rec.Stripes == nil {
+		return Stripes{}, err
+	}
+	return *rec.Stripes, err
+}
+
+// updateRecord changes volume name's record with fn (which reports
+// whether it changed anything), as one compare-and-swap, retried if the
+// record changed meanwhile; it returns the record as recorded (or as fn
+// left it, with fn's error).
+func updateRecord(ctx context.Context, cli *clientv3.Client, cluster, name string, fn func(rec *VolumeRecord) (bool, error)) (VolumeRecord, error) {
 	for {
 		rec, err := GetVolume(ctx, cli, cluster, name)
 		if err != nil {
-			return Stripes{}, err
+			return VolumeRecord{}, err
 		}
-		s := rec.Stripes
-		if s == nil {
-			return Stripes{}, fmt.Errorf("cluster: volume %q is not replicated", name)
+		switch changed, err := fn(&rec); {
+		case err != nil, !changed:
+			return rec, err
 		}
-		switch changed, err := fn(s); {
-		case err != nil:
-			return *s, err
-		case !changed:
-			return *s, nil
-		}
-		s.Epoch++
 		err = update(ctx, cli, cluster, &rec)
 		if errors.Is(err, ErrRaced) {
 			continue
 		}
-		return *s, err
+		return rec, err
 	}
 }
 

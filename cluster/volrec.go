@@ -54,12 +54,37 @@ type VolumeRecord struct {
 	// (Node and NodeAddr are then empty, and ID is the cluster's id of
 	// the volume, not a node's).
 	Stripes *Stripes `json:"stripes,omitempty"`
+	// EC, for an erasure-coded volume, places its shards (Node and
+	// NodeAddr are then empty, and ID is the cluster's id).
+	EC *Coded `json:"ec,omitempty"`
 	// Filesystem marks the placement of a filesystem's volumes: one
 	// extent as large as a file may be, holding what its files hold,
 	// so placing it weighs nothing up front.
 	Filesystem bool `json:"filesystem,omitempty"`
 
 	rev int64 // ModRevision the record was read at
+}
+
+// Nodes are the ids of the nodes a volume placed over many nodes lives
+// on (replicated or erasure-coded), sorted; nil for a volume of one node.
+func (rec *VolumeRecord) Nodes() []string {
+	switch {
+	case rec.Stripes != nil:
+		return rec.Stripes.Nodes()
+	case rec.EC != nil:
+		return rec.EC.Nodes()
+	}
+	return nil
+}
+
+// NodeBytes is the size of the volume each node of the placement holds:
+// the volume's own for replicas, the shards' address space for an
+// erasure-coded volume.
+func (rec *VolumeRecord) NodeBytes() uint64 {
+	if rec.EC != nil {
+		return rec.EC.NodeBytes()
+	}
+	return rec.Size
 }
 
 func volumeKey(cluster, name string) string { return prefix(cluster) + "volumes/" + name }

@@ -1,6 +1,6 @@
 // Package ec serves erasure-coded volumes: a volume's extents are grouped
 // K at a time on K distinct memory nodes with M parity extents on M more
-// (Placement), so that it survives the loss of any M nodes of a group for
+// (cluster.Coded), so that it survives the loss of any M nodes of a group for
 // (K+M)/K of its bytes in memory, where replication that survives M
 // losses costs M+1 times.
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/klauspost/reedsolomon"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 )
@@ -30,7 +31,7 @@ type Node interface {
 // Control records shards that missed a write, in the control plane, so
 // that no host reads them again; it returns the placement as recorded.
 type Control interface {
-	DropShard(ctx context.Context, vol string, g, s int) (Placement, error)
+	DropShard(ctx context.Context, vol string, g, s int) (cluster.Coded, error)
 }
 
 // Volume is an erasure-coded volume as a host serves it.
@@ -38,7 +39,7 @@ type Volume struct {
 	ID        uint16 // the host's id of the volume (its page keys')
 	Name      string
 	Size      uint64
-	Placement Placement
+	Placement cluster.Coded
 	// Local is each node's id of its volume of Name.
 	Local map[string]uint16
 }
@@ -94,7 +95,7 @@ type volume struct {
 	Volume
 	enc reedsolomon.Encoder
 	mu  sync.Mutex // serialises changes of p
-	p   atomic.Pointer[Placement]
+	p   atomic.Pointer[cluster.Coded]
 }
 
 // New serves vols over nodes (a node missing from the map, or nil, is
@@ -127,10 +128,10 @@ func New(nodes map[string]Node, vols []Volume, ctl Control) (*Remote, error) {
 }
 
 // Placement is volume id's placement as this host knows it.
-func (r *Remote) Placement(id uint16) (Placement, bool) {
+func (r *Remote) Placement(id uint16) (cluster.Coded, bool) {
 	v, ok := r.vols[id]
 	if !ok {
-		return Placement{}, false
+		return cluster.Coded{}, false
 	}
 	return v.p.Load().Clone(), true
 }
@@ -157,7 +158,7 @@ func (r *Remote) suspect(id string) bool {
 }
 
 // node is the live node holding shard s of group g, or nil.
-func (r *Remote) node(v *volume, p *Placement, g, s int) (Node, uint16, string) {
+func (r *Remote) node(v *volume, p *cluster.Coded, g, s int) (Node, uint16, string) {
 	id := p.Groups[g][s]
 	if id == "" {
 		return nil, 0, ""
@@ -185,7 +186,7 @@ func (r *Remote) lock(v *volume, g int, o uint64) *sync.Mutex {
 
 // runs calls fn for the pieces of the n bytes at off of v: each within
 // one shard and one lock block.
-func runs(p *Placement, off, n uint64, fn func(g, s int, o uint64, at, m uint64) error) error {
+func runs(p *cluster.Coded, off, n uint64, fn func(g, s int, o uint64, at, m uint64) error) error {
 	for at := uint64(0); at < n; {
 		g, s, o := p.Locate(off + at)
 		m := min(n-at, maxRunBytes-o%maxRunBytes)
@@ -462,7 +463,7 @@ var errShardLost = errors.New("ec: shard lost")
 // readOthers fills the row's data shards other than s with their current
 // bytes: read from their nodes, or, where one cannot be read, decoded
 // from the whole row as it stands (shard s's old bytes included).
-func (r *Remote) readOthers(ctx context.Context, v *volume, p *Placement, g, s int, o uint64, rw *row) error {
+func (r *Remote) readOthers(ctx context.Context, v *volume, p *cluster.Coded, g, s int, o uint64, rw *row) error {
 	var wg sync.WaitGroup
 	errs := make([]error, p.K)
 	for d := range p.K {
@@ -521,4 +522,10 @@ func (r *Remote) drop(ctx context.Context, v *volume, g, s int) error {
 	r.Dropped.Add(1)
 	v.p.Store(&next)
 	return nil
+}
+
+// Has reports whether volume id is served here.
+func (r *Remote) Has(id uint16) bool {
+	_, ok := r.vols[id]
+	return ok
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/remotetest"
@@ -33,11 +34,11 @@ type rig struct {
 // etcd.
 type mapControl struct {
 	mu     sync.Mutex
-	p      map[string]*Placement
+	p      map[string]*cluster.Coded
 	refuse bool
 }
 
-func (c *mapControl) DropShard(_ context.Context, vol string, g, s int) (Placement, error) {
+func (c *mapControl) DropShard(_ context.Context, vol string, g, s int) (cluster.Coded, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.p[vol]
@@ -53,7 +54,7 @@ func (c *mapControl) DropShard(_ context.Context, vol string, g, s int) (Placeme
 const extent = memnode.ChunkSize
 
 // newRig places a volume of size bytes with scheme sch over n nodes.
-func newRig(t testing.TB, sch Scheme, n int, size uint64) *rig {
+func newRig(t testing.TB, sch cluster.Scheme, n int, size uint64) *rig {
 	t.Helper()
 	ctx := context.Background()
 	r := &rig{srv: map[string]*memnode.Server{}, clients: map[string]*memnode.Client{}}
@@ -61,7 +62,7 @@ func newRig(t testing.TB, sch Scheme, n int, size uint64) *rig {
 	for i := range n {
 		ids = append(ids, fmt.Sprintf("n%d", i))
 	}
-	p, err := Place(sch, size, extent, ids)
+	p, err := cluster.PlaceCoded(sch, size, extent, ids)
 	require.NoError(t, err)
 	r.vol = Volume{ID: 9, Name: "ev", Size: size, Placement: p, Local: map[string]uint16{}}
 	for _, id := range ids {
@@ -78,7 +79,7 @@ func newRig(t testing.TB, sch Scheme, n int, size uint64) *rig {
 		r.srv[id], r.clients[id], r.vol.Local[id] = srv, c, info.ID
 	}
 	pc := p.Clone()
-	r.ctl = &mapControl{p: map[string]*Placement{"ev": &pc}}
+	r.ctl = &mapControl{p: map[string]*cluster.Coded{"ev": &pc}}
 	return r
 }
 
@@ -102,7 +103,7 @@ func (r *rig) stored() uint64 {
 }
 
 func TestConformance(t *testing.T) {
-	r := newRig(t, Scheme{4, 2}, 6, 10*extent)
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, 10*extent)
 	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true, Trimmer: true})
 }
 
@@ -156,7 +157,7 @@ func (m *model) check(t *testing.T, rem *Remote, vol uint16, size uint64, lost f
 // returning wrong bytes.
 func TestTwoNodesLostDuringWrites(t *testing.T) {
 	const size = 10 * extent // 10 data extents: 3 groups of 4+2, the last half empty
-	r := newRig(t, Scheme{4, 2}, 6, size)
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, size)
 	rem := r.remote(t)
 	m := &model{pages: map[uint64][]byte{}}
 	pages := size / pageid.Size
@@ -246,7 +247,7 @@ func TestTwoNodesLostDuringWrites(t *testing.T) {
 // Memory at the nodes is (K+M)/K of the bytes written.
 func TestMemoryIsKPlusMOverK(t *testing.T) {
 	const size = 8 * extent // two full groups
-	r := newRig(t, Scheme{4, 2}, 6, size)
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, size)
 	rem := r.remote(t)
 	buf := make([]byte, extent)
 	fill(rand.New(rand.NewPCG(1, 2)), buf)
@@ -261,7 +262,7 @@ func TestMemoryIsKPlusMOverK(t *testing.T) {
 // writes it back healed. With more than M corrupt shards in a row the
 // read fails.
 func TestCorruptShardIsDetectedAndHealed(t *testing.T) {
-	r := newRig(t, Scheme{4, 2}, 6, 8*extent)
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, 8*extent)
 	rem := r.remote(t)
 	m := &model{pages: map[uint64][]byte{}}
 	rnd := rand.New(rand.NewPCG(3, 4))
@@ -300,7 +301,7 @@ func TestCorruptShardIsDetectedAndHealed(t *testing.T) {
 // A shard that cannot be dropped after it missed a write fails the write:
 // acknowledging it would leave a stale shard in the placement.
 func TestWriteFailsWhenAShardCannotBeDropped(t *testing.T) {
-	r := newRig(t, Scheme{2, 1}, 3, 2*extent)
+	r := newRig(t, cluster.Scheme{K: 2, M: 1}, 3, 2*extent)
 	rem := r.remote(t)
 	r.ctl.refuse = true
 	r.srv["n2"].Close()
@@ -327,7 +328,7 @@ func (f *flaky) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) e
 // A shard that missed a write is dropped and never read again, even when
 // its node answers once more with the old bytes.
 func TestShardThatMissedAWriteIsNeverRead(t *testing.T) {
-	r := newRig(t, Scheme{2, 1}, 3, 4*extent)
+	r := newRig(t, cluster.Scheme{K: 2, M: 1}, 3, 4*extent)
 	p := r.vol.Placement
 	holder := p.Groups[0][1] // data extent 1
 	nodes := map[string]Node{}
@@ -364,7 +365,7 @@ func TestShardThatMissedAWriteIsNeverRead(t *testing.T) {
 // whole volume leaves nothing stored.
 func TestTrimFreesMemoryAndKeepsParity(t *testing.T) {
 	const size = 8 * extent
-	r := newRig(t, Scheme{4, 2}, 6, size)
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, size)
 	rem := r.remote(t)
 	ctx := context.Background()
 	m := &model{pages: map[uint64][]byte{}}
@@ -391,7 +392,7 @@ func TestTrimFreesMemoryAndKeepsParity(t *testing.T) {
 	m.check(t, rem, r.vol.ID, size, nil)
 
 	// The whole volume, on fresh nodes: nothing stored afterwards.
-	r2 := newRig(t, Scheme{4, 2}, 6, size)
+	r2 := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, size)
 	rem2 := r2.remote(t)
 	for off := uint64(0); off < size; off += extent {
 		require.NoError(t, rem2.WriteAt(ctx, r2.vol.ID, off, buf))

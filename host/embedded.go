@@ -60,8 +60,10 @@ func (e EmbeddedConfig) Check(cfg Config) error {
 		return fieldErr("Memnode", "names a memory node already: nothing to embed")
 	case cfg.MemnodeTLS.Enabled():
 		return fieldErr("MemnodeTLS", "the embedded memory node speaks in clear on loopback: for TLS, run a memory node of its own and set Config.Memnode")
-	case e.Memnodes > 1 && cfg.Replicas == 0:
-		return fieldErr("Replicas", "%d embedded memory nodes (EmbeddedConfig.Memnodes) serve replicated volumes: set it", e.Memnodes)
+	case e.Memnodes > 1 && cfg.Replicas == 0 && cfg.EC.K == 0:
+		return fieldErr("Replicas", "%d embedded memory nodes (EmbeddedConfig.Memnodes) serve replicated or erasure-coded volumes: set it or Config.EC", e.Memnodes)
+	case cfg.EC.K > 0 && e.Memnodes < cfg.EC.Shards() && !cfg.Etcd.Enabled():
+		return fieldErr("EC", "erasure code %s places each group on %d nodes: start as many (EmbeddedConfig.Memnodes)", cfg.EC, cfg.EC.Shards())
 	case e.Memnodes > 1 && e.EtcdListen == "none" && !cfg.Etcd.Enabled():
 		return fieldErr("EtcdListen", "none turns the embedded etcd off, and %d memory nodes (EmbeddedConfig.Memnodes) replicate volumes through the control plane: leave it on or set Config.Etcd", e.Memnodes)
 	case e.Memnodes > 1 && e.MemnodeListen != "" && !strings.HasSuffix(e.MemnodeListen, ":0"):

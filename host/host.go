@@ -16,6 +16,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/split"
+	"github.com/pd3-go/pd3/ec"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
@@ -131,6 +132,12 @@ type Config struct {
 	// one node Memnode or, with no Memnode, are placed by the control
 	// plane as with 1.
 	Replicas int
+	// EC, if set (with Etcd), places new volumes erasure-coded: each
+	// group of K extents on K nodes with M parity extents on M more
+	// (package ec). Volumes the control plane knows are served as their
+	// records say. The filesystem of Mount stays replicated, with
+	// Replicas copies (M+1 if Replicas is 0: it survives as many losses).
+	EC cluster.Scheme
 	// RepairRate bounds the bytes a second a host copies to restore
 	// replicas lost with a node (0: no bound).
 	RepairRate int64
@@ -156,13 +163,15 @@ type Host struct {
 	// Replicated is the Remote of replicated volumes (Replicas > 0);
 	// Client is then nil.
 	Replicated *replica.Remote
-	group      *replica.Group                  // the filesystem's volumes, over Replicated
-	dialNode   func(id string) *memnode.Client // with Replicated: a node's client (nil: unreachable)
-	etcd       *clientv3.Client                // with Replicated
-	Zone       *loadingzone.Zone
-	HostView   *hostview.Set
-	FS         *fs.FS
-	Mounted    *fs.Mounted // nil unless Mount was set
+	// Coded is the Remote of erasure-coded volumes (nil: none served).
+	Coded    *ec.Remote
+	group    *replica.Group                  // the filesystem's volumes, over Replicated
+	dialNode func(id string) *memnode.Client // with Replicated: a node's client (nil: unreachable)
+	etcd     *clientv3.Client                // with Replicated
+	Zone     *loadingzone.Zone
+	HostView *hostview.Set
+	FS       *fs.FS
+	Mounted  *fs.Mounted // nil unless Mount was set
 	// Tracker follows the mount's kernel page cache into KernelView (the
 	// agent's second Host View); nil when off, TrackerErr says why.
 	Tracker    *pagecache.Tracker
@@ -206,6 +215,9 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 	}
 	if cfg.Local {
 		return startLocal(ctx, cfg)
+	}
+	if cfg.EC.K > 0 && cfg.Replicas == 0 {
+		cfg.Replicas = cfg.EC.M + 1
 	}
 	if cfg.Replicas > 0 {
 		return startReplicated(ctx, cfg)

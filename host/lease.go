@@ -135,6 +135,9 @@ func (h *Host) takeToken(ctx context.Context, epochs, id uint16) (uint64, error)
 // present presents token for volume vol on every connection this host
 // writes through: its own, and the split agent's.
 func (h *Host) present(ctx context.Context, vol uint16, token uint64) error {
+	if h.Coded != nil && h.Coded.Has(vol) {
+		return h.Coded.Fence(ctx, vol, token)
+	}
 	if h.Replicated != nil {
 		return h.Replicated.Fence(ctx, vol, token)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/split"
+	"github.com/pd3-go/pd3/ec"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/internal/procgov"
@@ -133,6 +134,13 @@ func (h *Host) Registry() *prometheus.Registry {
 	}
 	if r := h.Replicated; r != nil {
 		m.R.MustRegister(replicaCollector(r))
+	}
+	if c := h.Coded; c != nil {
+		m.R.MustRegister(newCollector(atomics(c),
+			counter("ec_decoded_runs_total", "Reads of erasure-coded volumes decoded from other shards (a node down, silent or answering a corrupt page), in runs of up to 256 KiB.", func(c *ec.Remote) uint64 { return c.Decoded.Load() }),
+			counter("ec_healed_runs_total", "Corrupt shard runs of erasure-coded volumes rewritten from a decode.", func(c *ec.Remote) uint64 { return c.Healed.Load() }),
+			counter("ec_dropped_shards_total", "Shards of erasure-coded volumes dropped after they missed a write.", func(c *ec.Remote) uint64 { return c.Dropped.Load() }),
+		))
 	}
 	if f := h.FS; f != nil {
 		m.R.MustRegister(newCollector(atomics(f),

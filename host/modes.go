@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"github.com/pd3-go/pd3/cluster"
 	"slices"
 	"strings"
 
@@ -207,6 +208,17 @@ func (c *Config) Check() error {
 	}
 	if c.Replicas > 0 && !c.Etcd.Enabled() {
 		return fieldErr("Replicas", "replicated volumes need the control plane (Config.Etcd)")
+	}
+	if c.EC != (cluster.Scheme{}) {
+		if err := c.EC.Check(); err != nil {
+			return &ConfigError{Field: "EC", Err: err}
+		}
+		if !c.Etcd.Enabled() {
+			return fieldErr("EC", "erasure-coded volumes need the control plane (Config.Etcd)")
+		}
+		if c.DPU.Kind == AgentSplit {
+			return fieldErr("DPU", "a split agent reads one memory node: with Config.EC use embedded")
+		}
 	}
 	if !c.Local && c.Replicas == 0 && c.Memnode == "" && !c.Etcd.Enabled() {
 		return fieldErr("Memnode", "no memory node address, and no control plane (Config.Etcd) to place the volumes through")

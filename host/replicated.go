@@ -11,6 +11,7 @@ import (
 
 	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/dpu"
+	"github.com/pd3-go/pd3/ec"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/units"
@@ -21,7 +22,10 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-var _ dpu.Conn = (*replica.Remote)(nil)
+var (
+	_ dpu.Conn = (*replica.Remote)(nil)
+	_ dpu.Conn = (*ec.Remote)(nil)
+)
 
 // startReplicated is Start for volumes striped and replicated over
 // the cluster's memory nodes (cfg.Replicas > 0): it places a volume the
@@ -87,7 +91,8 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	}
 	// Each volume is a few etcd and node round trips: opened side by
 	// side (openWorkers at a time), in cfg's order in the end.
-	vols := make([]replica.Volume, len(cfg.Volumes))
+	recs := make([]cluster.VolumeRecord, len(cfg.Volumes))
+	locals := make([]map[string]uint16, len(cfg.Volumes))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(openWorkers)
 	for i, vs := range cfg.Volumes {
@@ -96,28 +101,35 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 			if err != nil {
 				return fmt.Errorf("host: volume %q: %w", vs.Name, err)
 			}
-			v := replica.Volume{ID: rec.ID, Name: rec.Name, Size: rec.Size, Stripes: *rec.Stripes, Local: map[string]uint16{}}
-			for _, id := range rec.Stripes.Nodes() {
+			local := map[string]uint16{}
+			for _, id := range rec.Nodes() {
 				c := dial(id)
 				if c == nil {
 					continue
 				}
 				info, err := c.Open(gctx, rec.Name)
 				if err != nil {
-					cfg.Log.Warn("host: a replica's node does not have the volume; its replicas will be dropped", "volume", rec.Name, "node", id, "err", err)
+					cfg.Log.Warn("host: a node of the volume does not have it; what it holds will be dropped", "volume", rec.Name, "node", id, "err", err)
 					continue
 				}
-				v.Local[id] = info.ID
+				local[id] = info.ID
 			}
-			vols[i] = v
+			recs[i], locals[i] = rec, local
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	for _, v := range vols {
-		h.Volumes = append(h.Volumes, pageid.VolumeInfo{ID: v.ID, Size: v.Size, Name: v.Name})
+	var vols []replica.Volume
+	var coded []ec.Volume
+	for i, rec := range recs {
+		h.Volumes = append(h.Volumes, pageid.VolumeInfo{ID: rec.ID, Size: rec.Size, Name: rec.Name})
+		if rec.EC != nil {
+			coded = append(coded, ec.Volume{ID: rec.ID, Name: rec.Name, Size: rec.Size, Placement: *rec.EC, Local: locals[i]})
+		} else {
+			vols = append(vols, replica.Volume{ID: rec.ID, Name: rec.Name, Size: rec.Size, Stripes: *rec.Stripes, Local: locals[i]})
+		}
 	}
 	reach := make(map[string]*memnode.Client)
 	for id, c := range clients {
@@ -128,9 +140,20 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if h.Replicated, err = replica.New(reach, vols, replica.EtcdControl{Client: cli, Cluster: cfg.Cluster}); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
+	remote := spread{rep: h.Replicated}
+	if len(coded) > 0 {
+		nodes := make(map[string]ec.Node, len(reach))
+		for id, c := range reach {
+			nodes[id] = c
+		}
+		if h.Coded, err = ec.New(nodes, coded, ec.EtcdControl{Client: cli, Cluster: cfg.Cluster}); err != nil {
+			return nil, fmt.Errorf("host: %w", err)
+		}
+		remote.coded = h.Coded
+	}
 	// The engine's reads and write-backs go through the same node
 	// connections as the host's: its ordering holds at every replica.
-	st, err := h.openStore(ctx, cfg, h.Replicated, h.Replicated)
+	st, err := h.openStore(ctx, cfg, remote, remote)
 	if err != nil {
 		return nil, err
 	}
@@ -143,13 +166,22 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if err := h.serve(ctx, cfg); err != nil {
 		return nil, err
 	}
-	t := &replica.Tender{Etcd: cli, Cluster: cfg.Cluster, Remote: h.Replicated, Volumes: h.Volumes, RepairRate: cfg.RepairRate, Log: cfg.Log,
+	var tended []pageid.VolumeInfo
+	for _, v := range h.Volumes {
+		if h.Coded == nil || !h.Coded.Has(v.ID) {
+			tended = append(tended, v)
+		}
+	}
+	t := &replica.Tender{Etcd: cli, Cluster: cfg.Cluster, Remote: h.Replicated, Volumes: tended, RepairRate: cfg.RepairRate, Log: cfg.Log,
 		Dial: func(ctx context.Context, addr string) (*memnode.Client, error) { return memnode.Dial(ctx, addr, copt) }}
 	if cfg.Mount != "" {
 		if err := h.mount(ctx, cfg); err != nil {
 			return nil, err
 		}
 		t.Groups = append(t.Groups, replica.TendedGroup{Group: h.group, Written: h.FS.Written})
+	}
+	if len(t.Volumes) == 0 && len(t.Groups) == 0 {
+		return h, nil // erasure-coded volumes only: their shards are dropped as writes miss them
 	}
 	stop := t.Run(ctx)
 	h.onClose(func() error { stop(); return nil })
@@ -225,7 +257,7 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg Config, nod
 	switch {
 	case err == nil && rec.Filesystem:
 		return rec, errors.New("it is a filesystem's placement, not a volume")
-	case err == nil && rec.Stripes == nil:
+	case err == nil && rec.Stripes == nil && rec.EC == nil:
 		return rec, &ConfigError{Field: "Memnode", Err: fmt.Errorf("volume %q lives on memory node %s alone, not striped: set Config.Memnode to %s (and Config.Replicas to 0) to serve it", vs.Name, rec.NodeAddr, rec.NodeAddr)}
 	case err == nil && rec.State != cluster.VolumeReady:
 		return rec, fmt.Errorf("it is %s (pd3 volume): not serving it", rec.State)
@@ -234,11 +266,19 @@ func replicatedVolume(ctx context.Context, cli *clientv3.Client, cfg Config, nod
 	case !errors.Is(err, cluster.ErrNoVolume):
 		return rec, err
 	}
-	rec, err = replica.Create(ctx, cli, cfg.Cluster, nodes, vs.Name, vs.Size, cfg.Replicas, dial)
+	if cfg.EC.K > 0 {
+		rec, err = ec.Create(ctx, cli, cfg.Cluster, nodes, vs.Name, vs.Size, cfg.EC, dial)
+	} else {
+		rec, err = replica.Create(ctx, cli, cfg.Cluster, nodes, vs.Name, vs.Size, cfg.Replicas, dial)
+	}
 	if errors.Is(err, cluster.ErrVolumeExists) {
 		return replicatedVolume(ctx, cli, cfg, nodes, vs, dial) // another host placed it first
 	}
-	if err == nil {
+	if err == nil && rec.EC != nil {
+		p := rec.EC
+		cfg.Log.Info(fmt.Sprintf("volume %s placed: erasure code %s, %s of %s extents of %d MiB over %s", vs.Name, p.Scheme,
+			units.Count(len(p.Groups), "group", ""), p.Scheme, p.ExtentBytes>>20, units.Count(len(p.Nodes()), "node", "")))
+	} else if err == nil {
 		s := rec.Stripes
 		cfg.Log.Info(fmt.Sprintf("volume %s placed: %s of %d MiB over %s, %s each", vs.Name, units.Count(len(s.Extents), "extent", ""),
 			s.ExtentBytes>>20, units.Count(len(s.Nodes()), "node", ""), units.Count(s.Replicas, "replica", "")))

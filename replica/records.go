@@ -32,18 +32,19 @@ func Create(ctx context.Context, cli *clientv3.Client, clusterName string, nodes
 	return Reserve(ctx, cli, clusterName, cluster.VolumeRecord{Name: name, Size: size, Stripes: &stripes}, dial)
 }
 
-// Reserve records replicated volume rec (name, size, stripes;
-// the id is handed out here) and, unless dial is nil, creates its copy at
-// every node of the map; on a failure the record and the copies made are
-// removed.
+// Reserve records volume rec placed over many nodes (name, size, and
+// stripes or an erasure-coded placement; the id is handed out here) and,
+// unless dial is nil, creates its volume at every node of the placement;
+// on a failure the record and the volumes made are removed.
 func Reserve(ctx context.Context, cli *clientv3.Client, clusterName string, rec cluster.VolumeRecord, dial func(id string) *memnode.Client) (cluster.VolumeRecord, error) {
 	name, size := rec.Name, rec.Size
 	// A copy at every node of the map, sparse: a node stores only the
 	// extents placed on it.
 	var copies []string
 	if dial != nil {
-		copies = rec.Stripes.Nodes()
+		copies = rec.Nodes()
 	}
+	nodeBytes := rec.NodeBytes()
 	id, err := cluster.NextVolumeID(ctx, cli, clusterName)
 	if err != nil {
 		return cluster.VolumeRecord{}, err
@@ -58,7 +59,7 @@ func Reserve(ctx context.Context, cli *clientv3.Client, clusterName string, rec 
 		c := dial(nid)
 		if c == nil {
 			err = fmt.Errorf("node %s: unreachable", nid)
-		} else if _, err = c.Create(ctx, name, size); err != nil {
+		} else if _, err = c.Create(ctx, name, nodeBytes); err != nil {
 			err = fmt.Errorf("node %s: %w", nid, err)
 		}
 		if err != nil {

@@ -31,6 +31,24 @@ type pagesValue struct {
 	text string
 }
 
+// schemeValue is an erasure code flag, K+M ("" while unset).
+type schemeValue struct{ s *cluster.Scheme }
+
+func (v schemeValue) String() string {
+	if v.s == nil || v.s.K == 0 {
+		return ""
+	}
+	return v.s.String()
+}
+func (v schemeValue) Type() string { return "K+M" }
+func (v schemeValue) Set(s string) error {
+	sch, err := cluster.ParseScheme(s)
+	if err == nil {
+		*v.s = sch
+	}
+	return err
+}
+
 // pagesVar registers a page-multiple size flag with default def.
 func pagesVar(fl *pflag.FlagSet, p *uint64, name, def, usage string) {
 	n, err := units.ParseMultiple(def, pageid.Size)
@@ -201,6 +219,8 @@ func flagOf(field string) string {
 		return "--etcd"
 	case "Replicas":
 		return "--replicas"
+	case "EC":
+		return "--ec"
 	case "DPU":
 		return "--dpu"
 	case "Mirror":

@@ -63,6 +63,8 @@ mark off. Volumes of one node (not replicated) cannot move: they are named.`,
 				total := 0
 				for _, v := range vols {
 					switch {
+					case v.EC != nil && slices.Contains(v.EC.Nodes(), id):
+						fmt.Fprintf(cmd.ErrOrStderr(), "pd3: volume %s is erasure-coded (EC %s) with shards on node %s: they stay (moving coded shards is not supported yet)\n", v.Name, v.EC.Scheme, id)
 					case v.Stripes == nil && v.Node == id:
 						fmt.Fprintf(cmd.ErrOrStderr(), "pd3: volume %s lives on node %s alone (not replicated): it stays\n", v.Name, id)
 					case v.Stripes != nil:

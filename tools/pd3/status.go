@@ -29,6 +29,7 @@ type clusterStatus struct {
 	// node), so that the nodes' IN USE adds up.
 	Bookkeeping uint64          `json:"bookkeeping_stored"`
 	Replicated  []replicaStatus `json:"replicated"`
+	Coded       []codedStatus   `json:"erasure_coded"`
 }
 
 // nodeStatus is a node as etcd records it, and whether it answered now:
@@ -76,6 +77,52 @@ type replicaStatus struct {
 	Epoch    uint64 `json:"epoch"`
 	Copying  int    `json:"copying"` // extents a repair is copying now
 	Health   string `json:"health"`  // healthy, degraded or lost
+}
+
+// codedStatus is an erasure-coded volume's health: its groups with a
+// shard lost, dropped or on a node down (read by decoding), and with more
+// than M (pages that cannot be read).
+type codedStatus struct {
+	Name     string `json:"name"`
+	Size     uint64 `json:"size"`
+	Scheme   string `json:"scheme"`
+	Groups   int    `json:"groups"`
+	Degraded int    `json:"degraded"`
+	Lost     int    `json:"lost"`
+	Epoch    uint64 `json:"epoch"`
+	Health   string `json:"health"` // healthy, degraded or lost
+}
+
+func codedHealth(r cluster.VolumeRecord, live map[string]bool) codedStatus {
+	p := r.EC
+	st := codedStatus{Name: r.Name, Size: r.Size, Scheme: p.Scheme.String(), Groups: len(p.Groups), Epoch: p.Epoch}
+	for g, row := range p.Groups {
+		n := 0
+		for s, id := range row {
+			if !p.Virtual(g, s) && !live[id] {
+				n++
+			}
+		}
+		if n > 0 {
+			st.Degraded++
+		}
+		if n > p.M {
+			st.Lost++
+		}
+	}
+	st.Health = health(st.Degraded, st.Lost)
+	return st
+}
+
+// health words a volume's counts of degraded and lost extents or groups.
+func health(degraded, lost int) string {
+	switch {
+	case lost > 0:
+		return "lost"
+	case degraded > 0:
+		return "degraded"
+	}
+	return "healthy"
 }
 
 // statusOf asks every node etcd says is up for its volumes (at once, so a
@@ -157,6 +204,11 @@ func statusOf(ctx context.Context, name string, nodes []cluster.Node, recs []clu
 			row.Placement = fmt.Sprintf("R=%d over %s", r.Stripes.Replicas, units.Count(len(row.Nodes), "node", ""))
 			st.Replicated = append(st.Replicated, replicaHealth(r, live))
 		}
+		if r.EC != nil {
+			row.Nodes = r.EC.Nodes()
+			row.Placement = fmt.Sprintf("EC %s over %s", r.EC.Scheme, units.Count(len(row.Nodes), "node", ""))
+			st.Coded = append(st.Coded, codedHealth(r, live))
+		}
 		if h := at[r.Name]; h != nil {
 			row.Stored = h.stored
 			delete(at, r.Name)
@@ -190,7 +242,7 @@ func listNode(ctx context.Context, addr, token string) ([]pageid.VolumeInfo, err
 // wanted, and with none.
 func replicaHealth(r cluster.VolumeRecord, live map[string]bool) replicaStatus {
 	s := r.Stripes
-	st := replicaStatus{Name: r.Name, Size: r.Size, Extents: len(s.Extents), Replicas: s.Replicas, Epoch: s.Epoch, Copying: s.Repairing(), Health: "healthy"}
+	st := replicaStatus{Name: r.Name, Size: r.Size, Extents: len(s.Extents), Replicas: s.Replicas, Epoch: s.Epoch, Copying: s.Repairing()}
 	for _, e := range s.Extents {
 		n := 0
 		for _, id := range e {
@@ -205,12 +257,7 @@ func replicaHealth(r cluster.VolumeRecord, live map[string]bool) replicaStatus {
 			st.Lost++
 		}
 	}
-	switch {
-	case st.Lost > 0:
-		st.Health = "lost"
-	case st.Degraded > 0:
-		st.Health = "degraded"
-	}
+	st.Health = health(st.Degraded, st.Lost)
 	return st
 }
 
@@ -267,6 +314,13 @@ func (st *clusterStatus) print(out io.Writer) error {
 			if r.Health != "healthy" {
 				fmt.Fprintf(w, "%s: %s\n", r.Name, r.bar(30))
 			}
+		}
+	}
+	if len(st.Coded) > 0 {
+		fmt.Fprintf(w, "\nerasure coding\n")
+		fmt.Fprintln(w, "VOLUME\tSIZE\tCODE\tGROUPS\tDEGRADED\tLOST\tEPOCH\tHEALTH")
+		for _, c := range st.Coded {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", c.Name, units.FormatSize(c.Size), c.Scheme, c.Groups, c.Degraded, c.Lost, c.Epoch, c.Health)
 		}
 	}
 	return w.Flush()

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pd3-go/pd3/cluster"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/host"
 	"github.com/pd3-go/pd3/internal/clilog"
@@ -60,6 +61,7 @@ type hostFlags struct {
 	fsLease   time.Duration
 	volLease  time.Duration
 	replicas  int
+	ec        cluster.Scheme
 	repair    uint64
 }
 
@@ -95,6 +97,7 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	fl.DurationVar(&f.fsLease, "fs-lease", 5*time.Second, "mount lease at the memory node: a second host cannot mount the filesystem; after a crash the next mount waits this long at most")
 	fl.DurationVar(&f.volLease, "volume-lease", 5*time.Second, "lease on each served volume at the memory node: a second host cannot serve it; after a crash the next host waits this long at most")
 	fl.IntVar(&f.replicas, "replicas", 0, "stripe volumes over every memory node of the cluster (needs --etcd), each 16 MiB extent on this many nodes, surviving the loss of all but one; 0: volumes live on the one --memnode (pd3 up --memnodes N>1: default 2)")
+	fl.Var(schemeValue{&f.ec}, "ec", "place new volumes erasure-coded over the cluster's memory nodes (needs --etcd): each group of K 16 MiB extents on K nodes with M parity extents on M more, surviving the loss of any M of them for (K+M)/K of the memory (e.g. 4+2: two losses for 1.5x); existing volumes are served as the control plane records them; the --mount filesystem stays replicated (--replicas, default M+1)")
 	pagesVar(fl, &f.repair, "repair-rate", "256MiB", "with --replicas: copy at most this much a second to restore the replicas a lost node held")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
@@ -111,7 +114,7 @@ func (f *hostFlags) config(log *slog.Logger) (host.Config, error) {
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, NBDPollFor: f.nbdPoll, NBDStreamFrom: uint32(min(f.nbdStream, 1<<31)), LoneProcs: f.loneProcs, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
-		Stages: stageRecorder(), Replicas: f.replicas, RepairRate: int64(f.repair),
+		Stages: stageRecorder(), Replicas: f.replicas, EC: f.ec, RepairRate: int64(f.repair),
 	}
 	cfg.LZBytes, cfg.CacheBytes = int64(f.lz), int64(f.cache)
 	cfg.Volumes = f.volumes
@@ -144,7 +147,7 @@ back to the memory node first.`,
 			if e.memnodes > 1 && cfg.Memnode != "" {
 				return usageError{errors.New("--memnodes starts embedded memory nodes: it does not go with --memnode")}
 			}
-			if e.memnodes > 1 && !cmd.Flags().Changed("replicas") {
+			if e.memnodes > 1 && !cmd.Flags().Changed("replicas") && cfg.EC.K == 0 {
 				cfg.Replicas = 2
 			}
 			if cfg.Memnode == "" && !cfg.Local {
@@ -279,9 +282,9 @@ func serveCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if cfg.Replicas > 0 {
+			if cfg.Replicas > 0 || cfg.EC.K > 0 {
 				if !cfg.Etcd.Enabled() {
-					return usageError{errors.New("--replicas places volumes through the control plane: give --etcd URLS")}
+					return usageError{errors.New("--replicas and --ec place volumes through the control plane: give --etcd URLS")}
 				}
 			} else if cfg.Memnode == "" && !cfg.Local {
 				if !cfg.Etcd.Enabled() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/ec"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -76,6 +77,8 @@ func volumeCmd() *cobra.Command {
 					}
 					if r.Stripes != nil {
 						node = fmt.Sprintf("%d nodes, R=%d", len(r.Stripes.Nodes()), r.Stripes.Replicas)
+					} else if r.EC != nil {
+						node = fmt.Sprintf("%d nodes, EC %s", len(r.EC.Nodes()), r.EC.Scheme)
 					} else if node == "" {
 						node = r.NodeAddr
 					}
@@ -89,6 +92,7 @@ func volumeCmd() *cobra.Command {
 
 	var size string
 	var replicas int
+	var code cluster.Scheme
 	create := &cobra.Command{
 		Use:   "create NAME --size SIZE",
 		Short: "Create a volume on the memory node with the most room (of two drawn at random)",
@@ -103,8 +107,11 @@ func volumeCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if replicas > 0 {
-					return createReplicated(ctx, cmd.OutOrStdout(), cli, etcd.cluster, nodes, args[0], n, replicas, node)
+				if replicas > 0 && code.K > 0 {
+					return usageError{errors.New("--replicas and --ec are two ways to survive lost nodes: give one")}
+				}
+				if replicas > 0 || code.K > 0 {
+					return createSpread(ctx, cmd.OutOrStdout(), cli, etcd.cluster, nodes, args[0], n, replicas, code, node)
 				}
 				target, err := cluster.Place(nodes, n, rand.IntN)
 				if err != nil {
@@ -129,6 +136,7 @@ func volumeCmd() *cobra.Command {
 	}
 	create.Flags().StringVar(&size, "size", "", "volume size (e.g. 1GiB)")
 	create.Flags().IntVar(&replicas, "replicas", 0, "stripe the volume over the cluster's nodes with this many copies of each 16 MiB extent (served with pd3 serve --replicas); 0: one node")
+	create.Flags().Var(schemeValue{&code}, "ec", "erasure-code the volume: each group of K 16 MiB extents on K nodes with M parity extents on M more, surviving the loss of any M for (K+M)/K of the memory (e.g. 4+2); any host serving it with --etcd reads it so")
 	create.MarkFlagRequired("size")
 
 	rm := &cobra.Command{
@@ -147,11 +155,11 @@ func volumeCmd() *cobra.Command {
 					}
 					return err
 				}
-				// A replicated volume has a copy at every node of its map;
-				// every one of them must go before the record does.
+				// A volume over many nodes has a volume at every node of its
+				// placement; every one of them must go before the record does.
 				var addrs []string
-				if rec.Stripes != nil {
-					for _, id := range rec.Stripes.Nodes() {
+				if ids := rec.Nodes(); ids != nil {
+					for _, id := range ids {
 						a, err := nodeAddr(ctx, cli, etcd.cluster, cluster.VolumeRecord{Node: id})
 						if err != nil {
 							return fmt.Errorf("volume %s stays marked %s: %w: run pd3 volume rm again once it is up", args[0], cluster.VolumeDeleting, err)
@@ -208,6 +216,9 @@ takes it until resize runs again.`,
 				}
 				if n < rec.Size {
 					return fmt.Errorf("volume %s is %s: it cannot shrink to %s (volumes only grow)", args[0], units.FormatSize(rec.Size), units.FormatSize(n))
+				}
+				if rec.EC != nil {
+					return fmt.Errorf("volume %s is erasure-coded: resizing one is not supported yet; create a larger volume and copy it (nbdcopy)", args[0])
 				}
 				from := rec.Size
 				if rec, err = cluster.MarkResizing(ctx, cli, etcd.cluster, rec); err != nil {
@@ -348,12 +359,22 @@ func dialByID(ctx context.Context, nodes []cluster.Node, dial func(context.Conte
 	}
 }
 
-// createReplicated creates a replicated volume through the control plane
-// and the nodes of its map, each reached once.
-func createReplicated(ctx context.Context, out io.Writer, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int,
-	dial func(context.Context, string) (*memnode.Client, error)) error {
+// createSpread creates a replicated or erasure-coded volume through the
+// control plane and the nodes of its placement, each reached once.
+func createSpread(ctx context.Context, out io.Writer, cli *clientv3.Client, clusterName string, nodes []cluster.Node, name string, size uint64, replicas int,
+	code cluster.Scheme, dial func(context.Context, string) (*memnode.Client, error)) error {
 	byID, closeAll := dialByID(ctx, nodes, dial)
 	defer closeAll()
+	if code.K > 0 {
+		rec, err := ec.Create(ctx, cli, clusterName, nodes, name, size, code, byID)
+		if err != nil {
+			return err
+		}
+		p := rec.EC
+		fmt.Fprintf(out, "volume %s: %s, erasure code %s: %d groups of %d extents over %d nodes, %.2gx the memory\n", name, units.FormatSize(rec.Size),
+			p.Scheme, len(p.Groups), p.K, len(p.Nodes()), float64(p.Shards())/float64(p.K))
+		return nil
+	}
 	rec, err := replica.Create(ctx, cli, clusterName, nodes, name, size, replicas, byID)
 	if err != nil {
 		return err

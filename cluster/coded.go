@@ -1,13 +1,14 @@
-package ec
+package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/pd3-go/pd3/memnode"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Scheme is K data shards protected by M parity shards: a row survives the
@@ -49,7 +50,7 @@ func (s Scheme) String() string { return strconv.Itoa(s.K) + "+" + strconv.Itoa(
 // Shards is K+M.
 func (s Scheme) Shards() int { return s.K + s.M }
 
-// Placement is where an erasure-coded volume lives; the control plane
+// Coded is the placement of an erasure-coded volume; the control plane
 // records it. The volume's bytes are cut in extents of ExtentBytes, and
 // every K consecutive extents make a group (the last group's missing
 // extents read as zeroes and are never stored). Shard s < K of group g is
@@ -63,7 +64,7 @@ func (s Scheme) Shards() int { return s.K + s.M }
 // read again, and repair rebuilds it elsewhere. Each node keeps its
 // shards in one volume of the volume's name, shard s of group g at
 // NodeOffset(g, s, 0).
-type Placement struct {
+type Coded struct {
 	Scheme
 	Epoch       uint64 `json:"epoch"`
 	ExtentBytes uint64 `json:"extent_bytes"`
@@ -73,28 +74,28 @@ type Placement struct {
 	Groups  [][]string `json:"groups"`
 }
 
-// Errors of placement.
+// Errors of coded placement.
 var (
 	// ErrTooFewNodes: fewer nodes than K+M, so a group's shards cannot
 	// each have their own.
-	ErrTooFewNodes = errors.New("ec: fewer memory nodes than shards in a group")
+	ErrTooFewNodes = errors.New("cluster: fewer memory nodes than shards in a group")
 )
 
-// Place spreads a volume of size bytes over nodes: each group's K+M
+// PlaceCoded spreads a volume of size bytes over nodes: each group's K+M
 // shards on distinct nodes, the groups rotated so that data and parity
 // (and so reads and writes) fall evenly on every node.
-func Place(sch Scheme, size, extentBytes uint64, nodes []string) (Placement, error) {
+func PlaceCoded(sch Scheme, size, extentBytes uint64, nodes []string) (Coded, error) {
 	if err := sch.Check(); err != nil {
-		return Placement{}, err
+		return Coded{}, err
 	}
 	if len(nodes) < sch.Shards() {
-		return Placement{}, fmt.Errorf("%w: %s needs %d, the cluster has %d", ErrTooFewNodes, sch, sch.Shards(), len(nodes))
+		return Coded{}, fmt.Errorf("%w: %s needs %d, the cluster has %d", ErrTooFewNodes, sch, sch.Shards(), len(nodes))
 	}
 	if err := checkExtent(extentBytes); err != nil {
-		return Placement{}, err
+		return Coded{}, err
 	}
 	extents := int((size + extentBytes - 1) / extentBytes)
-	p := Placement{Scheme: sch, Epoch: 1, ExtentBytes: extentBytes, Extents: extents}
+	p := Coded{Scheme: sch, Epoch: 1, ExtentBytes: extentBytes, Extents: extents}
 	groups := (extents + sch.K - 1) / sch.K
 	for g := range groups {
 		row := make([]string, sch.Shards())
@@ -106,37 +107,40 @@ func Place(sch Scheme, size, extentBytes uint64, nodes []string) (Placement, err
 	return p, nil
 }
 
-// checkExtent wants whole memory-node chunks: a shard that shared a chunk
-// with another slot would pay for the whole chunk at its node.
+// chunkBytes is a memory node's unit of allocation (memnode.ChunkSize):
+// an extent is whole chunks, or a shard sharing a chunk with another slot
+// would pay for the whole chunk at its node.
+const chunkBytes = 1 << 20
+
 func checkExtent(n uint64) error {
-	if n == 0 || n%memnode.ChunkSize != 0 {
-		return fmt.Errorf("ec: extent of %d bytes: want a multiple of %d (a memory node's chunk)", n, memnode.ChunkSize)
+	if n == 0 || n%chunkBytes != 0 {
+		return fmt.Errorf("cluster: extent of %d bytes: want a multiple of %d (a memory node's chunk)", n, chunkBytes)
 	}
 	return nil
 }
 
 // Locate names the shard and its offset that hold byte off of the volume.
-func (p *Placement) Locate(off uint64) (g, s int, o uint64) {
+func (p *Coded) Locate(off uint64) (g, s int, o uint64) {
 	e := off / p.ExtentBytes
 	return int(e / uint64(p.K)), int(e % uint64(p.K)), off % p.ExtentBytes
 }
 
 // Virtual says whether shard s of group g is a data shard past the
 // volume's end: zeroes, never stored.
-func (p *Placement) Virtual(g, s int) bool { return s < p.K && g*p.K+s >= p.Extents }
+func (p *Coded) Virtual(g, s int) bool { return s < p.K && g*p.K+s >= p.Extents }
 
 // NodeOffset is where byte o of shard s of group g lies in its node's
 // volume.
-func (p *Placement) NodeOffset(g, s int, o uint64) uint64 {
+func (p *Coded) NodeOffset(g, s int, o uint64) uint64 {
 	return uint64(g*p.Shards()+s)*p.ExtentBytes + o
 }
 
 // NodeBytes is the size of the volume each node holds the shards in
 // (sparse: a node stores only its own shards' written chunks).
-func (p *Placement) NodeBytes() uint64 { return uint64(len(p.Groups)*p.Shards()) * p.ExtentBytes }
+func (p *Coded) NodeBytes() uint64 { return uint64(len(p.Groups)*p.Shards()) * p.ExtentBytes }
 
 // Clone is a deep copy, for a caller that changes it.
-func (p Placement) Clone() Placement {
+func (p Coded) Clone() Coded {
 	p.Groups = slices.Clone(p.Groups)
 	for g := range p.Groups {
 		p.Groups[g] = slices.Clone(p.Groups[g])
@@ -145,7 +149,7 @@ func (p Placement) Clone() Placement {
 }
 
 // Drop records shard s of group g as lost; false if it was already.
-func (p *Placement) Drop(g, s int) bool {
+func (p *Coded) Drop(g, s int) bool {
 	if p.Groups[g][s] == "" {
 		return false
 	}
@@ -156,7 +160,7 @@ func (p *Placement) Drop(g, s int) bool {
 // Health counts the groups that lost a shard (degraded: each lost
 // shard's rows are read by decoding) and the groups that lost more than
 // M (their lost data cannot be rebuilt).
-func (p *Placement) Health() (degraded, lost int) {
+func (p *Coded) Health() (degraded, lost int) {
 	for g, row := range p.Groups {
 		n := 0
 		for s, id := range row {
@@ -175,7 +179,7 @@ func (p *Placement) Health() (degraded, lost int) {
 }
 
 // Nodes are the ids of every node holding a shard, sorted.
-func (p *Placement) Nodes() []string {
+func (p *Coded) Nodes() []string {
 	var ids []string
 	for _, row := range p.Groups {
 		for _, id := range row {
@@ -189,7 +193,7 @@ func (p *Placement) Nodes() []string {
 }
 
 // Check says what is wrong with a recorded placement, if anything.
-func (p *Placement) Check(size uint64) error {
+func (p *Coded) Check(size uint64) error {
 	if err := p.Scheme.Check(); err != nil {
 		return err
 	}
@@ -197,17 +201,50 @@ func (p *Placement) Check(size uint64) error {
 		return err
 	}
 	if uint64(p.Extents)*p.ExtentBytes < size || len(p.Groups) != (p.Extents+p.K-1)/p.K {
-		return fmt.Errorf("ec: %d groups of %d extents place %d bytes; the volume has %d", len(p.Groups), p.Extents, uint64(p.Extents)*p.ExtentBytes, size)
+		return fmt.Errorf("cluster: %d groups of %d extents place %d bytes; the volume has %d", len(p.Groups), p.Extents, uint64(p.Extents)*p.ExtentBytes, size)
 	}
 	for g, row := range p.Groups {
 		if len(row) != p.Shards() {
-			return fmt.Errorf("ec: group %d has %d shards, %s wants %d", g, len(row), p.Scheme, p.Shards())
+			return fmt.Errorf("cluster: group %d has %d shards, %s wants %d", g, len(row), p.Scheme, p.Shards())
 		}
 		for s, id := range row {
 			if id != "" && slices.Index(row, id) != s {
-				return fmt.Errorf("ec: group %d holds two shards at node %s", g, id)
+				return fmt.Errorf("cluster: group %d holds two shards at node %s", g, id)
 			}
 		}
 	}
 	return nil
+}
+
+// UpdateCoded changes erasure-coded volume name's placement with fn (which
+// reports whether it changed anything), as one compare-and-swap of its
+// record, retried if the record changed meanwhile; it returns the
+// placement as recorded.
+func UpdateCoded(ctx context.Context, cli *clientv3.Client, cluster, name string, fn func(p *Coded) (bool, error)) (Coded, error) {
+	rec, err := updateRecord(ctx, cli, cluster, name, func(rec *VolumeRecord) (bool, error) {
+		if rec.EC == nil {
+			return false, fmt.Errorf("cluster: volume %q is not erasure-coded", name)
+		}
+		changed, err := fn(rec.EC)
+		if changed && err == nil {
+			rec.EC.Epoch++
+		}
+		return changed, err
+	})
+	if rec.EC == nil {
+		return Coded{}, err
+	}
+	return *rec.EC, err
+}
+
+// DropShard records shard s of group g of volume name lost: how the only
+// writer of a coded volume keeps a shard that missed a write from ever
+// being read.
+func DropShard(ctx context.Context, cli *clientv3.Client, cluster, name string, g, s int) (Coded, error) {
+	return UpdateCoded(ctx, cli, cluster, name, func(p *Coded) (bool, error) {
+		if g >= len(p.Groups) || s >= p.Shards() {
+			return false, fmt.Errorf("cluster: volume %q has no shard %d of group %d", name, s, g)
+		}
+		return p.Drop(g, s), nil
+	})
 }
