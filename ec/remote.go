@@ -25,6 +25,8 @@ type Node interface {
 	// ReadFn and ReadAsync read without blocking (the agent's engine).
 	ReadFn(vol uint16, off uint64, p []byte, done func(error))
 	ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
+	WriteAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
+	TrimAsync(ctx context.Context, vol uint16, off, n uint64) memnode.Call
 	Fence(ctx context.Context, vol uint16, token uint64) error
 }
 
@@ -395,10 +397,11 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 		return nil, fmt.Errorf("ec: volume %q group %d: %w", v.Name, g, err)
 	}
 	zero = make([]bool, p.Shards())
-	// Write the data shard and the parity; every other data shard is
-	// unchanged.
-	var wg sync.WaitGroup
+	// Write the data shard and the parity (every other data shard is
+	// unchanged), every request sent before any is awaited.
 	errs := make([]error, p.Shards())
+	calls := make([]memnode.Call, p.Shards())
+	sent := make([]bool, p.Shards())
 	for x := range rw.shards {
 		if x != s && x < p.K {
 			continue
@@ -413,18 +416,19 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 			continue
 		}
 		zero[x] = trim && (x == s || isZero(rw.shards[x]))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			at := p.NodeOffset(g, x, o)
-			if zero[x] {
-				errs[x] = node.Trim(ctx, local, at, uint64(n))
-			} else {
-				errs[x] = node.WriteAt(ctx, local, at, rw.shards[x])
-			}
-		}()
+		at := p.NodeOffset(g, x, o)
+		if zero[x] {
+			calls[x] = node.TrimAsync(ctx, local, at, uint64(n))
+		} else {
+			calls[x] = node.WriteAsync(ctx, local, at, rw.shards[x])
+		}
+		sent[x] = true
 	}
-	wg.Wait()
+	for x := range calls {
+		if sent[x] {
+			errs[x] = calls[x].Wait(ctx)
+		}
+	}
 	// The row holds the write where at least K of its shards agree with
 	// it: the data shards it did not change and still has, and the shards
 	// that took it. A shard that missed it is dropped first.
@@ -464,8 +468,10 @@ var errShardLost = errors.New("ec: shard lost")
 // bytes: read from their nodes, or, where one cannot be read, decoded
 // from the whole row as it stands (shard s's old bytes included).
 func (r *Remote) readOthers(ctx context.Context, v *volume, p *cluster.Coded, g, s int, o uint64, rw *row) error {
-	var wg sync.WaitGroup
+	// Every read is sent before any is awaited: one round trip.
 	errs := make([]error, p.K)
+	calls := make([]memnode.Call, p.K)
+	sent := make([]bool, p.K)
 	for d := range p.K {
 		if d == s {
 			continue
@@ -479,13 +485,13 @@ func (r *Remote) readOthers(ctx context.Context, v *volume, p *cluster.Coded, g,
 			errs[d] = errShardLost
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[d] = n.ReadAt(ctx, local, p.NodeOffset(g, d, o), rw.shards[d])
-		}()
+		calls[d], sent[d] = n.ReadAsync(ctx, local, p.NodeOffset(g, d, o), rw.shards[d]), true
 	}
-	wg.Wait()
+	for d := range calls {
+		if sent[d] {
+			errs[d] = calls[d].Wait(ctx)
+		}
+	}
 	for d, err := range errs {
 		if err == nil || err == errShardLost {
 			continue

@@ -319,10 +319,14 @@ type flaky struct {
 }
 
 func (f *flaky) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	return f.WriteAsync(ctx, vol, off, p).Wait(ctx)
+}
+
+func (f *flaky) WriteAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call {
 	if f.failing.Load() {
-		return fmt.Errorf("flaky: %w", pageid.ErrUnavailable)
+		return memnode.DoneCall(fmt.Errorf("flaky: %w", pageid.ErrUnavailable))
 	}
-	return f.Node.WriteAt(ctx, vol, off, p)
+	return f.Node.WriteAsync(ctx, vol, off, p)
 }
 
 // A shard that missed a write is dropped and never read again, even when
