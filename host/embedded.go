@@ -61,7 +61,7 @@ func (e EmbeddedConfig) Check(cfg Config) error {
 	case cfg.MemnodeTLS.Enabled():
 		return fieldErr("MemnodeTLS", "the embedded memory node speaks in clear on loopback: for TLS, run a memory node of its own and set Config.Memnode")
 	case e.Memnodes > 1 && cfg.Replicas == 0 && cfg.EC.K == 0:
-		return fieldErr("Replicas", "%d embedded memory nodes (EmbeddedConfig.Memnodes) serve replicated or erasure-coded volumes: set it or Config.EC", e.Memnodes)
+		return fieldErr("Replicas", "%d embedded memory nodes (EmbeddedConfig.Memnodes) serve replicated volumes: set it (or Config.EC for erasure-coded ones)", e.Memnodes)
 	case cfg.EC.K > 0 && e.Memnodes < cfg.EC.Shards() && !cfg.Etcd.Enabled():
 		return fieldErr("EC", "erasure code %s places each group on %d nodes: start as many (EmbeddedConfig.Memnodes)", cfg.EC, cfg.EC.Shards())
 	case e.Memnodes > 1 && e.EtcdListen == "none" && !cfg.Etcd.Enabled():

@@ -147,6 +147,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"up", "--memnodes", "3", "--replicas", "0"}, []string{"--replicas: 3 embedded memory nodes (--memnodes) serve replicated volumes: set it", "run 'pd3 up --help'"}},
 		{[]string{"up", "--memnodes", "3", "--etcd-listen", "none"}, []string{"--etcd-listen: none turns the embedded etcd off", "leave it on or set --etcd", "run 'pd3 up --help'"}},
 		{[]string{"serve", "--replicas", "2"}, []string{"--replicas places volumes through the control plane: give --etcd URLS", "run 'pd3 serve --help'"}},
+		{[]string{"serve", "--ec", "4+2"}, []string{"--ec places volumes through the control plane: give --etcd URLS", "run 'pd3 serve --help'"}},
+		{[]string{"serve", "--ec", "4"}, []string{`erasure code "4": want K+M, data and parity shards, e.g. 4+2`, "run 'pd3 serve --help'"}},
+		{[]string{"serve", "--ec", "0+2"}, []string{"erasure code 0+2: want 1 to 32 data shards and 1 to 8 parity shards", "run 'pd3 serve --help'"}},
+		{[]string{"volume", "create", "v", "--size", "1GiB", "--ec", "4+2", "--replicas", "2", "--etcd", "http://127.0.0.1:1"}, []string{"--replicas and --ec are two ways to survive lost nodes: give one", "run 'pd3 volume create --help'"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			out, err := run(t, "", tc.args...)

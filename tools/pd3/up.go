@@ -284,7 +284,11 @@ func serveCmd() *cobra.Command {
 			}
 			if cfg.Replicas > 0 || cfg.EC.K > 0 {
 				if !cfg.Etcd.Enabled() {
-					return usageError{errors.New("--replicas and --ec place volumes through the control plane: give --etcd URLS")}
+					flag := "--replicas"
+					if cfg.EC.K > 0 {
+						flag = "--ec"
+					}
+					return usageError{fmt.Errorf("%s places volumes through the control plane: give --etcd URLS", flag)}
 				}
 			} else if cfg.Memnode == "" && !cfg.Local {
 				if !cfg.Etcd.Enabled() {

@@ -102,13 +102,13 @@ func volumeCmd() *cobra.Command {
 			if err != nil || n == 0 {
 				return usageError{fmt.Errorf("--size %q: want a size such as 64MiB", size)}
 			}
+			if replicas > 0 && code.K > 0 {
+				return usageError{errors.New("--replicas and --ec are two ways to survive lost nodes: give one")}
+			}
 			return with(cmd, func(ctx context.Context, cli *clientv3.Client) error {
 				nodes, err := cluster.Nodes(ctx, cli, etcd.cluster)
 				if err != nil {
 					return err
-				}
-				if replicas > 0 && code.K > 0 {
-					return usageError{errors.New("--replicas and --ec are two ways to survive lost nodes: give one")}
 				}
 				if replicas > 0 || code.K > 0 {
 					return createSpread(ctx, cmd.OutOrStdout(), cli, etcd.cluster, nodes, args[0], n, replicas, code, node)
