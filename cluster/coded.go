@@ -248,3 +248,21 @@ func DropShard(ctx context.Context, cli *clientv3.Client, cluster, name string, 
 		return p.Drop(g, s), nil
 	})
 }
+
+// SetShard records node as the holder of shard s of group g of volume
+// name: a repair rebuilt the lost shard there.
+func SetShard(ctx context.Context, cli *clientv3.Client, cluster, name string, g, s int, node string) (Coded, error) {
+	return UpdateCoded(ctx, cli, cluster, name, func(p *Coded) (bool, error) {
+		if g >= len(p.Groups) || s >= p.Shards() {
+			return false, fmt.Errorf("cluster: volume %q has no shard %d of group %d", name, s, g)
+		}
+		if p.Groups[g][s] == node {
+			return false, nil
+		}
+		if p.Groups[g][s] != "" || slices.Contains(p.Groups[g], node) {
+			return false, fmt.Errorf("cluster: volume %q group %d: shard %d is at %q, and node %s may not hold two", name, g, s, p.Groups[g][s], node)
+		}
+		p.Groups[g][s] = node
+		return true, nil
+	})
+}

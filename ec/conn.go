@@ -251,10 +251,10 @@ func (r *Remote) Fence(ctx context.Context, vol uint16, token uint64) error {
 	if err != nil {
 		return err
 	}
+	v.token.Store(token)
 	for _, id := range v.p.Load().Nodes() {
-		n, reach := r.nodes[id]
-		local, has := v.Local[id]
-		if reach && has {
+		n, local, reach := r.nodeByID(v, id)
+		if reach {
 			err = n.Fence(ctx, local, token)
 			if err == nil {
 				continue

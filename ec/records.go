@@ -78,3 +78,8 @@ func fits(p cluster.Coded, up []cluster.Node) error {
 	}
 	return nil
 }
+
+// SetShard implements Control.
+func (c EtcdControl) SetShard(ctx context.Context, vol string, g, s int, node string) (cluster.Coded, error) {
+	return cluster.SetShard(ctx, c.Client, c.Cluster, vol, g, s, node)
+}

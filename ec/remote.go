@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,9 @@ type Node interface {
 // that no host reads them again; it returns the placement as recorded.
 type Control interface {
 	DropShard(ctx context.Context, vol string, g, s int) (cluster.Coded, error)
+	// SetShard records node as the holder of shard s of group g, once a
+	// repair has rebuilt it there.
+	SetShard(ctx context.Context, vol string, g, s int, node string) (cluster.Coded, error)
 }
 
 // Volume is an erasure-coded volume as a host serves it.
@@ -77,7 +81,8 @@ const (
 // The host is the volume's only writer (it holds it in the control
 // plane), so rows change only under this Remote's locks.
 type Remote struct {
-	nodes map[string]Node
+	mu    sync.Mutex                      // serialises changes of nodes
+	nodes atomic.Pointer[map[string]Node] // copied on change (AddNode)
 	vols  map[uint16]*volume
 	ctl   Control
 	seed  maphash.Seed
@@ -88,28 +93,47 @@ type Remote struct {
 	failedAt sync.Map // node id → time.Time of its last fault
 
 	// Counters, for metrics.
-	Decoded atomic.Uint64 // runs read by decoding other shards
-	Healed  atomic.Uint64 // corrupt shard runs rewritten from a decode
-	Dropped atomic.Uint64 // shards dropped after a failed write
+	Decoded  atomic.Uint64 // runs read by decoding other shards
+	Healed   atomic.Uint64 // corrupt shard runs rewritten from a decode
+	Dropped  atomic.Uint64 // shards dropped after a failed write
+	Repaired atomic.Uint64 // shards rebuilt on another node
+	// RepairBytes counts the bytes repairs wrote (zero runs are skipped).
+	RepairBytes atomic.Uint64
 }
 
 type volume struct {
 	Volume
-	enc reedsolomon.Encoder
-	mu  sync.Mutex // serialises changes of p
-	p   atomic.Pointer[cluster.Coded]
+	enc   reedsolomon.Encoder
+	mu    sync.Mutex // serialises changes of p, local and joining
+	p     atomic.Pointer[cluster.Coded]
+	local atomic.Pointer[map[string]uint16] // Local, copied on change
+	// joining is the shards a repair is rebuilding: writes to the rows it
+	// has copied go to the new node too. A repair that finishes stores
+	// the new placement before it leaves this list, so a write that
+	// loads the list before the placement never misses the new node.
+	joining atomic.Pointer[[]join]
+	token   atomic.Uint64 // the fencing token presented (Fence); 0: none
+}
+
+// join is a shard being rebuilt at node: rows below done are copied.
+type join struct {
+	g, s int
+	node string
+	done *atomic.Uint64
 }
 
 // New serves vols over nodes (a node missing from the map, or nil, is
 // down: its shards are decoded). ctl records dropped shards.
 func New(nodes map[string]Node, vols []Volume, ctl Control) (*Remote, error) {
-	r := &Remote{nodes: map[string]Node{}, vols: map[uint16]*volume{}, ctl: ctl, seed: maphash.MakeSeed(), now: time.Now}
+	r := &Remote{vols: map[uint16]*volume{}, ctl: ctl, seed: maphash.MakeSeed(), now: time.Now}
 	r.bufs.New = func() any { b := make([]byte, maxRunBytes); return &b }
+	live := map[string]Node{}
 	for id, n := range nodes {
 		if n != nil {
-			r.nodes[id] = n
+			live[id] = n
 		}
 	}
+	r.nodes.Store(&live)
 	for _, v := range vols {
 		if err := v.Placement.Check(v.Size); err != nil {
 			return nil, fmt.Errorf("ec: volume %q: %w", v.Name, err)
@@ -124,6 +148,8 @@ func New(nodes map[string]Node, vols []Volume, ctl Control) (*Remote, error) {
 		vol := &volume{Volume: v, enc: enc}
 		p := v.Placement.Clone()
 		vol.p.Store(&p)
+		local := maps.Clone(v.Local)
+		vol.local.Store(&local)
 		r.vols[v.ID] = vol
 	}
 	return r, nil
@@ -165,8 +191,8 @@ func (r *Remote) node(v *volume, p *cluster.Coded, g, s int) (Node, uint16, stri
 	if id == "" {
 		return nil, 0, ""
 	}
-	n, ok := r.nodes[id]
-	local, has := v.Local[id]
+	n, ok := (*r.nodes.Load())[id]
+	local, has := (*v.local.Load())[id]
 	if !ok || !has {
 		return nil, 0, id
 	}
@@ -383,6 +409,8 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 	defer mu.Unlock()
 	rw, release := r.row(v, n)
 	defer release()
+	// The shards being rebuilt before the placement: see volume.joining.
+	joins := r.joiningAt(v, g, o)
 	p := v.p.Load()
 	if err := r.readOthers(ctx, v, p, g, s, o, rw); err != nil {
 		return nil, err
@@ -402,6 +430,16 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 	errs := make([]error, p.Shards())
 	calls := make([]memnode.Call, p.Shards())
 	sent := make([]bool, p.Shards())
+	for _, j := range joins {
+		// A shard being rebuilt whose copy is past this row takes its
+		// new bytes too (the copy holds this lock for each run).
+		if node, local, _ := r.nodeByID(v, j.node); node != nil {
+			at := p.NodeOffset(g, j.s, o)
+			if err := node.WriteAt(ctx, local, at, rw.shards[j.s]); err != nil {
+				j.done.Store(0) // the repair fails, and starts over
+			}
+		}
+	}
 	for x := range rw.shards {
 		if x != s && x < p.K {
 			continue

@@ -139,7 +139,9 @@ func (h *Host) Registry() *prometheus.Registry {
 		m.R.MustRegister(newCollector(atomics(c),
 			counter("ec_decoded_runs_total", "Reads of erasure-coded volumes decoded from other shards (a node down, silent or answering a corrupt page), in runs of up to 256 KiB.", func(c *ec.Remote) uint64 { return c.Decoded.Load() }),
 			counter("ec_healed_runs_total", "Corrupt shard runs of erasure-coded volumes rewritten from a decode.", func(c *ec.Remote) uint64 { return c.Healed.Load() }),
-			counter("ec_dropped_shards_total", "Shards of erasure-coded volumes dropped after they missed a write.", func(c *ec.Remote) uint64 { return c.Dropped.Load() }),
+			counter("ec_dropped_shards_total", "Shards of erasure-coded volumes dropped (they missed a write, or their node is down).", func(c *ec.Remote) uint64 { return c.Dropped.Load() }),
+			counter("ec_repaired_shards_total", "Lost shards of erasure-coded volumes rebuilt on another node.", func(c *ec.Remote) uint64 { return c.Repaired.Load() }),
+			counter("ec_repair_bytes_total", "Bytes repairs of erasure-coded shards wrote (runs that decode to zeroes are not written).", func(c *ec.Remote) uint64 { return c.RepairBytes.Load() }),
 		))
 	}
 	if f := h.FS; f != nil {

@@ -180,8 +180,18 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 		}
 		t.Groups = append(t.Groups, replica.TendedGroup{Group: h.group, Written: h.FS.Written})
 	}
+	if h.Coded != nil {
+		var coded []pageid.VolumeInfo
+		for _, v := range h.Volumes {
+			if h.Coded.Has(v.ID) {
+				coded = append(coded, v)
+			}
+		}
+		stop := h.tendCoded(ctx, cfg, cli, coded, dial)
+		h.onClose(func() error { stop(); return nil })
+	}
 	if len(t.Volumes) == 0 && len(t.Groups) == 0 {
-		return h, nil // erasure-coded volumes only: their shards are dropped as writes miss them
+		return h, nil // nothing replicated to tend
 	}
 	stop := t.Run(ctx)
 	h.onClose(func() error { stop(); return nil })

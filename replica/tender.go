@@ -195,12 +195,16 @@ func (t *Tender) targetFor(ctx context.Context, nodes []cluster.Node, has []stri
 }
 
 // pacer spaces a copy to RepairRate bytes a second.
-func (t *Tender) pacer() func(int) {
+func (t *Tender) pacer() func(int) { return Pacer(t.RepairRate) }
+
+// Pacer spaces a copy to rate bytes a second (0: no bound): call the
+// function it returns with each piece's bytes as it is copied.
+func Pacer(rate int64) func(int) {
 	start := time.Now()
 	var done int64
 	return func(n int) {
 		done += int64(n)
-		if rate := t.RepairRate; rate > 0 {
+		if rate > 0 {
 			if ahead := time.Duration(float64(done)/float64(rate)*float64(time.Second)) - time.Since(start); ahead > 0 {
 				time.Sleep(ahead)
 			}

@@ -14,12 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// An erasure-coded volume (4+2) over six memory-node processes: fio writes
-// crc32c-verified blocks over NBD (a FLUSH every 16 writes) while two
-// nodes are SIGKILLed, one after the other: no client error, every block
-// verifies afterwards (the dead nodes' pages decoded from the other
+// An erasure-coded volume (4+2) over eight memory-node processes: fio
+// writes crc32c-verified blocks over NBD (a FLUSH every 16 writes) while
+// two nodes are SIGKILLed, one after the other: no client error, every
+// block verifies afterwards (the dead nodes' pages decoded from the other
 // shards), the shards that missed writes are dropped in the control
-// plane, and pd3 cluster status shows the volume degraded, not lost.
+// plane. The host rebuilds the lost shards on the nodes left until pd3
+// cluster status says healthy; then a third node dies and nothing is
+// lost.
 func TestErasureCodedVolumeSurvivesTwoNodeLosses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -30,14 +32,14 @@ func TestErasureCodedVolumeSurvivesTwoNodeLosses(t *testing.T) {
 	coord := start(t, []string{"etcd"}, "coord", "--listen", "127.0.0.1:0", "--dir", t.TempDir())
 	etcd := coord.Addrs["etcd"]
 	var nodes []*bench.Child
-	for range 6 {
+	for range 8 {
 		nodes = append(nodes, start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd))
 	}
 	require.Eventually(t, func() bool {
 		out, err := run(t, "", "cluster", "status", "--etcd", etcd, "--json")
 		var st struct{ Nodes []cluster.Node }
-		return err == nil && json.Unmarshal([]byte(out), &st) == nil && len(st.Nodes) == 6
-	}, 20*time.Second, 100*time.Millisecond, "six nodes registered")
+		return err == nil && json.Unmarshal([]byte(out), &st) == nil && len(st.Nodes) == 8
+	}, 20*time.Second, 100*time.Millisecond, "eight nodes registered")
 
 	host := start(t, []string{"NBD server"}, "serve", "--ec", "4+2", "--etcd", etcd, "--volume", "disk0:128MiB",
 		"--cache", "2MiB", "--nbd", "127.0.0.1:0", "--page", "", "--op-timeout", "1s", "--writeback", "100ms")
@@ -46,14 +48,14 @@ func TestErasureCodedVolumeSurvivesTwoNodeLosses(t *testing.T) {
 			t.Logf("host:\n%s", host.Output())
 		}
 	})
-	assert.Contains(t, host.Output(), "volume disk0 placed: erasure code 4+2, 2 groups of 4+2 extents of 16 MiB over 6 nodes")
+	assert.Regexp(t, `volume disk0 placed: erasure code 4\+2, 2 groups of 4\+2 extents of 16 MiB over [67] nodes`, host.Output())
 	status := func() string {
 		out, err := run(t, "", "cluster", "status", "--etcd", etcd)
 		require.NoError(t, err, out)
 		return out
 	}
 	first := status()
-	assert.Regexp(t, `(?m)^disk0 +128MiB +\S+ +EC 4\+2 over 6 nodes +\S+ pid \d+$`, first)
+	assert.Regexp(t, `(?m)^disk0 +128MiB +\S+ +EC 4\+2 over [67] nodes +\S+ pid \d+$`, first)
 	assert.Regexp(t, `disk0\s+128MiB\s+4\+2\s+2\s+0\s+0\s+1\s+healthy`, first)
 
 	rounds := fioRounds{t: t, uri: "nbd://" + host.Addrs["NBD server"] + "/disk0", dir: t.TempDir(), region: 32 << 20, seed: 4600,
@@ -80,14 +82,28 @@ func TestErasureCodedVolumeSurvivesTwoNodeLosses(t *testing.T) {
 	require.NoError(t, json.Unmarshal(recs[0], &rec))
 	require.NotNil(t, rec.EC, out)
 	assert.Greater(t, rec.EC.Epoch, uint64(1), "shards that missed writes were dropped: %s", out)
-	// fio wrote the first group only (64 MiB): its shards at the dead
-	// nodes missed writes; the second group's are down, not dropped.
-	degraded, lost := rec.EC.Health()
-	assert.Equal(t, 1, degraded)
+	_, lost := rec.EC.Health()
 	assert.Zero(t, lost)
+	// Rebuilt on the nodes left, each group's shards on distinct nodes.
 	var last string
-	require.Eventually(t, func() bool {
-		last = status()
-		return regexp.MustCompile(`disk0\s+128MiB\s+4\+2\s+2\s+2\s+0\s+\d+\s+degraded`).MatchString(last)
-	}, 20*time.Second, 200*time.Millisecond, "degraded once etcd sees the nodes down: %s", last)
+	healthy := regexp.MustCompile(`disk0\s+128MiB\s+4\+2\s+2\s+0\s+0\s+\d+\s+healthy`)
+	require.Eventually(t, func() bool { last = status(); return healthy.MatchString(last) }, 60*time.Second, 500*time.Millisecond,
+		"rebuilt: %s", last)
+	assert.Contains(t, host.Output(), "ec: memory node down; its shards are dropped and decoded until rebuilt")
+	assert.Regexp(t, `ec: volume disk0: shard \d of group \d rebuilt on node \w+ in \S+; 0 groups degraded`, host.Output())
+	verify := func(when string) {
+		for round := range 2 {
+			out, err := rounds.run(round, true)
+			require.NoError(t, err, "%s: round %d: verify: %s", when, round, out)
+			require.NotContains(t, out, "verify: bad")
+		}
+	}
+	verify("after the repair")
+
+	// A third loss after the repair loses nothing.
+	require.NoError(t, syscall.Kill(nodes[6].Pid, syscall.SIGKILL))
+	verify("after a third loss")
+	rounds.under(2, "writes after a third loss", func() {})
+	out, err = rounds.run(2, true)
+	require.NoError(t, err, "verify: %s", out)
 }
