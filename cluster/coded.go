@@ -72,6 +72,12 @@ type Coded struct {
 	// last group) are virtual: zeroes, never stored, never lost.
 	Extents int        `json:"extents"`
 	Groups  [][]string `json:"groups"`
+	// Open is set while a host has the volume open for writing, and
+	// cleared when it closes it with every write back. A host that finds
+	// it set as it takes the volume over knows the last one stopped
+	// without closing it: a row may hold data its parity does not code,
+	// and the new host re-encodes the parity before serving.
+	Open bool `json:"open,omitempty"`
 }
 
 // Errors of coded placement.
@@ -265,4 +271,19 @@ func SetShard(ctx context.Context, cli *clientv3.Client, cluster, name string, g
 		p.Groups[g][s] = node
 		return true, nil
 	})
+}
+
+// SetOpen records whether a host has volume name open for writing
+// (Coded.Open); it returns whether it was open before.
+func SetOpen(ctx context.Context, cli *clientv3.Client, cluster, name string, open bool) (was bool, err error) {
+	// Not a change of placement: the epoch stays.
+	_, err = updateRecord(ctx, cli, cluster, name, func(rec *VolumeRecord) (bool, error) {
+		if rec.EC == nil {
+			return false, fmt.Errorf("cluster: volume %q is not erasure-coded", name)
+		}
+		was = rec.EC.Open
+		rec.EC.Open = open
+		return was != open, nil
+	})
+	return was, err
 }

@@ -16,6 +16,34 @@ import (
 	"github.com/pd3-go/pd3/replica"
 )
 
+// openCoded marks coded volume v open for writing in the control plane
+// once this host holds it. If the last holder left it open (it stopped
+// without closing it), the parity of every row is re-encoded first: a row
+// it was writing may be torn. The function returned marks the volume
+// closed again, once every dirty page is written back.
+func (h *Host) openCoded(ctx context.Context, cli *clientv3.Client, cfg Config, v pageid.VolumeInfo) (closed func(context.Context) error, err error) {
+	was, err := cluster.SetOpen(ctx, cli, cfg.Cluster, v.Name, true)
+	if err != nil {
+		return nil, fmt.Errorf("host: volume %q: marking it open: %w", v.Name, err)
+	}
+	if was {
+		start := time.Now()
+		n, err := h.Coded.Resync(ctx, v.ID)
+		if err != nil {
+			return nil, fmt.Errorf("host: volume %q was left open by a host that stopped; re-encoding its parity failed: %w", v.Name, err)
+		}
+		cfg.Log.Warn(fmt.Sprintf("ec: volume %s was left open by a host that stopped without closing it: parity re-encoded from the data in %v, %d runs of 256 KiB rewritten",
+			v.Name, time.Since(start).Round(time.Millisecond), n))
+	}
+	return func(ctx context.Context) error {
+		if h.Store != nil && h.Store.Stats().DirtyPages > 0 {
+			return nil // not every write is back: the next host re-encodes
+		}
+		_, err := cluster.SetOpen(ctx, cli, cfg.Cluster, v.Name, false)
+		return err
+	}, nil
+}
+
 // codedTendEvery is how often the host looks for coded shards to drop or
 // rebuild.
 const codedTendEvery = 2 * time.Second

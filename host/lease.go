@@ -199,7 +199,17 @@ func (h *Host) holdVolumes(ctx context.Context, cfg Config, ttl time.Duration, e
 			if err := recordVolume(gctx, cli, cfg, node, v); err != nil {
 				return err
 			}
-			return h.presentToken(gctx, v, epochs, hold)
+			if err := h.presentToken(gctx, v, epochs, hold); err != nil {
+				return err
+			}
+			if h.Coded != nil && h.Coded.Has(v.ID) {
+				release, err := h.openCoded(gctx, cli, cfg, v)
+				if err != nil {
+					return err
+				}
+				leases[i].release = func(ctx context.Context) error { return errors.Join(release(ctx), hold.Release(ctx)) }
+			}
+			return nil
 		})
 	}
 	err = g.Wait()
