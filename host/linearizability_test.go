@@ -137,27 +137,10 @@ func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode AgentMode) {
 	const clients, opsPerClient, keys = 6, 900, 32
 	base := testutil.Seed(t)
 	hist := linearize.NewHistory()
-	var wg sync.WaitGroup
-	var done sync.WaitGroup
-	done.Add(clients)
-	for c := 0; c < clients; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer done.Done()
-			cl, err := pageproto.Dial(ctx, h.PageAddr, pageproto.ClientOptions{})
-			if !assert.NoError(t, err) {
-				return
-			}
-			defer cl.Close()
-			lc := linearize.PageClient{C: cl, Vol: h.Volumes[0].ID, Stride: 512} // 2 MiB apart
-
-			assert.NoError(t, hist.Run(c, lc, keys, base, nil, opsPerClient))
-		}()
-	}
+	wait := runPageClients(t, h, hist, clients, opsPerClient, keys, base)
 	require.Eventually(t, func() bool { return hist.Len() >= clients*opsPerClient/4 }, time.Minute, time.Millisecond, "a quarter of the run done")
 	killReplica(t, access, nodes, "disk0") // mid-run
-	wg.Wait()
+	wait()
 	ok, vis := hist.Check(time.Minute)
 	require.True(t, ok, "history of %d operations is not linearizable (see %s)", hist.Len(), vis)
 	st := h.Store.Stats()
@@ -170,4 +153,74 @@ func linearizableReplicatedWithANodeKilled(t *testing.T, dpuMode AgentMode) {
 			h.Engine.Joined.Load(), h.Engine.Stale.Load(), h.Engine.Failed.Load())
 		assert.Positive(t, h.Engine.Placed.Load()+h.Engine.Joined.Load(), "the agent's prefetches served the host")
 	}
+}
+
+// TestLinearizableCodedWithANodeKilled: the porcupine check over an
+// erasure-coded volume (4+2 over six memory nodes in process), with the
+// node holding the first data shard killed mid-run as a crash would:
+// its pages are decoded from the other shards, constant eviction and
+// write-back code rows around the lost shard and drop it, and the
+// history of GET/PUT/SYNC is linearizable throughout, with the host
+// reading for itself and with the embedded agent prefetching.
+func TestLinearizableCodedWithANodeKilled(t *testing.T) {
+	for _, dpuMode := range []AgentMode{{}, EmbeddedAgent} {
+		t.Run("dpu="+dpuMode.String(), func(t *testing.T) {
+			ctx := context.Background()
+			access, nodes := startCluster(t, 6)
+			// One group of four 16 MiB extents; the workload's 32 keys 2
+			// MiB apart fall in its first four data shards' rows.
+			h, err := Start(ctx, Config{
+				Etcd: access, EC: cluster.Scheme{K: 4, M: 2}, Volumes: []VolumeSpec{{"disk0", 64 << 20}}, DPU: dpuMode,
+				CacheBytes: 8 * 4096, PageListen: "127.0.0.1:0", Workers: 4, OpTimeout: 2 * time.Second, Writeback: 50 * time.Millisecond,
+			})
+			require.NoError(t, err)
+			defer func() {
+				require.NoError(t, h.Close(ctx))
+				assert.NoError(t, h.Store.Check())
+			}()
+			const clients, opsPerClient, keys = 6, 600, 32
+			base := testutil.Seed(t)
+			hist := linearize.NewHistory()
+			wait := runPageClients(t, h, hist, clients, opsPerClient, keys, base)
+			require.Eventually(t, func() bool { return hist.Len() >= clients*opsPerClient/4 }, time.Minute, time.Millisecond, "a quarter of the run done")
+			p, ok := h.Coded.Placement(h.Volumes[0].ID)
+			require.True(t, ok)
+			killed := false
+			for _, n := range nodes {
+				if n.ID == p.Groups[0][0] {
+					n.kill() // mid-run
+					killed = true
+				}
+			}
+			require.True(t, killed)
+			wait()
+			ok, vis := hist.Check(time.Minute)
+			require.True(t, ok, "history of %d operations is not linearizable (see %s)", hist.Len(), vis)
+			st := h.Store.Stats()
+			t.Logf("%d ops; evictions %d, write-backs %d; decoded %d, dropped %d", hist.Len(), st.Evictions, st.WriteBacks,
+				h.Coded.Decoded.Load(), h.Coded.Dropped.Load())
+			assert.Greater(t, st.Evictions, uint64(200), "the cache must churn")
+			assert.Positive(t, h.Coded.Decoded.Load()+h.Coded.Dropped.Load(), "the dead node's shard was decoded or dropped")
+		})
+	}
+}
+
+// runPageClients starts clients page-protocol clients at h's first
+// volume, each running ops operations of the linearizability workload on
+// keys pages 2 MiB apart (over the extents of a volume placed over many
+// nodes), recorded in hist; the function returned waits for them.
+func runPageClients(t *testing.T, h *Host, hist *linearize.History, clients, ops, keys int, base uint64) (wait func()) {
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			cl, err := pageproto.Dial(context.Background(), h.PageAddr, pageproto.ClientOptions{})
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer cl.Close()
+			lc := linearize.PageClient{C: cl, Vol: h.Volumes[0].ID, Stride: 512}
+			assert.NoError(t, hist.Run(c, lc, keys, base, nil, ops))
+		})
+	}
+	return wg.Wait
 }
