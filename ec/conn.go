@@ -103,7 +103,7 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 	type chunk struct {
 		g, s int
 		o    uint64 // chunk-aligned offset in the shards
-		zero []bool
+		zero uint64 // bit x: shard x stayed zero
 		runs int
 	}
 	var cur *chunk
@@ -111,9 +111,9 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 		if cur == nil || cur.runs != memnode.ChunkSize/maxRunBytes {
 			return nil
 		}
-		for x, z := range cur.zero {
+		for x := range p.Shards() {
 			node, local, _ := r.node(v, v.p.Load(), cur.g, x)
-			if !z || node == nil {
+			if cur.zero&(1<<x) == 0 || node == nil {
 				continue
 			}
 			if err := node.Trim(ctx, local, p.NodeOffset(cur.g, x, cur.o), memnode.ChunkSize); err != nil && !memnode.NodeFault(ctx, err) {
@@ -134,9 +134,7 @@ func (r *Remote) Trim(ctx context.Context, vol uint16, off, n uint64) error {
 			}
 			cur = &chunk{g: g, s: s, o: co, zero: zero}
 		} else {
-			for x := range zero {
-				cur.zero[x] = cur.zero[x] && zero[x]
-			}
+			cur.zero &= zero
 		}
 		if m == maxRunBytes {
 			cur.runs++
@@ -234,13 +232,31 @@ func (r *Remote) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 		go func() { done(r.ReadAt(context.Background(), vol, off, p)) }()
 		return
 	}
-	n.ReadFn(local, at, p, func(err error) {
-		if err == nil || !memnode.NodeFault(context.Background(), err) {
-			done(err)
-			return
-		}
-		go func() { done(r.ReadAt(context.Background(), vol, off, p)) }()
-	})
+	a := r.reads.Get().(*asyncRead)
+	a.vol, a.off, a.p, a.done = vol, off, p, done
+	n.ReadFn(local, at, p, a.fn)
+}
+
+// asyncRead is a ReadFn in flight; fn is its finish method, bound once,
+// so a read allocates nothing.
+type asyncRead struct {
+	r    *Remote
+	vol  uint16
+	off  uint64
+	p    []byte
+	done func(error)
+	fn   func(error)
+}
+
+func (a *asyncRead) finish(err error) {
+	r, vol, off, p, done := a.r, a.vol, a.off, a.p, a.done
+	a.p, a.done = nil, nil
+	r.reads.Put(a)
+	if err == nil || !memnode.NodeFault(context.Background(), err) {
+		done(err)
+		return
+	}
+	go func() { done(r.ReadAt(context.Background(), vol, off, p)) }()
 }
 
 // Fence presents token for volume vol at every node holding one of its

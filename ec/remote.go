@@ -89,6 +89,8 @@ type Remote struct {
 	locks [lockStripes]sync.Mutex
 	now   func() time.Time
 	bufs  sync.Pool // *[]byte of maxRunBytes
+	rows  sync.Pool // *row
+	reads sync.Pool // *asyncRead
 
 	failedAt sync.Map // node id → time.Time of its last fault
 
@@ -102,7 +104,9 @@ type Remote struct {
 }
 
 type volume struct {
-	Volume
+	ID    uint16
+	Name  string
+	Size  uint64
 	enc   reedsolomon.Encoder
 	mu    sync.Mutex // serialises changes of p, local and joining
 	p     atomic.Pointer[cluster.Coded]
@@ -127,6 +131,8 @@ type join struct {
 func New(nodes map[string]Node, vols []Volume, ctl Control) (*Remote, error) {
 	r := &Remote{vols: map[uint16]*volume{}, ctl: ctl, seed: maphash.MakeSeed(), now: time.Now}
 	r.bufs.New = func() any { b := make([]byte, maxRunBytes); return &b }
+	r.rows.New = func() any { return new(row) }
+	r.reads.New = func() any { a := &asyncRead{r: r}; a.fn = a.finish; return a }
 	live := map[string]Node{}
 	for id, n := range nodes {
 		if n != nil {
@@ -145,7 +151,7 @@ func New(nodes map[string]Node, vols []Volume, ctl Control) (*Remote, error) {
 		if err != nil {
 			return nil, fmt.Errorf("ec: volume %q: %w", v.Name, err)
 		}
-		vol := &volume{Volume: v, enc: enc}
+		vol := &volume{ID: v.ID, Name: v.Name, Size: v.Size, enc: enc}
 		p := v.Placement.Clone()
 		vol.p.Store(&p)
 		local := maps.Clone(v.Local)
@@ -260,34 +266,60 @@ func (r *Remote) readRun(ctx context.Context, v *volume, g, s int, o uint64, buf
 	mu := r.lock(v, g, o)
 	mu.Lock()
 	defer mu.Unlock()
-	row, release := r.row(v, len(buf))
-	defer release()
-	if err := r.gather(ctx, v, g, o, row); err != nil {
+	rw := r.row(v, len(buf))
+	defer r.release(rw)
+	if err := r.gather(ctx, v, g, o, rw); err != nil {
 		return err
 	}
-	copy(buf, row.shards[s])
+	copy(buf, rw.shards[s])
 	r.Decoded.Add(1)
 	return nil
 }
 
 // row is one run of every shard of a group's row.
 type row struct {
-	shards  [][]byte
-	bufs    []*[]byte
-	corrupt []bool // answered pageid.ErrCorrupt: heal
-	failed  []bool // could not be read (lost, down or corrupt)
+	shards [][]byte // len K+M, over arr
+	// Per shard: answered pageid.ErrCorrupt (heal); could not be read
+	// (lost, down or corrupt); the error and call of its request (one
+	// request per shard at a time: reads, then writes).
+	corrupt, failed [maxShards]bool
+	errs            [maxShards]error
+	calls           [maxShards]memnode.Call
+	sent            [maxShards]bool
+	arr             [maxShards][]byte
+	bufs            [maxShards]*[]byte
 }
 
-func (r *Remote) row(v *volume, n int) (*row, func()) {
+// maxShards bounds a row (cluster.MaxData + cluster.MaxParity).
+const maxShards = cluster.MaxData + cluster.MaxParity
+
+// row takes a row of runs of n bytes from the pools; release gives it
+// back: a coded write allocates nothing.
+func (r *Remote) row(v *volume, n int) *row {
 	k := v.p.Load().Shards()
-	rw := &row{shards: make([][]byte, k), bufs: make([]*[]byte, k), corrupt: make([]bool, k), failed: make([]bool, k)}
+	rw := r.rows.Get().(*row)
+	rw.shards = rw.arr[:k]
 	for i := range k {
 		rw.bufs[i] = r.bufs.Get().(*[]byte)
 		rw.shards[i] = (*rw.bufs[i])[:n]
 	}
-	return rw, func() {
-		for _, b := range rw.bufs {
-			r.bufs.Put(b)
+	return rw
+}
+
+func (r *Remote) release(rw *row) {
+	for i := range rw.shards {
+		r.bufs.Put(rw.bufs[i])
+	}
+	*rw = row{}
+	r.rows.Put(rw)
+}
+
+// waitSent waits for every request of the row sent, into errs.
+func (rw *row) waitSent(ctx context.Context) {
+	for x := range rw.shards {
+		if rw.sent[x] {
+			rw.errs[x] = rw.calls[x].Wait(ctx)
+			rw.sent[x], rw.calls[x] = false, memnode.Call{}
 		}
 	}
 }
@@ -305,7 +337,8 @@ func (r *Remote) gather(ctx context.Context, v *volume, g int, o uint64, rw *row
 		}
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, len(rw.shards))
+	errs := rw.errs[:len(rw.shards)]
+	clear(errs)
 	for s := range rw.shards {
 		if p.Virtual(g, s) {
 			clear(rw.shards[s])
@@ -402,18 +435,18 @@ func (r *Remote) writeRun(ctx context.Context, v *volume, g, s int, o uint64, da
 // zeroes, trimmed at the node): the row's other data shards are read (or
 // decoded), the parity encoded, and the data shard and the parity shards
 // written. With data nil a parity run that comes out all zeroes is
-// trimmed too; zero reports which shards now hold only zeroes there.
-func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n int, data []byte) (zero []bool, err error) {
+// trimmed too; zero has bit x set for each shard x now all zeroes there.
+func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n int, data []byte) (zero uint64, err error) {
 	mu := r.lock(v, g, o)
 	mu.Lock()
 	defer mu.Unlock()
-	rw, release := r.row(v, n)
-	defer release()
+	rw := r.row(v, n)
+	defer r.release(rw)
 	// The shards being rebuilt before the placement: see volume.joining.
 	joins := r.joiningAt(v, g, o)
 	p := v.p.Load()
 	if err := r.readOthers(ctx, v, p, g, s, o, rw); err != nil {
-		return nil, err
+		return 0, err
 	}
 	trim := data == nil
 	if trim {
@@ -422,14 +455,12 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 		copy(rw.shards[s], data)
 	}
 	if err := v.enc.Encode(rw.shards); err != nil {
-		return nil, fmt.Errorf("ec: volume %q group %d: %w", v.Name, g, err)
+		return 0, fmt.Errorf("ec: volume %q group %d: %w", v.Name, g, err)
 	}
-	zero = make([]bool, p.Shards())
 	// Write the data shard and the parity (every other data shard is
 	// unchanged), every request sent before any is awaited.
-	errs := make([]error, p.Shards())
-	calls := make([]memnode.Call, p.Shards())
-	sent := make([]bool, p.Shards())
+	errs := rw.errs[:len(rw.shards)]
+	clear(errs)
 	for _, j := range joins {
 		// A shard being rebuilt whose copy is past this row takes its
 		// new bytes too (the copy holds this lock for each run).
@@ -453,20 +484,16 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 			errs[x] = fmt.Errorf("node %s: %w", id, pageid.ErrUnavailable)
 			continue
 		}
-		zero[x] = trim && (x == s || isZero(rw.shards[x]))
 		at := p.NodeOffset(g, x, o)
-		if zero[x] {
-			calls[x] = node.TrimAsync(ctx, local, at, uint64(n))
+		if trim && (x == s || isZero(rw.shards[x])) {
+			zero |= 1 << x
+			rw.calls[x] = node.TrimAsync(ctx, local, at, uint64(n))
 		} else {
-			calls[x] = node.WriteAsync(ctx, local, at, rw.shards[x])
+			rw.calls[x] = node.WriteAsync(ctx, local, at, rw.shards[x])
 		}
-		sent[x] = true
+		rw.sent[x] = true
 	}
-	for x := range calls {
-		if sent[x] {
-			errs[x] = calls[x].Wait(ctx)
-		}
-	}
+	rw.waitSent(ctx)
 	// The row holds the write where at least K of its shards agree with
 	// it: the data shards it did not change and still has, and the shards
 	// that took it. A shard that missed it is dropped first.
@@ -482,20 +509,20 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 			held++
 			continue
 		}
-		zero[x] = false
+		zero &^= 1 << x
 		if err == errShardLost {
 			continue
 		}
 		if !memnode.NodeFault(ctx, err) {
-			return nil, fmt.Errorf("ec: volume %q group %d shard %d: %w", v.Name, g, x, err)
+			return 0, fmt.Errorf("ec: volume %q group %d shard %d: %w", v.Name, g, x, err)
 		}
 		r.noteFault(p.Groups[g][x], err)
 		if derr := r.drop(ctx, v, g, x); derr != nil {
-			return nil, fmt.Errorf("ec: volume %q group %d shard %d missed a write (%v) and could not be dropped: %w", v.Name, g, x, err, derr)
+			return 0, fmt.Errorf("ec: volume %q group %d shard %d missed a write (%v) and could not be dropped: %w", v.Name, g, x, err, derr)
 		}
 	}
 	if held < p.K {
-		return nil, fmt.Errorf("ec: volume %q group %d: %d of %d shards took the write: %w", v.Name, g, held, p.Shards(), ErrLost)
+		return 0, fmt.Errorf("ec: volume %q group %d: %d of %d shards took the write: %w", v.Name, g, held, p.Shards(), ErrLost)
 	}
 	return zero, nil
 }
@@ -507,9 +534,8 @@ var errShardLost = errors.New("ec: shard lost")
 // from the whole row as it stands (shard s's old bytes included).
 func (r *Remote) readOthers(ctx context.Context, v *volume, p *cluster.Coded, g, s int, o uint64, rw *row) error {
 	// Every read is sent before any is awaited: one round trip.
-	errs := make([]error, p.K)
-	calls := make([]memnode.Call, p.K)
-	sent := make([]bool, p.K)
+	errs := rw.errs[:p.K]
+	clear(errs)
 	for d := range p.K {
 		if d == s {
 			continue
@@ -523,13 +549,9 @@ func (r *Remote) readOthers(ctx context.Context, v *volume, p *cluster.Coded, g,
 			errs[d] = errShardLost
 			continue
 		}
-		calls[d], sent[d] = n.ReadAsync(ctx, local, p.NodeOffset(g, d, o), rw.shards[d]), true
+		rw.calls[d], rw.sent[d] = n.ReadAsync(ctx, local, p.NodeOffset(g, d, o), rw.shards[d]), true
 	}
-	for d := range calls {
-		if sent[d] {
-			errs[d] = calls[d].Wait(ctx)
-		}
-	}
+	rw.waitSent(ctx)
 	for d, err := range errs {
 		if err == nil || err == errShardLost {
 			continue

@@ -168,8 +168,8 @@ func (r *Remote) copyRun(ctx context.Context, v *volume, g, s int, o uint64, nod
 	if j.done.Load() < o {
 		return fmt.Errorf("a write to the rebuilt rows failed at the new node")
 	}
-	rw, release := r.row(v, maxRunBytes)
-	defer release()
+	rw := r.row(v, maxRunBytes)
+	defer r.release(rw)
 	if err := r.gather(ctx, v, g, o, rw); err != nil {
 		return err
 	}

@@ -37,8 +37,8 @@ func (r *Remote) resyncRun(ctx context.Context, v *volume, g int, o uint64) (int
 	mu := r.lock(v, g, o)
 	mu.Lock()
 	defer mu.Unlock()
-	rw, release := r.row(v, maxRunBytes)
-	defer release()
+	rw := r.row(v, maxRunBytes)
+	defer r.release(rw)
 	if err := r.gather(ctx, v, g, o, rw); err != nil {
 		return 0, err
 	}

@@ -166,9 +166,11 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if err := h.serve(ctx, cfg); err != nil {
 		return nil, err
 	}
-	var tended []pageid.VolumeInfo
+	var tended, codedVols []pageid.VolumeInfo
 	for _, v := range h.Volumes {
-		if h.Coded == nil || !h.Coded.Has(v.ID) {
+		if h.Coded != nil && h.Coded.Has(v.ID) {
+			codedVols = append(codedVols, v)
+		} else {
 			tended = append(tended, v)
 		}
 	}
@@ -180,14 +182,8 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 		}
 		t.Groups = append(t.Groups, replica.TendedGroup{Group: h.group, Written: h.FS.Written})
 	}
-	if h.Coded != nil {
-		var coded []pageid.VolumeInfo
-		for _, v := range h.Volumes {
-			if h.Coded.Has(v.ID) {
-				coded = append(coded, v)
-			}
-		}
-		stop := h.tendCoded(ctx, cfg, cli, coded, dial)
+	if len(codedVols) > 0 {
+		stop := h.tendCoded(ctx, cfg, cli, codedVols, dial)
 		h.onClose(func() error { stop(); return nil })
 	}
 	if len(t.Volumes) == 0 && len(t.Groups) == 0 {

@@ -17,7 +17,7 @@ import (
 
 // An erasure-coded volume (4+2) over eight memory-node processes: fio
 // writes crc32c-verified blocks over NBD (a FLUSH every 16 writes) while
-// two nodes are SIGKILLed, one after the other: no client error, every
+// two nodes are SIGKILLed: no client error, every
 // block verifies afterwards (the dead nodes' pages decoded from the other
 // shards), the shards that missed writes are dropped in the control
 // plane. The host rebuilds the lost shards on the nodes left until pd3
@@ -64,7 +64,6 @@ func TestErasureCodedVolumeSurvivesTwoNodeLosses(t *testing.T) {
 		args: []string{"--io_size=6m"}}
 	rounds.under(0, "two memory nodes SIGKILLed", func() {
 		require.NoError(t, syscall.Kill(nodes[1].Pid, syscall.SIGKILL))
-		time.Sleep(500 * time.Millisecond)
 		require.NoError(t, syscall.Kill(nodes[4].Pid, syscall.SIGKILL))
 	})
 	out, err := rounds.run(0, true)
