@@ -165,6 +165,15 @@ func New(nc net.Conn, p Protocol, opt Options) *Session {
 	}
 	s := &Session{nc: nc, proto: p, opt: opt, calls: NewTable[Call](opt.MaxInFlight), closed: make(chan struct{}), fast: sockio.NewReader(nc)}
 	s.w = NewBatchWriter(nc, opt.MaxPending, func(err error) { s.fail(fmt.Errorf("writing request: %w", err)) })
+	if s.fast != nil {
+		s.fast.Client()
+	}
+	s.calls.OnAwait(func(on bool) {
+		if s.fast != nil {
+			s.fast.Awaiting(on)
+		}
+		opt.Busy.Await(on)
+	})
 	s.pool.New = func() any { return &Call{done: make(chan struct{}, 1)} }
 	s.wg.Add(2)
 	go s.readLoop()

@@ -321,3 +321,30 @@ func TestReaderLeavesItsPToTheCallerItWoke(t *testing.T) {
 		}
 	}
 }
+
+// A session counts itself in its Busy while it has calls in flight, so
+// that the readers of other connections do not wait in poll(2) meanwhile
+// (sockio.Busy.Await), and stops counting when the calls are answered or
+// the connection breaks.
+func TestSessionCountsItselfAwaitedWhileCallsAreInFlight(t *testing.T) {
+	var busy sockio.Busy
+	cl, sv := tcpPair(t)
+	release := make(chan struct{})
+	toyServer(t, sv, release)
+	s := New(cl, toy{}, Options{Busy: &busy})
+	defer s.Close(io.EOF)
+	assert.Zero(t, busy.Awaited())
+	a, b := send(t, s, make([]byte, 4)), send(t, s, make([]byte, 4))
+	assert.Equal(t, 1, busy.Awaited(), "one connection, two calls")
+	release <- struct{}{}
+	require.NoError(t, a.Wait(context.Background()))
+	assert.Equal(t, 1, busy.Awaited(), "a call still in flight")
+	release <- struct{}{}
+	require.NoError(t, b.Wait(context.Background()))
+	assert.Zero(t, busy.Awaited())
+	c := send(t, s, make([]byte, 4))
+	assert.Equal(t, 1, busy.Awaited())
+	sv.Close()
+	assert.Error(t, c.Wait(context.Background()))
+	assert.Zero(t, busy.Awaited(), "a broken connection awaits nothing")
+}

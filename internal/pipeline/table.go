@@ -19,7 +19,14 @@ type Table[C any] struct {
 	free    []uint32
 	pending int
 	err     error // set once; every later Register fails with it
+	// awaits, if set, is told under the table's lock when the table
+	// starts (true) and stops (false) having calls in flight.
+	awaits func(bool)
 }
+
+// OnAwait sets f to be told, in order, whenever the table starts (true) and
+// stops (false) having calls in flight. Set it before the first Register.
+func (t *Table[C]) OnAwait(f func(bool)) { t.awaits = f }
 
 // NewTable returns a table of n slots (at most MaxInFlight).
 func NewTable[C any](n int) *Table[C] {
@@ -48,6 +55,9 @@ func (t *Table[C]) Register(c *C) (tag uint32, inFlight int, err error) {
 	t.free = t.free[:len(t.free)-1]
 	t.slots[idx] = c
 	t.pending++
+	if t.pending == 1 && t.awaits != nil {
+		t.awaits(true)
+	}
 	return uint32(t.gens[idx])<<idxBits | idx, t.pending, nil
 }
 
@@ -65,6 +75,9 @@ func (t *Table[C]) Take(tag uint32) *C {
 	t.gens[idx]++
 	t.free = append(t.free, idx)
 	t.pending--
+	if t.pending == 0 && t.awaits != nil {
+		t.awaits(false)
+	}
 	t.cond.Signal()
 	return c
 }
@@ -84,6 +97,9 @@ func (t *Table[C]) Fail(err error) (calls []*C, first bool) {
 			calls = append(calls, c)
 			t.slots[i] = nil
 		}
+	}
+	if t.pending > 0 && t.awaits != nil {
+		t.awaits(false)
 	}
 	t.pending = 0
 	t.cond.Broadcast()

@@ -51,3 +51,25 @@ func TestTable(t *testing.T) {
 	assert.ErrorIs(t, err, gone)
 	assert.Zero(t, tb.Pending())
 }
+
+// OnAwait hears, in order, each time the table starts and stops having
+// calls in flight: once per busy period, and once more at Fail.
+func TestTableTellsWhenItAwaits(t *testing.T) {
+	type call struct{}
+	tb := NewTable[call](4)
+	var heard []bool
+	tb.OnAwait(func(on bool) { heard = append(heard, on) })
+	ta, _, _ := tb.Register(&call{})
+	tb2, _, _ := tb.Register(&call{})
+	tb.Take(ta)
+	assert.Equal(t, []bool{true}, heard, "one call still in flight")
+	tb.Take(tb2)
+	tb.Take(tb2) // taken already: no second false
+	assert.Equal(t, []bool{true, false}, heard)
+	tb.Register(&call{})
+	tb.Fail(errors.New("gone"))
+	tb.Fail(errors.New("again"))
+	assert.Equal(t, []bool{true, false, true, false}, heard)
+	tb.Register(&call{}) // refused: nothing in flight
+	assert.Equal(t, []bool{true, false, true, false}, heard)
+}

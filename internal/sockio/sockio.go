@@ -77,6 +77,14 @@ type Reader struct {
 	busy *Busy
 	// handed: the owner readied a goroutine since the last wait (Handed).
 	handed bool
+	// client: the connection carries a client's calls and answers
+	// (Client); awaiting: it has answers outstanding (Awaiting).
+	client   bool
+	awaiting atomic.Bool
+	// fromPoller: the last wait was in the network poller, so this
+	// thread may be the one that polled the network for the process
+	// (Busy.Await).
+	fromPoller bool
 	// Spins counts the attempts made while spinning: an idle connection
 	// adds none once its window has passed.
 	Spins atomic.Uint64
@@ -159,6 +167,16 @@ func (r *Reader) DirectIf(b *Busy) { r.direct, r.busy = true, b }
 // theirs in read(2), always). Call it from the reading goroutine.
 func (r *Reader) Handed() { r.handed = true }
 
+// Client marks the Reader as a client's: its connection carries answers
+// to calls the process made (Awaiting says when some are outstanding).
+// Call it before the first Read.
+func (r *Reader) Client() { r.client = true }
+
+// Awaiting tells a client's Reader whether its connection has answers
+// outstanding; the owner counts the same in the Busy (Busy.Await). Safe
+// from any goroutine.
+func (r *Reader) Awaiting(on bool) { r.awaiting.Store(on) }
+
 // Busy counts the requests a process is serving, for DirectIf: its
 // front ends add each request from reading it to queueing its reply. It
 // also bounds the Readers of the process blocked in poll(2) at once to
@@ -174,6 +192,76 @@ type Busy struct {
 	conns atomic.Int32 // client connections being served (AddConn)
 	polls atomic.Int32 // Readers blocked in poll(2)
 	max   atomic.Int32 // places; 0 until first used
+	// awaited: client connections with answers outstanding (Await);
+	// parked: servers' Readers waiting in the network poller.
+	awaited atomic.Int32
+	parked  atomic.Int32
+	nudges  atomic.Uint64 // nudge calls
+}
+
+// Await adds (on) or removes a client connection with answers
+// outstanding (Reader.Awaiting).
+//
+// A Reader whose last wait was in the network poller, about to wait in
+// poll(2) while another connection of its Busy waits in the poller for
+// input that matters (a client's answers outstanding, or a server's next
+// request: its Reader parked), first wakes a thread to poll the network
+// (nudge). Woken by the network poller, its thread may be the one that
+// polled the network for the process, and the other Ps' threads asleep:
+// blocked in poll(2), it would leave the network unpolled until Go's
+// monitor polls it, every 10 ms (the monitor takes the thread's P back
+// only when no P is idle). Those were the 10-12 ms waits of a host
+// reading from two memory nodes at once (a round in 1 ms instead of
+// 0.14) and the 12 ms tails of its NBD reads at depth 32 over two nodes
+// (docs/decisions.md, 27). A Reader woken from poll(2) was not the
+// poller and needs no nudge.
+func (b *Busy) Await(on bool) {
+	if b == nil {
+		return
+	}
+	if on {
+		b.awaited.Add(1)
+	} else {
+		b.awaited.Add(-1)
+	}
+}
+
+// Awaited is the number of client connections with answers outstanding.
+func (b *Busy) Awaited() int {
+	if b == nil {
+		return 0
+	}
+	return int(b.awaited.Load())
+}
+
+// Nudges counts the waits in poll(2) that first woke a thread to poll
+// the network (Await).
+func (b *Busy) Nudges() uint64 {
+	if b == nil {
+		return 0
+	}
+	return b.nudges.Load()
+}
+
+// Parked is the number of servers' Readers waiting in the network poller.
+func (b *Busy) Parked() int {
+	if b == nil {
+		return 0
+	}
+	return int(b.parked.Load())
+}
+
+// othersWait reports whether a connection other than r's waits in the
+// network poller for input that matters (Await).
+func (b *Busy) othersWait(r *Reader) bool {
+	if b == nil {
+		return false
+	}
+	n := b.awaited.Load()
+	if r.client && r.awaiting.Load() {
+		n--
+	}
+	return n > 0 || b.parked.Load() > 0
 }
 
 // AddConn adds d to the client connections the process serves (1 as one
@@ -297,14 +385,20 @@ func (r *Reader) waitRead(p []byte, spin bool) (int, error) {
 			return n, err
 		}
 	}
-	if !r.busy.takePoll() {
+	// A read that filled its buffer left the socket unread, so the wait
+	// comes only now; the same rules apply to it.
+	if r.handed || !r.busy.Lone() || !r.busy.takePoll() {
 		return r.pollerRead(p)
+	}
+	if r.fromPoller && r.busy.othersWait(r) {
+		r.busy.nudge()
 	}
 	defer r.busy.givePoll()
 	for {
 		if err := r.Wait(); err != nil {
 			return 0, err
 		}
+		r.fromPoller = false
 		n, err := r.TryRead(p)
 		if n > 0 || err != nil {
 			r.drained = n < len(p)
@@ -315,8 +409,15 @@ func (r *Reader) waitRead(p []byte, spin bool) (int, error) {
 
 // pollerRead reads through the network poller.
 func (r *Reader) pollerRead(p []byte) (int, error) {
-	r.handed = false
+	r.handed, r.fromPoller = false, true
+	server := !r.client && r.busy != nil
+	if server {
+		r.busy.parked.Add(1)
+	}
 	n, err := r.nc.Read(p)
+	if server {
+		r.busy.parked.Add(-1)
+	}
 	r.drained = n < len(p)
 	return n, err
 }
@@ -458,3 +559,14 @@ func (w *Writer) write(fd uintptr) bool {
 		}
 	}
 }
+
+// nudge makes sure a thread other than the caller's polls the network:
+// starting a goroutine wakes a thread for an idle P (the runtime's
+// wakep), and that thread, finding nothing else to run, polls the
+// network until there is.
+func (b *Busy) nudge() {
+	b.nudges.Add(1)
+	go nop()
+}
+
+func nop() {}

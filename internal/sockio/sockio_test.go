@@ -412,6 +412,83 @@ func TestPollPlacesLeaveAPFree(t *testing.T) {
 	assert.Zero(t, busy.Polls(), "every place given back")
 }
 
+// A Reader back from the network poller that waits in poll(2) while
+// another connection waits in the poller for input that matters (a
+// client's answers outstanding, its own not counted, or a server's next
+// request) first wakes a thread to poll the network; one woken from
+// poll(2) does not need to.
+func TestReaderBackFromThePollerNudgesAPoller(t *testing.T) {
+	a, b := pair(t, "tcp", "127.0.0.1:0")
+	r := NewReader(b)
+	require.NotNil(t, r)
+	var busy Busy
+	r.DirectIf(&busy)
+	r.Client()
+	var p [8]byte
+	a.Write([]byte{0})
+	_, err := r.Read(p[:]) // drained: the next read waits
+	require.NoError(t, err)
+	for i, tc := range []struct {
+		handed      bool // the wait before this one was in the network poller
+		self, other bool // client connections awaiting answers
+		server      bool // a server's Reader parked
+		nudge       bool // want: a thread woken to poll the network
+	}{
+		{},
+		{other: true},                            // woken from poll(2): never the poller
+		{handed: true, other: true, nudge: true}, // from the poller, another awaits
+		{handed: true, self: true},               // its own answers count for nothing
+		{handed: true, self: true, other: true, nudge: true},
+		{handed: true, server: true, nudge: true}, // a server's reader parked
+		{handed: true},
+	} {
+		if tc.handed {
+			r.Handed()
+			go writeOnceWaiting(a, &busy, false)
+			_, err := r.Read(p[:])
+			require.NoError(t, err)
+		}
+		busy.awaited.Store(0)
+		busy.parked.Store(0)
+		r.Awaiting(tc.self)
+		for _, on := range []bool{tc.self, tc.other} {
+			if on {
+				busy.Await(true)
+			}
+		}
+		if tc.server {
+			busy.parked.Add(1)
+		}
+		before, nudges := r.Wakeups.Load(), busy.Nudges()
+		go writeOnceWaiting(a, &busy, true)
+		n, err := r.Read(p[:])
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		assert.Greater(t, r.Wakeups.Load(), before, "case %d %+v: not in poll(2)", i, tc)
+		if tc.nudge {
+			assert.Equal(t, nudges+1, busy.Nudges(), "case %d %+v: no thread woken to poll the network", i, tc)
+		} else {
+			assert.Equal(t, nudges, busy.Nudges(), "case %d %+v: a thread woken for nothing", i, tc)
+		}
+	}
+	busy.parked.Store(0)
+	busy.awaited.Store(0)
+	// A server's Reader parked is counted while it waits there.
+	srv := NewReader(a)
+	require.NotNil(t, srv)
+	srv.DirectIf(&busy)
+	srv.Handed()
+	done := make(chan error, 1)
+	go func() {
+		_, err := srv.Read(p[:])
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return busy.Parked() == 1 }, 5*time.Second, time.Millisecond)
+	b.Write([]byte{1})
+	require.NoError(t, <-done)
+	assert.Zero(t, busy.Parked())
+}
+
 func TestBusyIsLoneWithOneRequestAtMost(t *testing.T) {
 	var nilBusy *Busy
 	nilBusy.Add(5) // counts nothing
