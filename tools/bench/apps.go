@@ -232,11 +232,12 @@ func findPostgres() (string, error) {
 // appStack is an export with a filesystem on it, mounted: the system's
 // processes, nbdfuse, the loop device and the mount, undone by close.
 type appStack struct {
-	proc, node *Child
-	metrics    string // the pd3 host's /metrics address, or ""
-	dir, mnt   string
-	loop       string
-	undo       []func()
+	proc     *Child
+	nodes    Nodes
+	metrics  string // the pd3 host's /metrics address, or ""
+	dir, mnt string
+	loop     string
+	undo     []func()
 }
 
 func (s *appStack) close() {
@@ -283,7 +284,7 @@ func startAppStack(ctx context.Context, opt AppsOptions, sys string) (_ *appStac
 			return nil, err
 		}
 		s.undo = append(s.undo, front.Stop)
-		s.proc, s.node, uri = front, remote, "nbd://"+addr
+		s.proc, s.nodes, uri = front, Nodes{remote}, "nbd://"+addr
 	case "pd3", "pd3-noagent", "pd3-leap", "pd3-cached":
 		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
 		if err != nil {
@@ -309,7 +310,7 @@ func startAppStack(ctx context.Context, opt AppsOptions, sys string) (_ *appStac
 			return nil, err
 		}
 		s.undo = append(s.undo, host.Stop)
-		s.proc, s.node, s.metrics = host, node, host.Addrs["metrics"]
+		s.proc, s.nodes, s.metrics = host, Nodes{node}, host.Addrs["metrics"]
 		uri = "nbd://" + host.Addrs["NBD server"] + "/disk0"
 	default:
 		return nil, fmt.Errorf("unknown system %q", sys)
@@ -667,7 +668,7 @@ func appMeasured(ctx context.Context, st *appStack, fn func() (Result, error)) (
 			return Result{}, err
 		}
 	}
-	r, err := measured(st.proc, st.node, "", "", fn)
+	r, err := measured(st.proc, st.nodes, "", "", fn)
 	if err != nil {
 		return r, err
 	}
@@ -785,13 +786,13 @@ func sqliteWorkload(g *memcg.Group, db, w string, opt AppsOptions) (Result, erro
 // workloads run under budget (0: none); then the database is checked.
 func runFS(ctx context.Context, opt AppsOptions, sys string, budget, label uint64, step func(string)) (_ []Result, err error) {
 	step("starting")
-	file, proc, node, stop, err := startFUSESystem(ctx, FUSEOptions{Exe: opt.Exe, Size: opt.Size, Cache: opt.Cache}, fsSystems[sys])
+	file, proc, nodes, stop, err := startFUSESystem(ctx, FUSEOptions{Exe: opt.Exe, Size: opt.Size, Cache: opt.Cache}, fsSystems[sys])
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
 	dir := filepath.Dir(file)
-	st := &appStack{proc: proc, node: node}
+	st := &appStack{proc: proc, nodes: nodes}
 	if proc != nil {
 		st.metrics = proc.Addrs["metrics"] // the pd3 mount's
 	}

@@ -239,6 +239,42 @@ func (c *Child) Output() string {
 	return c.out.String()
 }
 
+// Nodes are a system's memory node processes (or a peer's remote
+// server), measured as one: CPU and RSS summed.
+type Nodes []*Child
+
+// CPU is the nodes' CPU time so far.
+func (n Nodes) CPU() time.Duration {
+	var d time.Duration
+	for _, c := range n {
+		d += c.CPU()
+	}
+	return d
+}
+
+// RSS is the nodes' resident memory.
+func (n Nodes) RSS() uint64 {
+	var b uint64
+	for _, c := range n {
+		b += c.RSS()
+	}
+	return b
+}
+
+// Stored is the page memory the nodes serving /metrics have allocated
+// (pd3_memnode_used_bytes, summed); 0 if none serves it.
+func (n Nodes) Stored(ctx context.Context) uint64 {
+	var b uint64
+	for _, c := range n {
+		if url := c.Addrs["metrics"]; url != "" {
+			if v, err := scrapeValues(ctx, url); err == nil {
+				b += uint64(v["memnode_used_bytes"])
+			}
+		}
+	}
+	return b
+}
+
 // StartChild runs exe with args and waits until it has printed a
 // "listening on ADDR" line for every role in want.
 func StartChild(ctx context.Context, exe string, want []string, args ...string) (*Child, error) {

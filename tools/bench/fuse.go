@@ -132,13 +132,13 @@ func FUSE(ctx context.Context, opt FUSEOptions) (*Report, error) {
 	}
 	rep := &Report{Bench: "fuse", Machine: Machine(), Ratios: map[string]float64{}}
 	iops, err := runSuite(rep, opt.Progress, opt.Rounds, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
-		file, proc, node, stop, err := startFUSESystem(ctx, opt, sys)
+		file, proc, nodes, stop, err := startFUSESystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err
 		}
 		base := []string{"--name=pd3", "--filename=" + file, "--size=" + strconv.FormatUint(opt.Size, 10), "--thread"}
 		return suiteSystem{
-			proc: proc, node: node, stop: stop,
+			proc: proc, nodes: nodes, stop: stop,
 			fill: func() error {
 				_, err := runFioArgs(ctx, append(base, "--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1"), nil)
 				return err
@@ -245,7 +245,7 @@ func waitMounted(dir string) error {
 // startFUSESystem mounts a system and returns the file to test, the
 // process to measure (nil for tmpfs), pd3's memory node (nil for the
 // others) and a stop function.
-func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, *Child, *Child, func(), error) {
+func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, *Child, Nodes, func(), error) {
 	dir, err := os.MkdirTemp("", "pd3-fuse-bench-")
 	if err != nil {
 		return "", nil, nil, nil, err
@@ -285,15 +285,16 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			stop()
 			return "", nil, nil, nil, err
 		}
-		return filepath.Join(mnt, "bench"), host, node, stop, nil
+		return filepath.Join(mnt, "bench"), host, Nodes{node}, stop, nil
 	case "pd3-r1", "pd3-r2":
 		// The filesystem over two memory nodes, in one copy or two.
-		_, host, node, stop, err := startReplicated(ctx, opt.Exe, opt.Cache, "4MiB", strings.TrimPrefix(sys, "pd3-r"), "embedded", "--mount", mnt)
+		cs, _ := parseClusterSystem(sys)
+		_, host, nodes, stop, err := startCluster(ctx, opt.Exe, opt.Cache, "4MiB", cs, "--mount", mnt)
 		if err != nil {
 			cleanup()
 			return "", nil, nil, nil, err
 		}
-		return filepath.Join(mnt, "bench"), host, node, func() { stop(); cleanup() }, nil
+		return filepath.Join(mnt, "bench"), host, nodes, func() { stop(); cleanup() }, nil
 	case "nbdfuse-nbdkit", "nbdfuse-cache-nbd":
 		for _, bin := range []string{"nbdkit", "nbdfuse"} {
 			if _, err := exec.LookPath(bin); err != nil {
@@ -340,7 +341,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		}
 		// The server measured is the one the FUSE daemon talks to; the
 		// chain's remote plays the memory node.
-		return filepath.Join(mnt, "bench"), kitChild, remote, stop, nil
+		return filepath.Join(mnt, "bench"), kitChild, Nodes{remote}, stop, nil
 	case "go-fuse-nbdkit":
 		// The ceiling of a Go FUSE server one hop from its data:
 		// ServeFUSERelay in a process of its own, nbdkit memory behind it.
@@ -365,7 +366,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			stop()
 			return "", nil, nil, nil, err
 		}
-		return filepath.Join(mnt, "bench"), relay, kit, stop, nil
+		return filepath.Join(mnt, "bench"), relay, Nodes{kit}, stop, nil
 	case "bindfs":
 		if _, err := exec.LookPath("bindfs"); err != nil {
 			cleanup()

@@ -52,9 +52,11 @@ type NBDOptions struct {
 // memory node; nbdkit-readahead-cache-nbd adds nbdkit's readahead filter
 // above the cache (prefetching).
 //
-// pd3-r1 and pd3-r2 are replicated volumes (--replicas 1 and 2) over two
-// memory node processes and a pd3 coord, with the embedded agent as pd3:
-// the cost of the second replica; -noagent, the same with --dpu none.
+// pd3-rN are replicated volumes (--replicas N) over max(2, N) memory
+// node processes and a pd3 coord, with the embedded agent as pd3: the
+// cost of each replica; pd3-ecK+M an erasure-coded one (--ec K+M) over
+// K+M nodes; -noagent, the same with --dpu none. Their memory nodes are
+// measured together (CPU, RSS and stored bytes summed).
 //
 // go-relay-nbdkit-memory is the ceiling of a miss as pd3's host makes it:
 // a Go process that only relays bytes (each direction on a goroutine
@@ -62,7 +64,7 @@ type NBDOptions struct {
 // a process of its own, so every read makes a miss's four crossings and
 // nothing else. A relay whose sending thread reads each answer itself is
 // faster still (pd3 bench nbd --breakdown, the go-relay rows).
-var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-local-poll", "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-local-poll", "pd3-r1", "pd3-r2", "pd3-r3", "pd3-ec4+2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q1t4", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -87,14 +89,14 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 	}
 	rep := &Report{Bench: "nbd", Machine: Machine(), Ratios: map[string]float64{}}
 	iops, err := runSuite(rep, opt.Progress, opt.Rounds, opt.Systems, opt.Jobs, func(sys string) (suiteSystem, error) {
-		uri, server, node, stop, err := startNBDSystem(ctx, opt, sys)
+		uri, server, nodes, stop, err := startNBDSystem(ctx, opt, sys)
 		if err != nil {
 			return suiteSystem{}, err
 		}
 		env := []string{"NBD_URI=" + uri, "SIZE=" + strconv.FormatUint(opt.Size, 10),
 			"RUNTIME=" + strconv.Itoa(int(opt.Runtime.Seconds())), "RAMP=" + strconv.Itoa(int(opt.Ramp.Seconds()))}
 		return suiteSystem{
-			proc: server, node: node, stop: stop,
+			proc: server, nodes: nodes, stop: stop,
 			fill: func() error { _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); return err },
 			run: func(job string) (Result, error) {
 				if nativeJobs[job] {
@@ -130,6 +132,15 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		if iops["pd3-r1"][job] > 0 && iops["pd3-r2"][job] > 0 {
 			rep.Ratios["pd3-r2/pd3-r1@"+job] = iops["pd3-r2"][job] / iops["pd3-r1"][job]
 		}
+		if iops["pd3-r3"][job] > 0 && iops["pd3-ec4+2"][job] > 0 {
+			rep.Ratios["pd3-ec4+2/pd3-r3@"+job] = iops["pd3-ec4+2"][job] / iops["pd3-r3"][job]
+		}
+	}
+	// Memory at the nodes per byte stored, from the median runs.
+	for _, r := range rep.Results {
+		if _, ok := parseClusterSystem(r.System); ok && r.MemnodeStored > 0 && r.Config == opt.Jobs[len(opt.Jobs)-1] {
+			rep.Ratios["memory/stored:"+r.System] = float64(r.MemnodeStored) / float64(opt.Size)
+		}
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("fio ioengine=nbd, 4 KiB, %v per job after %v ramp, export of %s filled first; pd3: memory node in its own process, %s host cache, embedded agent; nbdkit memory and go-nbd keep the data in their own memory",
 		opt.Runtime, opt.Ramp, units.FormatSize(opt.Size), units.FormatSize(opt.Cache)))
@@ -138,7 +149,7 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 
 // startNBDSystem starts a server and returns its URI, the process to
 // measure, pd3's memory node (nil for the others), and a stop function.
-func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, *Child, func(), error) {
+func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *Child, Nodes, func(), error) {
 	size := strconv.FormatUint(opt.Size, 10)
 	switch sys {
 	case "pd3-local", "pd3-local-poll":
@@ -173,14 +184,7 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			os.RemoveAll(dir)
 			return "", nil, nil, nil, err
 		}
-		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, node, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
-	case "pd3-r1", "pd3-r2", "pd3-r1-noagent", "pd3-r2-noagent":
-		replicas, noAgent := strings.CutSuffix(strings.TrimPrefix(sys, "pd3-r"), "-noagent")
-		dpuMode := "embedded"
-		if noAgent {
-			dpuMode = "none"
-		}
-		return startReplicated(ctx, opt.Exe, opt.Cache, size, replicas, dpuMode)
+		return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, Nodes{node}, func() { host.Stop(); node.Stop(); os.RemoveAll(dir) }, nil
 	case "go-nbd":
 		srv, err := StartChild(ctx, opt.Exe, []string{"go-nbd server"}, "bench", "gonbd-server", "--listen", "127.0.0.1:0", "--size", size)
 		if err != nil {
@@ -203,22 +207,60 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 			remote.Stop()
 			return "", nil, nil, nil, err
 		}
-		return "nbd://" + relay.Addrs["crossing server"], relay, remote, func() { relay.Stop(); remote.Stop() }, nil
+		return "nbd://" + relay.Addrs["crossing server"], relay, Nodes{remote}, func() { relay.Stop(); remote.Stop() }, nil
 	case "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd":
 		front, remote, addr, err := startNbdkitCacheChain(ctx, opt.Size, opt.Cache, sys == "nbdkit-readahead-cache-nbd")
 		if err != nil {
 			return "", nil, nil, nil, err
 		}
-		return "nbd://" + addr, front, remote, func() { front.Stop(); remote.Stop() }, nil
+		return "nbd://" + addr, front, Nodes{remote}, func() { front.Stop(); remote.Stop() }, nil
+	}
+	if cs, ok := parseClusterSystem(sys); ok {
+		return startCluster(ctx, opt.Exe, opt.Cache, size, cs)
 	}
 	return "", nil, nil, nil, fmt.Errorf("unknown NBD system %q (have %v)", sys, NBDSystems)
 }
 
-// startReplicated starts a control plane, two memory nodes registered
-// with it and a host serving disk0 with replicas copies of each extent
-// (hostArgs added to its command line); the node returned for measuring
-// is the first.
-func startReplicated(ctx context.Context, exe string, cache uint64, size, replicas, dpuMode string, hostArgs ...string) (string, *Child, *Child, func(), error) {
+// clusterSystem is a pd3 system over a control plane and memory nodes
+// in processes of their own: pd3-rN (--replicas N over max(2, N) nodes)
+// or pd3-ecK+M (--ec K+M over K+M nodes), -noagent for --dpu none.
+type clusterSystem struct {
+	placement []string // the host's --replicas or --ec
+	nodes     int
+	dpu       string
+}
+
+func parseClusterSystem(sys string) (clusterSystem, bool) {
+	rest, noAgent := strings.CutSuffix(sys, "-noagent")
+	cs := clusterSystem{dpu: "embedded"}
+	if noAgent {
+		cs.dpu = "none"
+	}
+	if r, ok := strings.CutPrefix(rest, "pd3-r"); ok {
+		n, err := strconv.Atoi(r)
+		if err != nil || n < 1 || n > 5 {
+			return cs, false
+		}
+		cs.placement, cs.nodes = []string{"--replicas", r}, max(2, n)
+		return cs, true
+	}
+	if code, ok := strings.CutPrefix(rest, "pd3-ec"); ok {
+		k, m, ok := strings.Cut(code, "+")
+		kn, err1 := strconv.Atoi(k)
+		mn, err2 := strconv.Atoi(m)
+		if !ok || err1 != nil || err2 != nil || kn < 1 || mn < 1 || kn+mn > 16 {
+			return cs, false
+		}
+		cs.placement, cs.nodes = []string{"--ec", code}, kn+mn
+		return cs, true
+	}
+	return cs, false
+}
+
+// startCluster starts a control plane, cs.nodes memory nodes registered
+// with it and a host serving a volume of size placed as cs says (hostArgs
+// added to its command line); the nodes are measured together.
+func startCluster(ctx context.Context, exe string, cache uint64, size string, cs clusterSystem, hostArgs ...string) (string, *Child, Nodes, func(), error) {
 	dir, err := os.MkdirTemp("", "pd3-coord-")
 	if err != nil {
 		return "", nil, nil, nil, err
@@ -237,22 +279,24 @@ func startReplicated(ctx context.Context, exe string, cache uint64, size, replic
 	}
 	children = append(children, coord)
 	etcd := coord.Addrs["etcd"]
-	for range 2 {
+	var nodes Nodes
+	for range cs.nodes {
 		node, err := StartChild(ctx, exe, []string{"memory node", "metrics"}, "memnode", "--listen", "127.0.0.1:0", "--etcd", etcd, "--metrics", "127.0.0.1:0")
 		if err != nil {
 			stop()
 			return "", nil, nil, nil, err
 		}
-		children = append(children, node)
+		children, nodes = append(children, node), append(nodes, node)
 	}
-	host, err := StartChild(ctx, exe, []string{"NBD server"}, append([]string{"serve", "--replicas", replicas, "--etcd", etcd,
-		"--volume", "disk0:" + size, "--cache", strconv.FormatUint(cache, 10), "--nbd", "127.0.0.1:0", "--page", "", "--dpu", dpuMode}, hostArgs...)...)
+	args := append([]string{"serve", "--etcd", etcd, "--volume", "disk0:" + size, "--cache", strconv.FormatUint(cache, 10),
+		"--nbd", "127.0.0.1:0", "--page", "", "--dpu", cs.dpu}, cs.placement...)
+	host, err := StartChild(ctx, exe, []string{"NBD server"}, append(args, hostArgs...)...)
 	if err != nil {
 		stop()
 		return "", nil, nil, nil, err
 	}
 	children = append(children, host)
-	return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, children[1], stop, nil
+	return "nbd://" + host.Addrs["NBD server"] + "/disk0", host, nodes, stop, nil
 }
 
 // freePort is a loopback port for a peer started by port number.
@@ -267,11 +311,11 @@ func freePort() (int, error) {
 // suiteSystem is one system of a benchmark suite: the process to measure
 // (nil: none), how to fill it, run a job on it, and stop it.
 type suiteSystem struct {
-	proc *Child
-	node *Child // pd3's memory node, measured too (may be nil)
-	stop func()
-	fill func() error
-	run  func(job string) (Result, error)
+	proc  *Child
+	nodes Nodes // the memory nodes (or a peer's remote), measured too
+	stop  func()
+	fill  func() error
+	run   func(job string) (Result, error)
 }
 
 // errSkip is a job's answer on a system it does not apply to (dbench on
@@ -336,7 +380,7 @@ func runSystem(rep *Report, pr Progress, sys, at string, jobs []string, start fu
 	}
 	for _, job := range jobs {
 		pr.Step(sys + ": " + job + at)
-		r, err := measured(s.proc, s.node, sys, job, func() (Result, error) { return s.run(job) })
+		r, err := measured(s.proc, s.nodes, sys, job, func() (Result, error) { return s.run(job) })
 		if errors.Is(err, errSkip) {
 			continue
 		}
@@ -345,24 +389,22 @@ func runSystem(rep *Report, pr Progress, sys, at string, jobs []string, start fu
 		}
 		runs[job] = append(runs[job], r)
 	}
-	if note := idleCPU(sys, s.proc, s.node); note != "" {
+	if note := idleCPU(sys, s.proc, s.nodes); note != "" {
 		rep.Notes = append(rep.Notes, note+at)
 	}
 	return nil
 }
 
 // measured runs one fio job and adds the server's CPU per operation and
-// RSS (proc may be nil: nothing to measure), and the memory node's: its
-// CPU, RSS and, where it serves /metrics (pd3 memnode --metrics), the
-// bytes it stores.
-func measured(proc, node *Child, sys, job string, run func() (Result, error)) (Result, error) {
-	var cpu0, ncpu0 time.Duration
+// RSS (proc may be nil: nothing to measure), and the memory nodes': their
+// CPU and RSS, summed, and, where they serve /metrics (pd3 memnode
+// --metrics), the bytes they store.
+func measured(proc *Child, nodes Nodes, sys, job string, run func() (Result, error)) (Result, error) {
+	var cpu0 time.Duration
 	if proc != nil {
 		cpu0 = proc.CPU()
 	}
-	if node != nil {
-		ncpu0 = node.CPU()
-	}
+	ncpu0 := nodes.CPU()
 	r, err := run()
 	if err != nil {
 		return r, fmt.Errorf("%s %s: %w", sys, job, err)
@@ -374,16 +416,12 @@ func measured(proc, node *Child, sys, job string, run func() (Result, error)) (R
 		}
 		r.HostRSS = proc.RSS()
 	}
-	if node != nil {
+	if len(nodes) > 0 {
 		if r.Ops > 0 {
-			r.MemnodeCPUusOp = us(node.CPU()-ncpu0) / float64(r.Ops)
+			r.MemnodeCPUusOp = us(nodes.CPU()-ncpu0) / float64(r.Ops)
 		}
-		r.MemnodeRSS = node.RSS()
-		if url := node.Addrs["metrics"]; url != "" {
-			if v, err := scrapeValues(context.Background(), url); err == nil {
-				r.MemnodeStored = uint64(v["memnode_used_bytes"])
-			}
-		}
+		r.MemnodeRSS = nodes.RSS()
+		r.MemnodeStored = nodes.Stored(context.Background())
 	}
 	return r, nil
 }
@@ -462,19 +500,15 @@ const idleWindow = 2 * time.Second
 // idleCPU reports the CPU a system's processes use with no client at all
 // (after its jobs): waiting for work must cost nothing, whatever the
 // system does to shorten a request's path.
-func idleCPU(sys string, proc, node *Child) string {
+func idleCPU(sys string, proc *Child, nodes Nodes) string {
 	if proc == nil {
 		return ""
 	}
-	c0 := proc.CPU()
-	var n0 time.Duration
-	if node != nil {
-		n0 = node.CPU()
-	}
+	c0, n0 := proc.CPU(), nodes.CPU()
 	time.Sleep(idleWindow)
 	note := fmt.Sprintf("%s idle for %v with no client: server CPU %.1f%%", sys, idleWindow, 100*float64(proc.CPU()-c0)/float64(idleWindow))
-	if node != nil {
-		note += fmt.Sprintf(", remote/memory node CPU %.1f%%", 100*float64(node.CPU()-n0)/float64(idleWindow))
+	if len(nodes) > 0 {
+		note += fmt.Sprintf(", remote/memory nodes CPU %.1f%%", 100*float64(nodes.CPU()-n0)/float64(idleWindow))
 	}
 	return note
 }

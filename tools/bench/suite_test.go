@@ -59,3 +59,31 @@ func TestSuiteOneRoundReportsTheRun(t *testing.T) {
 	assert.Equal(t, "-", roundsRange(rep.Results[0]))
 	assert.Empty(t, rep.Notes)
 }
+
+func TestClusterSystemNames(t *testing.T) {
+	for _, tc := range []struct {
+		sys       string
+		ok        bool
+		placement []string
+		nodes     int
+		dpu       string
+	}{
+		{"pd3-r1", true, []string{"--replicas", "1"}, 2, "embedded"},
+		{"pd3-r3", true, []string{"--replicas", "3"}, 3, "embedded"},
+		{"pd3-r2-noagent", true, []string{"--replicas", "2"}, 2, "none"},
+		{"pd3-ec4+2", true, []string{"--ec", "4+2"}, 6, "embedded"},
+		{"pd3-ec2+1-noagent", true, []string{"--ec", "2+1"}, 3, "none"},
+		{"pd3-r0", false, nil, 0, ""},
+		{"pd3-ec4", false, nil, 0, ""},
+		{"pd3-ec4+x", false, nil, 0, ""},
+		{"pd3", false, nil, 0, ""},
+	} {
+		cs, ok := parseClusterSystem(tc.sys)
+		require.Equal(t, tc.ok, ok, tc.sys)
+		if ok {
+			assert.Equal(t, tc.placement, cs.placement, tc.sys)
+			assert.Equal(t, tc.nodes, cs.nodes, tc.sys)
+			assert.Equal(t, tc.dpu, cs.dpu, tc.sys)
+		}
+	}
+}

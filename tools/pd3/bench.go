@@ -55,7 +55,7 @@ func benchCmd() *cobra.Command {
 		Use:   "report",
 		Short: "Run the results page's benchmarks and rewrite docs/BENCHMARKS.md from them",
 		Long: `Runs the benchmark of each section of the results page (nbd, fuse, page,
-cluster, apps, apps-fuse: a fixed pd3 bench command each, three rounds), keeps
+cluster, ec, apps, apps-fuse: a fixed pd3 bench command each, three rounds), keeps
 each run as DOCS/bench/NAME.json with its chart DOCS/img/bench-NAME.png, and
 rewrites DOCS/BENCHMARKS.md from the runs kept: per section the command, the
 machine and commit, one table, the chart and the goals met or not. A suite that
@@ -79,7 +79,7 @@ all suites took 52 minutes on the 2-core machine.`,
 			}
 			for _, n := range names {
 				if _, ok := suites[n]; !ok {
-					return usageError{fmt.Errorf("--run: no suite %q (nbd, fuse, page, cluster, apps, apps-fuse or all)", n)}
+					return usageError{fmt.Errorf("--run: no suite %q (nbd, fuse, page, cluster, ec, apps, apps-fuse or all)", n)}
 				}
 			}
 			e, err := exe()
@@ -287,7 +287,10 @@ data: the fair remote peer) and its read-ahead variant, pd3-local (the
 same host with every page cached: the ceiling of any remote setup) and
 go-relay-nbdkit-memory (a Go process that only relays bytes in front of
 nbdkit memory, as pd3's host reads a miss: the ceiling of a miss as pd3
-makes it). Each system's idle CPU is reported too. --rounds 3 runs every
+makes it). pd3-rN and pd3-ecK+M are volumes replicated N times or erasure
+coded K+M over memory nodes in processes of their own and a control plane
+(max(2, N) or K+M nodes, measured together: memory/stored is what the nodes
+hold per byte of the export). Each system's idle CPU is reported too. --rounds 3 runs every
 system three times, taking turns in fresh processes, and reports each
 one's median run with the range: one run on a shared VM swings by a fifth.
 
@@ -438,7 +441,8 @@ unlink, on 2000 files). Needs root.`,
 		Long: `A replicated volume losing one of its memory nodes: the time until the node
 is seen down and until every extent has its replicas again, the repair's
 throughput, and each node's RSS per byte stored. (pd3 bench nbd --systems
-pd3-r1,pd3-r2 compares the data path at R=2 with R=1.)`,
+pd3-r1,pd3-r2 compares the data path at R=2 with R=1, pd3-r3,pd3-ec4+2
+erasure coding with three copies.)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
