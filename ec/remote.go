@@ -2,6 +2,7 @@ package ec
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -27,6 +28,9 @@ type Node interface {
 	ReadFn(vol uint16, off uint64, p []byte, done func(error))
 	ReadAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
 	WriteAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
+	// XorAsync adds p to the bytes at off by exclusive or (a parity
+	// shard taking a data shard's change).
+	XorAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call
 	TrimAsync(ctx context.Context, vol uint16, off, n uint64) memnode.Call
 	Fence(ctx context.Context, vol uint16, token uint64) error
 }
@@ -117,7 +121,13 @@ type volume struct {
 	// loads the list before the placement never misses the new node.
 	joining atomic.Pointer[[]join]
 	token   atomic.Uint64 // the fencing token presented (Fence); 0: none
+	// redo holds the rows (rowKey) whose parity a failed delta write may
+	// have left half changed: their next write recodes the whole row.
+	redo sync.Map
 }
+
+// rowKey names the lock block of a row (Remote.lock's unit).
+func rowKey(g int, o uint64) uint64 { return uint64(g)<<40 | o/maxRunBytes }
 
 // join is a shard being rebuilt at node: rows below done are copied.
 type join struct {
@@ -445,6 +455,11 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 	// The shards being rebuilt before the placement: see volume.joining.
 	joins := r.joiningAt(v, g, o)
 	p := v.p.Load()
+	if data != nil && len(joins) == 0 {
+		if done, err := r.updateDelta(ctx, v, p, g, s, o, data, rw); done {
+			return 0, err
+		}
+	}
 	if err := r.readOthers(ctx, v, p, g, s, o, rw); err != nil {
 		return 0, err
 	}
@@ -494,9 +509,70 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 		rw.sent[x] = true
 	}
 	rw.waitSent(ctx)
-	// The row holds the write where at least K of its shards agree with
-	// it: the data shards it did not change and still has, and the shards
-	// that took it. A shard that missed it is dropped first.
+	if err := r.settle(ctx, v, p, g, s, errs, &zero); err != nil {
+		return 0, err
+	}
+	v.redo.Delete(rowKey(g, o))
+	return zero, nil
+}
+
+// updateDelta is update by the change alone, when the data shard's node
+// and every parity shard's are there and the row is not to be redone:
+// the data shard's old bytes are read, then the new ones written to it
+// while each parity shard takes its coefficient times old xor new by
+// exclusive or at its node (OpXor). That is 2 + M requests in two round
+// trips where recoding the row takes K + M (docs/decisions.md, 28).
+// done false: nothing changed, and update recodes the row. A write that
+// fails once sent may have changed some parity and not the rest, and
+// exclusive or is not idempotent: the row is marked to be recoded whole
+// at its next write.
+func (r *Remote) updateDelta(ctx context.Context, v *volume, p *cluster.Coded, g, s int, o uint64, data []byte, rw *row) (done bool, err error) {
+	if _, redo := v.redo.Load(rowKey(g, o)); redo {
+		return false, nil
+	}
+	n, local, id := r.node(v, p, g, s)
+	if n == nil || r.suspect(id) {
+		return false, nil
+	}
+	for x := p.K; x < p.Shards(); x++ {
+		if pn, _, _ := r.node(v, p, g, x); pn == nil {
+			return false, nil
+		}
+	}
+	delta := rw.shards[s]
+	if err := n.ReadAt(ctx, local, p.NodeOffset(g, s, o), delta); err != nil {
+		return false, nil // recoding the row reads around it, or reports it
+	}
+	subtle.XORBytes(delta, delta, data)
+	parity := rw.shards[p.K:p.Shards()]
+	for _, b := range parity {
+		clear(b)
+	}
+	if err := v.enc.EncodeIdx(delta, s, parity); err != nil {
+		return true, fmt.Errorf("ec: volume %q group %d: %w", v.Name, g, err)
+	}
+	errs := rw.errs[:len(rw.shards)]
+	clear(errs)
+	rw.calls[s], rw.sent[s] = n.WriteAsync(ctx, local, p.NodeOffset(g, s, o), data), true
+	for x := p.K; x < p.Shards(); x++ {
+		pn, plocal, _ := r.node(v, p, g, x)
+		rw.calls[x], rw.sent[x] = pn.XorAsync(ctx, plocal, p.NodeOffset(g, x, o), rw.shards[x]), true
+	}
+	rw.waitSent(ctx)
+	var zero uint64
+	if err := r.settle(ctx, v, p, g, s, errs, &zero); err != nil {
+		v.redo.Store(rowKey(g, o), struct{}{})
+		return true, err
+	}
+	return true, nil
+}
+
+// settle decides a row write from the errors of its shard writes (errs,
+// by shard; the data shards other than s unchanged): the row holds the
+// write where at least K of its shards agree with it, the data shards it
+// did not change and still has and the shards that took it. A shard that
+// missed it is dropped first; zero loses the bits of shards that failed.
+func (r *Remote) settle(ctx context.Context, v *volume, p *cluster.Coded, g, s int, errs []error, zero *uint64) error {
 	held := 0
 	for x, err := range errs {
 		if x != s && x < p.K {
@@ -509,22 +585,22 @@ func (r *Remote) update(ctx context.Context, v *volume, g, s int, o uint64, n in
 			held++
 			continue
 		}
-		zero &^= 1 << x
+		*zero &^= 1 << x
 		if err == errShardLost {
 			continue
 		}
 		if !memnode.NodeFault(ctx, err) {
-			return 0, fmt.Errorf("ec: volume %q group %d shard %d: %w", v.Name, g, x, err)
+			return fmt.Errorf("ec: volume %q group %d shard %d: %w", v.Name, g, x, err)
 		}
 		r.noteFault(p.Groups[g][x], err)
 		if derr := r.drop(ctx, v, g, x); derr != nil {
-			return 0, fmt.Errorf("ec: volume %q group %d shard %d missed a write (%v) and could not be dropped: %w", v.Name, g, x, err, derr)
+			return fmt.Errorf("ec: volume %q group %d shard %d missed a write (%v) and could not be dropped: %w", v.Name, g, x, err, derr)
 		}
 	}
 	if held < p.K {
-		return 0, fmt.Errorf("ec: volume %q group %d: %d of %d shards took the write: %w", v.Name, g, held, p.Shards(), ErrLost)
+		return fmt.Errorf("ec: volume %q group %d: %d of %d shards took the write: %w", v.Name, g, held, p.Shards(), ErrLost)
 	}
-	return zero, nil
+	return nil
 }
 
 var errShardLost = errors.New("ec: shard lost")

@@ -331,6 +331,7 @@ func TestWriteFailsWhenAShardCannotBeDropped(t *testing.T) {
 type flaky struct {
 	Node
 	failing atomic.Bool
+	err     error // XorAsync's failure, if set
 }
 
 func (f *flaky) WriteAt(ctx context.Context, vol uint16, off uint64, p []byte) error {
@@ -344,12 +345,21 @@ func (f *flaky) WriteAsync(ctx context.Context, vol uint16, off uint64, p []byte
 	return f.Node.WriteAsync(ctx, vol, off, p)
 }
 
-// A shard that missed a write is dropped and never read again, even when
-// its node answers once more with the old bytes.
-func TestShardThatMissedAWriteIsNeverRead(t *testing.T) {
-	r := newRig(t, cluster.Scheme{K: 2, M: 1}, 3, 4*extent)
-	p := r.vol.Placement
-	holder := p.Groups[0][1] // data extent 1
+// XorAsync fails like WriteAsync; with err set it fails with err instead.
+func (f *flaky) XorAsync(ctx context.Context, vol uint16, off uint64, p []byte) memnode.Call {
+	if f.failing.Load() {
+		if f.err != nil {
+			return memnode.DoneCall(f.err)
+		}
+		return memnode.DoneCall(fmt.Errorf("flaky: %w", pageid.ErrUnavailable))
+	}
+	return f.Node.XorAsync(ctx, vol, off, p)
+}
+
+// withFlaky serves r's volume over its nodes, the holder of shard s of
+// group 0 behind a flaky.
+func withFlaky(t *testing.T, r *rig, s int) (*Remote, *flaky) {
+	holder := r.vol.Placement.Groups[0][s]
 	nodes := map[string]Node{}
 	f := &flaky{}
 	for id, c := range r.clients {
@@ -361,6 +371,59 @@ func TestShardThatMissedAWriteIsNeverRead(t *testing.T) {
 	}
 	rem, err := New(nodes, []Volume{r.vol}, r.ctl)
 	require.NoError(t, err)
+	return rem, f
+}
+
+// A write by the change alone (OpXor at the parity shards) that a parity
+// shard misses drops that shard, and the row still decodes right with as
+// many more losses as the code has parity left.
+func TestParityThatMissedAChangeIsDropped(t *testing.T) {
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, 4*extent)
+	rem, f := withFlaky(t, r, 4)
+	ctx := context.Background()
+	off := uint64(5 * pageid.Size) // data shard 0 of group 0
+	require.NoError(t, rem.WriteAt(ctx, r.vol.ID, off, bytes.Repeat([]byte{1}, pageid.Size)))
+	f.failing.Store(true)
+	cur := bytes.Repeat([]byte{2}, pageid.Size)
+	require.NoError(t, rem.WriteAt(ctx, r.vol.ID, off, cur))
+	f.failing.Store(false)
+	assert.Equal(t, uint64(1), rem.Dropped.Load(), "the parity shard that missed the change")
+	r.srv[r.vol.Placement.Groups[0][0]].Close()
+	got := make([]byte, pageid.Size)
+	require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(r.vol.ID, off/pageid.Size), got))
+	assert.Equal(t, cur, got, "decoded from the other parity shard, which took the change")
+}
+
+// A write by the change alone that fails with the parity half changed
+// marks the row: its next write recodes the whole row, so a parity shard
+// that missed the change is rewritten, not left stale to decode from.
+func TestFailedChangeIsRecodedWhole(t *testing.T) {
+	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, 4*extent)
+	rem, f := withFlaky(t, r, 4)
+	ctx := context.Background()
+	off := uint64(5 * pageid.Size)
+	require.NoError(t, rem.WriteAt(ctx, r.vol.ID, off, bytes.Repeat([]byte{1}, pageid.Size)))
+	f.err = fmt.Errorf("flaky: %w", memnode.ErrBadRequest) // not the node's fault: not dropped
+	f.failing.Store(true)
+	cur := bytes.Repeat([]byte{2}, pageid.Size)
+	require.Error(t, rem.WriteAt(ctx, r.vol.ID, off, cur))
+	f.failing.Store(false)
+	require.NoError(t, rem.WriteAt(ctx, r.vol.ID, off, cur), "the retry")
+	assert.Zero(t, rem.Dropped.Load())
+	// Decode with the stale-prone parity shard: data shard 0 and parity
+	// shard 5 gone.
+	r.srv[r.vol.Placement.Groups[0][0]].Close()
+	r.srv[r.vol.Placement.Groups[0][5]].Close()
+	got := make([]byte, pageid.Size)
+	require.NoError(t, rem.ReadPage(ctx, pageid.MakeKey(r.vol.ID, off/pageid.Size), got))
+	assert.Equal(t, cur, got, "decoded with the parity shard that missed the first try")
+}
+
+// A shard that missed a write is dropped and never read again, even when
+// its node answers once more with the old bytes.
+func TestShardThatMissedAWriteIsNeverRead(t *testing.T) {
+	r := newRig(t, cluster.Scheme{K: 2, M: 1}, 3, 4*extent)
+	rem, f := withFlaky(t, r, 1) // data extent 1
 	ctx := context.Background()
 	off := uint64(extent + 3*pageid.Size)
 	old, cur := bytes.Repeat([]byte{1}, pageid.Size), bytes.Repeat([]byte{2}, pageid.Size)

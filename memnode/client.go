@@ -171,7 +171,7 @@ func (c *Client) Fence(ctx context.Context, vol uint16, token uint64) error {
 // volume it touches; other ops name no window.
 func (s *session) stamp(h *ReqHeader) {
 	switch h.Op {
-	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA, OpMap:
+	case OpRead, OpWrite, OpTrim, OpCAS, OpFAA, OpMap, OpXor:
 		h.Window = s.window(h.Volume)
 	case OpPrefetch:
 		h.Window = s.window(pageid.Key(h.Offset).Volume())
@@ -470,6 +470,16 @@ func (c *Client) WriteAsync(ctx context.Context, vol uint16, off uint64, p []byt
 		return Call{err: fmt.Errorf("memnode WRITE: %w: %d bytes", ErrTooLarge, len(p)), what: OpWrite}
 	}
 	return c.start(ctx, &ReqHeader{Op: OpWrite, Volume: vol, Offset: off}, p, nil)
+}
+
+// XorAsync adds p to the bytes at off of volume vol by exclusive or
+// (OpXor), without waiting. An error that leaves unknown whether the node
+// took it (a broken connection, a timeout) leaves those bytes unknown.
+func (c *Client) XorAsync(ctx context.Context, vol uint16, off uint64, p []byte) Call {
+	if len(p) > MaxIO {
+		return Call{err: fmt.Errorf("memnode XOR: %w: %d bytes", ErrTooLarge, len(p)), what: OpXor}
+	}
+	return c.start(ctx, &ReqHeader{Op: OpXor, Volume: vol, Offset: off}, p, nil)
 }
 
 // WriteAt writes p at off of volume vol; it returns once the node has applied it.

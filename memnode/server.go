@@ -334,6 +334,19 @@ func (c *conn) execute(h *ReqHeader) error {
 			c.counts.wrBytes.Add(uint64(len(p)))
 		}
 		return c.respondToken(h, err, tok)
+	case OpXor:
+		if s := c.authorise(h, h.Volume, h.Offset, uint64(len(p)), AccessWrite); s != StatusOK {
+			return c.respond(h, s, nil)
+		}
+		var tok uint64
+		err := st.fenced(c.last.v, c.last.fence, func() (err error) {
+			tok, err = st.xor(h.Volume, h.Offset, p)
+			return err
+		})
+		if err == nil {
+			c.counts.wrBytes.Add(uint64(len(p)))
+		}
+		return c.respondToken(h, err, tok)
 	case OpTrim:
 		if s := c.authorise(h, h.Volume, h.Offset, uint64(h.Count), AccessWrite); s != StatusOK {
 			return c.respond(h, s, nil)

@@ -7,7 +7,7 @@ import (
 
 // numOps bounds the operation codes Stats counts one by one; codes past it
 // (unknown to this server) are counted under op 0.
-const numOps = int(OpMap) + 1
+const numOps = int(OpXor) + 1
 
 // Stats is what a server has done since it started: the sum over its
 // connections, open and closed.

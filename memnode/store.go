@@ -1,6 +1,7 @@
 package memnode
 
 import (
+	"crypto/subtle"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -457,6 +458,31 @@ func (s *Store) admit() error {
 // appended under the chunk's lock so the log orders writes to a chunk as
 // memory does). It returns the sequence number to wait for.
 func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
+	return s.change(id, off, p, false, func(d, q []byte) { copy(d, q) })
+}
+
+// XorAt adds p to the bytes at off of volume id by exclusive or; on a
+// persistent store it returns once the change is on stable storage.
+func (s *Store) XorAt(id uint16, off uint64, p []byte) error {
+	seq, err := s.xor(id, off, p)
+	if err == nil {
+		err = s.Durable(seq)
+	}
+	return err
+}
+
+// xor is write for OpXor. Every page it touches is checked first (a
+// corrupt page is refused, not changed and sealed), and the log holds the
+// bytes that result, so a replay writes them again unchanged.
+func (s *Store) xor(id uint16, off uint64, p []byte) (uint64, error) {
+	return s.change(id, off, p, true, func(d, q []byte) { subtle.XORBytes(d, d, q) })
+}
+
+// change sets the len(p) bytes at off with apply(bytes, p's part), chunk
+// by chunk under each chunk's lock, reseals them and logs what they
+// became. The pages about to change are checked first: all of them with
+// whole, else those it changes in part.
+func (s *Store) change(id uint16, off uint64, p []byte, whole bool, apply func(d, q []byte)) (uint64, error) {
 	if err := s.admit(); err != nil {
 		return 0, err
 	}
@@ -464,16 +490,21 @@ func (s *Store) write(id uint16, off uint64, p []byte) (uint64, error) {
 	err := s.span(id, off, p, true, func(v *volume, c *chunk, at, co uint64, q []byte) error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.data != nil {
-			if err := c.verifyPartialLocked(co, uint64(len(q))); err != nil {
+		if c.data == nil {
+			if err := s.allocLocked(v, c); err != nil {
 				return err
 			}
-		} else if err := s.allocLocked(v, c); err != nil {
+		} else if whole {
+			if err := c.verifyLocked(co, uint64(len(q))); err != nil {
+				return err
+			}
+		} else if err := c.verifyPartialLocked(co, uint64(len(q))); err != nil {
 			return err
 		}
-		copy(c.data[co:], q)
+		d := c.data[co : co+uint64(len(q))]
+		apply(d, q)
 		c.sealLocked(co, uint64(len(q)))
-		return s.logLocked(c, opLogWrite, v.info.ID, at, 0, q, &seq)
+		return s.logLocked(c, opLogWrite, v.info.ID, at, 0, d, &seq)
 	})
 	return seq, err
 }

@@ -53,3 +53,50 @@ func TestCorruptPageIsRefused(t *testing.T) {
 	assert.Equal(t, data[:pageid.Size], got[:pageid.Size])
 	assert.Equal(t, make([]byte, 2*pageid.Size), got[pageid.Size:3*pageid.Size])
 }
+
+// XOR adds its payload to the bytes there: over a client, across pages
+// and over memory never written (zeroes); it reseals the pages it
+// changes, refuses a corrupt page without changing it, and a persistent
+// node replays it from its log as the bytes that resulted.
+func TestXorAddsToTheBytesAndIsLogged(t *testing.T) {
+	_, addr := startNode(t, "", 0)
+	c := dialT(t, addr, "")
+	ctx := context.Background()
+	v, err := c.Create(ctx, "vol", 2*ChunkSize)
+	require.NoError(t, err)
+	a, b := pattern(1, 3*pageid.Size), pattern(2, 3*pageid.Size)
+	require.NoError(t, c.WriteAt(ctx, v.ID, 100, a))
+	require.NoError(t, c.XorAsync(ctx, v.ID, 100, b).Wait(ctx))
+	require.NoError(t, c.XorAsync(ctx, v.ID, ChunkSize, b).Wait(ctx), "memory never written: zeroes")
+	got := make([]byte, len(a))
+	require.NoError(t, c.ReadAt(ctx, v.ID, 100, got))
+	want := make([]byte, len(a))
+	for i := range want {
+		want[i] = a[i] ^ b[i]
+	}
+	assert.Equal(t, want, got)
+	require.NoError(t, c.ReadAt(ctx, v.ID, ChunkSize, got))
+	assert.Equal(t, b, got)
+
+	s := NewStore(0)
+	w, err := s.Create("c", ChunkSize)
+	require.NoError(t, err)
+	require.NoError(t, s.WriteAt(w.ID, 0, a[:pageid.Size]))
+	s.CorruptForTest(w.ID, 10)
+	assert.ErrorIs(t, s.XorAt(w.ID, 0, b[:pageid.Size]), pageid.ErrCorrupt)
+
+	dir := t.TempDir()
+	ps, err := OpenPersistent(dir, 0)
+	require.NoError(t, err)
+	pv, err := ps.Create("p", ChunkSize)
+	require.NoError(t, err)
+	require.NoError(t, ps.WriteAt(pv.ID, 100, a))
+	require.NoError(t, ps.XorAt(pv.ID, 100, b))
+	crash(ps)
+	ps, err = OpenPersistent(dir, 0)
+	require.NoError(t, err)
+	defer ps.Close()
+	require.NoError(t, ps.ReadAt(pv.ID, 100, got))
+	assert.Equal(t, want, got, "replayed as the bytes that resulted")
+	require.NoError(t, ps.Check())
+}

@@ -125,6 +125,11 @@ const (
 	// at Offset, at most MaxMap); the answer is a bitmap, one bit per
 	// chunk from the one holding Offset, lowest bit first.
 	OpMap Op = 15
+	// OpXor adds its payload to the bytes at Offset by exclusive or (a
+	// parity shard taking the change of one data shard: docs/decisions.md,
+	// 28). It is not idempotent: a client that cannot tell whether one
+	// took effect must stop reading what it changed.
+	OpXor Op = 16
 )
 
 // MaxMap is the most bytes one MAP request asks about (a 256-byte answer).
@@ -144,7 +149,7 @@ var opNames = [...]string{
 	OpHello: "HELLO", OpRead: "READ", OpWrite: "WRITE", OpPrefetch: "PREFETCH",
 	OpCAS: "CAS", OpFAA: "FAA", OpTrim: "TRIM", OpCreate: "CREATE",
 	OpOpen: "OPEN", OpList: "LIST", OpDelete: "DELETE", OpBind: "BIND", OpUnbind: "UNBIND",
-	OpResize: "RESIZE", OpMap: "MAP",
+	OpResize: "RESIZE", OpMap: "MAP", OpXor: "XOR",
 }
 
 func (o Op) String() string {
