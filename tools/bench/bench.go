@@ -372,6 +372,12 @@ func (c *Child) Stop() {
 	}
 }
 
+// Kill ends the child at once (SIGKILL), as a crash would.
+func (c *Child) Kill() {
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+}
+
 // Populate writes the pattern to every page of vol at the memory node,
 // a chunk per request with several in flight.
 func Populate(ctx context.Context, c *memnode.Client, vol pageid.VolumeInfo) error {

@@ -55,8 +55,10 @@ type NBDOptions struct {
 // pd3-rN are replicated volumes (--replicas N) over max(2, N) memory
 // node processes and a pd3 coord, with the embedded agent as pd3: the
 // cost of each replica; pd3-ecK+M an erasure-coded one (--ec K+M) over
-// K+M nodes; -noagent, the same with --dpu none. Their memory nodes are
-// measured together (CPU, RSS and stored bytes summed).
+// K+M nodes; -noagent, the same with --dpu none; -downN, the same with
+// its last N nodes killed once the export is filled (degraded: reads
+// decode, writes drop shards). Their memory nodes are measured together
+// (CPU, RSS and stored bytes summed).
 //
 // go-relay-nbdkit-memory is the ceiling of a miss as pd3's host makes it:
 // a Go process that only relays bytes (each direction on a goroutine
@@ -64,7 +66,7 @@ type NBDOptions struct {
 // a process of its own, so every read makes a miss's four crossings and
 // nothing else. A relay whose sending thread reads each answer itself is
 // faster still (pd3 bench nbd --breakdown, the go-relay rows).
-var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-local-poll", "pd3-r1", "pd3-r2", "pd3-r3", "pd3-ec4+2", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
+var NBDSystems = []string{"pd3", "nbdkit-memory", "nbdkit-cache-nbd", "nbdkit-readahead-cache-nbd", "go-nbd", "pd3-persist", "pd3-local", "pd3-local-poll", "pd3-r1", "pd3-r2", "pd3-r3", "pd3-ec4+2", "pd3-ec4+2-down1", "pd3-r1-noagent", "pd3-r2-noagent", "go-relay-nbdkit-memory"}
 
 // NBDJobs are the default fio jobs.
 var NBDJobs = []string{"randread-q1t1", "randread-q1t4", "randread-q32t1", "randread-q8t8", "randwrite-q32t1"}
@@ -97,7 +99,18 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 			"RUNTIME=" + strconv.Itoa(int(opt.Runtime.Seconds())), "RAMP=" + strconv.Itoa(int(opt.Ramp.Seconds()))}
 		return suiteSystem{
 			proc: server, nodes: nodes, stop: stop,
-			fill: func() error { _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); return err },
+			fill: func() error {
+				if _, err := runFio(ctx, filepath.Join(dir, "fill.fio"), env); err != nil {
+					return err
+				}
+				// A degraded system loses its last nodes once filled.
+				if cs, ok := parseClusterSystem(sys); ok {
+					for _, n := range nodes[len(nodes)-cs.down:] {
+						n.Kill()
+					}
+				}
+				return nil
+			},
 			run: func(job string) (Result, error) {
 				if nativeJobs[job] {
 					return runNative(ctx, uri, job, opt.Size, opt.Runtime, opt.Ramp)
@@ -135,10 +148,16 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		if iops["pd3-r3"][job] > 0 && iops["pd3-ec4+2"][job] > 0 {
 			rep.Ratios["pd3-ec4+2/pd3-r3@"+job] = iops["pd3-ec4+2"][job] / iops["pd3-r3"][job]
 		}
+		// A degraded system against itself whole.
+		for _, sys := range opt.Systems {
+			if i := strings.LastIndex(sys, "-down"); i > 0 && iops[sys][job] > 0 && iops[sys[:i]][job] > 0 {
+				rep.Ratios[sys+"/"+sys[:i]+"@"+job] = iops[sys][job] / iops[sys[:i]][job]
+			}
+		}
 	}
 	// Memory at the nodes per byte stored, from the median runs.
 	for _, r := range rep.Results {
-		if _, ok := parseClusterSystem(r.System); ok && r.MemnodeStored > 0 && r.Config == opt.Jobs[len(opt.Jobs)-1] {
+		if cs, ok := parseClusterSystem(r.System); ok && cs.down == 0 && r.MemnodeStored > 0 && r.Config == opt.Jobs[len(opt.Jobs)-1] {
 			rep.Ratios["memory/stored:"+r.System] = float64(r.MemnodeStored) / float64(opt.Size)
 		}
 	}
@@ -228,11 +247,19 @@ type clusterSystem struct {
 	placement []string // the host's --replicas or --ec
 	nodes     int
 	dpu       string
+	down      int // nodes killed once the export is filled (-downN)
 }
 
 func parseClusterSystem(sys string) (clusterSystem, bool) {
-	rest, noAgent := strings.CutSuffix(sys, "-noagent")
 	cs := clusterSystem{dpu: "embedded"}
+	if i := strings.LastIndex(sys, "-down"); i > 0 {
+		n, err := strconv.Atoi(sys[i+len("-down"):])
+		if err != nil || n < 1 {
+			return cs, false
+		}
+		cs.down, sys = n, sys[:i]
+	}
+	rest, noAgent := strings.CutSuffix(sys, "-noagent")
 	if noAgent {
 		cs.dpu = "none"
 	}
@@ -242,7 +269,7 @@ func parseClusterSystem(sys string) (clusterSystem, bool) {
 			return cs, false
 		}
 		cs.placement, cs.nodes = []string{"--replicas", r}, max(2, n)
-		return cs, true
+		return cs, cs.down < n // a copy of every extent left
 	}
 	if code, ok := strings.CutPrefix(rest, "pd3-ec"); ok {
 		k, m, ok := strings.Cut(code, "+")
@@ -252,7 +279,7 @@ func parseClusterSystem(sys string) (clusterSystem, bool) {
 			return cs, false
 		}
 		cs.placement, cs.nodes = []string{"--ec", code}, kn+mn
-		return cs, true
+		return cs, cs.down <= mn // K shards of every row left
 	}
 	return cs, false
 }
