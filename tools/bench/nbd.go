@@ -55,9 +55,9 @@ type NBDOptions struct {
 // pd3-rN are replicated volumes (--replicas N) over max(2, N) memory
 // node processes and a pd3 coord, with the embedded agent as pd3: the
 // cost of each replica; pd3-ecK+M an erasure-coded one (--ec K+M) over
-// K+M nodes; -noagent, the same with --dpu none; -downN, the same with
-// its last N nodes killed once the export is filled (degraded: reads
-// decode, writes drop shards). Their memory nodes are measured together
+// K+M nodes (-nN: over N nodes, if more); -noagent, the same with
+// --dpu none; -downN, the same with its last N nodes killed once the
+// export is filled (degraded: reads decode, writes drop shards). Their memory nodes are measured together
 // (CPU, RSS and stored bytes summed).
 //
 // go-relay-nbdkit-memory is the ceiling of a miss as pd3's host makes it:
@@ -145,8 +145,15 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		if iops["pd3-r1"][job] > 0 && iops["pd3-r2"][job] > 0 {
 			rep.Ratios["pd3-r2/pd3-r1@"+job] = iops["pd3-r2"][job] / iops["pd3-r1"][job]
 		}
-		if iops["pd3-r3"][job] > 0 && iops["pd3-ec4+2"][job] > 0 {
-			rep.Ratios["pd3-ec4+2/pd3-r3@"+job] = iops["pd3-ec4+2"][job] / iops["pd3-r3"][job]
+		// Each coded system against each replicated one, both whole.
+		for _, e := range opt.Systems {
+			for _, r := range opt.Systems {
+				ce, okE := parseClusterSystem(e)
+				cr, okR := parseClusterSystem(r)
+				if okE && okR && ce.placement[0] == "--ec" && cr.placement[0] == "--replicas" && ce.down+cr.down == 0 && iops[e][job] > 0 && iops[r][job] > 0 {
+					rep.Ratios[e+"/"+r+"@"+job] = iops[e][job] / iops[r][job]
+				}
+			}
 		}
 		// A degraded system against itself whole.
 		for _, sys := range opt.Systems {
@@ -252,13 +259,24 @@ type clusterSystem struct {
 
 func parseClusterSystem(sys string) (clusterSystem, bool) {
 	cs := clusterSystem{dpu: "embedded"}
-	if i := strings.LastIndex(sys, "-down"); i > 0 {
-		n, err := strconv.Atoi(sys[i+len("-down"):])
-		if err != nil || n < 1 {
-			return cs, false
+	suffix := func(name string) (int, bool) {
+		i := strings.LastIndex(sys, name)
+		if i <= 0 {
+			return 0, true
 		}
-		cs.down, sys = n, sys[:i]
+		n, err := strconv.Atoi(sys[i+len(name):])
+		if err != nil {
+			return 0, true // not this suffix: -noagent
+		}
+		sys = sys[:i]
+		return n, n >= 1 && n <= 16
 	}
+	down, ok1 := suffix("-down")
+	nodes, ok2 := suffix("-n")
+	if !ok1 || !ok2 {
+		return cs, false
+	}
+	cs.down = down
 	rest, noAgent := strings.CutSuffix(sys, "-noagent")
 	if noAgent {
 		cs.dpu = "none"
@@ -268,8 +286,8 @@ func parseClusterSystem(sys string) (clusterSystem, bool) {
 		if err != nil || n < 1 || n > 5 {
 			return cs, false
 		}
-		cs.placement, cs.nodes = []string{"--replicas", r}, max(2, n)
-		return cs, cs.down < n // a copy of every extent left
+		cs.placement, cs.nodes = []string{"--replicas", r}, max(2, n, nodes)
+		return cs, down < n // a copy of every extent left
 	}
 	if code, ok := strings.CutPrefix(rest, "pd3-ec"); ok {
 		k, m, ok := strings.Cut(code, "+")
@@ -278,8 +296,8 @@ func parseClusterSystem(sys string) (clusterSystem, bool) {
 		if !ok || err1 != nil || err2 != nil || kn < 1 || mn < 1 || kn+mn > 16 {
 			return cs, false
 		}
-		cs.placement, cs.nodes = []string{"--ec", code}, kn+mn
-		return cs, cs.down <= mn // K shards of every row left
+		cs.placement, cs.nodes = []string{"--ec", code}, max(kn+mn, nodes)
+		return cs, down <= mn // K shards of every row left
 	}
 	return cs, false
 }

@@ -108,14 +108,16 @@ func Suites() []Suite {
 		},
 		{
 			Name: "ec", Title: "Cluster: erasure-coded volumes (EC 4+2 against R=3)",
-			Args:  []string{"bench", "nbd", "--systems", "pd3-r3,pd3-ec4+2,pd3-ec4+2-down1", "--jobs", "randwrite-q32-flush32,randread-q32t1,randread-q1t1", "--rounds", "3", "--runtime", "5s", "--ramp", "1s"},
+			Args:  []string{"bench", "nbd", "--systems", "pd3-r3,pd3-r3-n6,pd3-ec4+2,pd3-ec4+2-down1", "--jobs", "randwrite-q32-flush32,randread-q32t1,randread-q1t1", "--rounds", "3", "--runtime", "5s", "--ramp", "1s"},
 			Unit:  "IOPS",
-			About: "fio's nbd engine against a 1 GiB volume over `pd3 memnode` processes with a `pd3 coord`: `--replicas 3` over three nodes (survives two lost nodes for 3× the memory) and `--ec 4+2` over six (survives two for 1.5×); `pd3-ec4+2-down1` is the same with one node killed after the fill (reads of its pages decode from four others; nowhere to repair to). 64 MiB host cache. memory/stored is the nodes' page memory per byte of the volume, after the fill.",
+			About: "fio's nbd engine against a 1 GiB volume over `pd3 memnode` processes with a `pd3 coord`: `--replicas 3` over three nodes and over six (`pd3-r3-n6`; survives two lost nodes for 3× the memory) and `--ec 4+2` over six (survives two for 1.5×); `pd3-ec4+2-down1` is the same with one node killed after the fill (reads of its pages decode from four others; nowhere to repair to). 64 MiB host cache. memory/stored is the nodes' page memory per byte of the volume, after the fill.",
 			Goals: []Goal{
 				{Ratio: "memory/stored:pd3-ec4+2", Max: 1.55, What: "memory at the nodes per byte stored: at most 1.55 (R=3: 3.0)"},
 				{Ratio: "pd3-ec4+2/pd3-r3@randread-q1t1", Min: 0.95, What: "random reads at depth 1: 0.95× three replicas"},
 				{Ratio: "pd3-ec4+2/pd3-r3@randread-q32t1", Min: 0.95, What: "random reads at depth 32: 0.95× three replicas"},
 				{Ratio: "pd3-ec4+2/pd3-r3@randwrite-q32-flush32", Min: 0.7, What: "random writes at depth 32 with a FLUSH every 32: 0.7× three replicas"},
+				{Ratio: "pd3-ec4+2/pd3-r3-n6@randread-q32t1", Min: 0.95, What: "random reads at depth 32: 0.95× three replicas over the same six nodes"},
+				{Ratio: "pd3-ec4+2/pd3-r3-n6@randwrite-q32-flush32", Min: 0.7, What: "random writes at depth 32 with a FLUSH every 32: 0.7× three replicas over the same six nodes"},
 				{Ratio: "pd3-ec4+2-down1/pd3-ec4+2@randread-q32t1", Min: 0.5, What: "random reads at depth 32 with a node down: half the healthy rate"},
 			},
 		},
