@@ -240,14 +240,27 @@ func (c *Child) Output() string {
 }
 
 // Nodes are a system's memory node processes (or a peer's remote
-// server), measured as one: CPU and RSS summed.
+// server), measured as one: CPU and RSS summed. Nil entries are skipped
+// (a system without one).
 type Nodes []*Child
+
+// Any reports whether there is a node to measure.
+func (n Nodes) Any() bool {
+	for _, c := range n {
+		if c != nil {
+			return true
+		}
+	}
+	return false
+}
 
 // CPU is the nodes' CPU time so far.
 func (n Nodes) CPU() time.Duration {
 	var d time.Duration
 	for _, c := range n {
-		d += c.CPU()
+		if c != nil {
+			d += c.CPU()
+		}
 	}
 	return d
 }
@@ -256,7 +269,9 @@ func (n Nodes) CPU() time.Duration {
 func (n Nodes) RSS() uint64 {
 	var b uint64
 	for _, c := range n {
-		b += c.RSS()
+		if c != nil {
+			b += c.RSS()
+		}
 	}
 	return b
 }
@@ -266,6 +281,9 @@ func (n Nodes) RSS() uint64 {
 func (n Nodes) Stored(ctx context.Context) uint64 {
 	var b uint64
 	for _, c := range n {
+		if c == nil {
+			continue
+		}
 		if url := c.Addrs["metrics"]; url != "" {
 			if v, err := scrapeValues(ctx, url); err == nil {
 				b += uint64(v["memnode_used_bytes"])

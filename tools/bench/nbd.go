@@ -461,7 +461,7 @@ func measured(proc *Child, nodes Nodes, sys, job string, run func() (Result, err
 		}
 		r.HostRSS = proc.RSS()
 	}
-	if len(nodes) > 0 {
+	if nodes.Any() {
 		if r.Ops > 0 {
 			r.MemnodeCPUusOp = us(nodes.CPU()-ncpu0) / float64(r.Ops)
 		}
@@ -552,7 +552,7 @@ func idleCPU(sys string, proc *Child, nodes Nodes) string {
 	c0, n0 := proc.CPU(), nodes.CPU()
 	time.Sleep(idleWindow)
 	note := fmt.Sprintf("%s idle for %v with no client: server CPU %.1f%%", sys, idleWindow, 100*float64(proc.CPU()-c0)/float64(idleWindow))
-	if len(nodes) > 0 {
+	if nodes.Any() {
 		note += fmt.Sprintf(", remote/memory nodes CPU %.1f%%", 100*float64(nodes.CPU()-n0)/float64(idleWindow))
 	}
 	return note

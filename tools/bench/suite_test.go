@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -94,4 +95,13 @@ func TestClusterSystemNames(t *testing.T) {
 			assert.Equal(t, tc.dpu, cs.dpu, tc.sys)
 		}
 	}
+}
+
+// A system without a node (nil in its Nodes) measures as none.
+func TestNodesSkipNil(t *testing.T) {
+	n := Nodes{nil}
+	assert.False(t, n.Any())
+	assert.Zero(t, n.CPU())
+	assert.Zero(t, n.RSS())
+	assert.Zero(t, n.Stored(context.Background()))
 }
