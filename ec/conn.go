@@ -20,8 +20,11 @@ import (
 // writes it orders its prefetches after).
 
 // writeWorkers bounds the runs of one WritePages coded at once: each is a
-// round trip to K-1 nodes and then to 1+M.
-const writeWorkers = 8
+// round trip to one node and then to 1+M. As many as a flush writes back
+// at once (pagestore's batch of 64 pages): a node then takes several
+// requests a wake-up, their frames coalesced by its session's writer,
+// instead of one each (docs/decisions.md, 28).
+const writeWorkers = 64
 
 // ReadAt reads p at byte off of volume vol, decoding what it must
 // (dpu.Conn).
