@@ -220,7 +220,7 @@ func (r *Remote) lock(v *volume, g int, o uint64) *sync.Mutex {
 	h.SetSeed(r.seed)
 	var b [16]byte
 	b[0], b[1] = byte(v.ID), byte(v.ID>>8)
-	u := uint64(g)<<24 ^ o/maxRunBytes
+	u := rowKey(g, o)
 	for i := range 8 {
 		b[2+i] = byte(u >> (8 * i))
 	}

@@ -200,21 +200,8 @@ type Busy struct {
 }
 
 // Await adds (on) or removes a client connection with answers
-// outstanding (Reader.Awaiting).
-//
-// A Reader whose last wait was in the network poller, about to wait in
-// poll(2) while another connection of its Busy waits in the poller for
-// input that matters (a client's answers outstanding, or a server's next
-// request: its Reader parked), first wakes a thread to poll the network
-// (nudge). Woken by the network poller, its thread may be the one that
-// polled the network for the process, and the other Ps' threads asleep:
-// blocked in poll(2), it would leave the network unpolled until Go's
-// monitor polls it, every 10 ms (the monitor takes the thread's P back
-// only when no P is idle). Those were the 10-12 ms waits of a host
-// reading from two memory nodes at once (a round in 1 ms instead of
-// 0.14) and the 12 ms tails of its NBD reads at depth 32 over two nodes
-// (docs/decisions.md, 27). A Reader woken from poll(2) was not the
-// poller and needs no nudge.
+// outstanding (Reader.Awaiting): while one is counted, a Reader back from
+// the network poller nudges before it waits in poll(2).
 func (b *Busy) Await(on bool) {
 	if b == nil {
 		return
@@ -263,6 +250,28 @@ func (b *Busy) othersWait(r *Reader) bool {
 	}
 	return n > 0 || b.parked.Load() > 0
 }
+
+// nudge makes sure a thread other than the caller's polls the network,
+// for a Reader back from the network poller about to wait in poll(2)
+// while another connection of its Busy waits in the poller for input
+// that matters (a client's answers outstanding, or a server's next
+// request: its Reader parked). Woken by the poller, the Reader's thread
+// may be the one that polled the network for the process, the other Ps'
+// threads asleep: blocked in poll(2), it would leave the network
+// unpolled until Go's monitor polls it, every 10 ms (the monitor takes
+// the thread's P back only when no P is idle). Those were the 10-12 ms
+// waits of a host reading from two memory nodes at once and the 12 ms
+// tails of its NBD reads at depth 32 over two nodes (docs/decisions.md,
+// 27). Starting a goroutine wakes a thread for an idle P (the runtime's
+// wakep), and that thread, finding nothing else to run, polls the
+// network until there is. A Reader woken from poll(2) was not the poller
+// and needs no nudge.
+func (b *Busy) nudge() {
+	b.nudges.Add(1)
+	go nop()
+}
+
+func nop() {}
 
 // AddConn adds d to the client connections the process serves (1 as one
 // starts sending requests, -1 as it ends). With more than one the process
@@ -559,14 +568,3 @@ func (w *Writer) write(fd uintptr) bool {
 		}
 	}
 }
-
-// nudge makes sure a thread other than the caller's polls the network:
-// starting a goroutine wakes a thread for an idle P (the runtime's
-// wakep), and that thread, finding nothing else to run, polls the
-// network until there is.
-func (b *Busy) nudge() {
-	b.nudges.Add(1)
-	go nop()
-}
-
-func nop() {}
