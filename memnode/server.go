@@ -321,26 +321,17 @@ func (c *conn) execute(h *ReqHeader) error {
 			return c.respond(h, s, nil)
 		}
 		return c.respondData(h, uint64(k), pageid.Size, func(p []byte) error { return st.ReadAt(k.Volume(), k.Page()*pageid.Size, p) })
-	case OpWrite:
+	case OpWrite, OpXor:
 		if s := c.authorise(h, h.Volume, h.Offset, uint64(len(p)), AccessWrite); s != StatusOK {
 			return c.respond(h, s, nil)
 		}
-		var tok uint64
-		err := st.fenced(c.last.v, c.last.fence, func() (err error) {
-			tok, err = st.write(h.Volume, h.Offset, p)
-			return err
-		})
-		if err == nil {
-			c.counts.wrBytes.Add(uint64(len(p)))
-		}
-		return c.respondToken(h, err, tok)
-	case OpXor:
-		if s := c.authorise(h, h.Volume, h.Offset, uint64(len(p)), AccessWrite); s != StatusOK {
-			return c.respond(h, s, nil)
+		change := st.write
+		if h.Op == OpXor {
+			change = st.xor
 		}
 		var tok uint64
 		err := st.fenced(c.last.v, c.last.fence, func() (err error) {
-			tok, err = st.xor(h.Volume, h.Offset, p)
+			tok, err = change(h.Volume, h.Offset, p)
 			return err
 		})
 		if err == nil {

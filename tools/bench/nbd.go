@@ -55,10 +55,8 @@ type NBDOptions struct {
 // pd3-rN are replicated volumes (--replicas N) over max(2, N) memory
 // node processes and a pd3 coord, with the embedded agent as pd3: the
 // cost of each replica; pd3-ecK+M an erasure-coded one (--ec K+M) over
-// K+M nodes (-nN: over N nodes, if more); -noagent, the same with
-// --dpu none; -downN, the same with its last N nodes killed once the
-// export is filled (degraded: reads decode, writes drop shards). Their memory nodes are measured together
-// (CPU, RSS and stored bytes summed).
+// K+M nodes (clusterSystem has the suffixes). Their memory nodes are
+// measured together (CPU, RSS and stored bytes summed).
 //
 // go-relay-nbdkit-memory is the ceiling of a miss as pd3's host makes it:
 // a Go process that only relays bytes (each direction on a goroutine
@@ -157,8 +155,8 @@ func NBD(ctx context.Context, opt NBDOptions) (*Report, error) {
 		}
 		// A degraded system against itself whole.
 		for _, sys := range opt.Systems {
-			if i := strings.LastIndex(sys, "-down"); i > 0 && iops[sys][job] > 0 && iops[sys[:i]][job] > 0 {
-				rep.Ratios[sys+"/"+sys[:i]+"@"+job] = iops[sys][job] / iops[sys[:i]][job]
+			if cs, ok := parseClusterSystem(sys); ok && cs.down > 0 && iops[sys][job] > 0 && iops[cs.whole][job] > 0 {
+				rep.Ratios[sys+"/"+cs.whole+"@"+job] = iops[sys][job] / iops[cs.whole][job]
 			}
 		}
 	}
@@ -249,12 +247,15 @@ func startNBDSystem(ctx context.Context, opt NBDOptions, sys string) (string, *C
 
 // clusterSystem is a pd3 system over a control plane and memory nodes
 // in processes of their own: pd3-rN (--replicas N over max(2, N) nodes)
-// or pd3-ecK+M (--ec K+M over K+M nodes), -noagent for --dpu none.
+// or pd3-ecK+M (--ec K+M over K+M nodes), then -noagent for --dpu none,
+// -nN for N nodes if more, -downN for N nodes killed once the export is
+// filled (degraded: reads decode, writes drop shards).
 type clusterSystem struct {
 	placement []string // the host's --replicas or --ec
 	nodes     int
 	dpu       string
-	down      int // nodes killed once the export is filled (-downN)
+	down      int    // nodes killed once the export is filled (-downN)
+	whole     string // the system's name without -downN
 }
 
 func parseClusterSystem(sys string) (clusterSystem, bool) {
@@ -272,6 +273,7 @@ func parseClusterSystem(sys string) (clusterSystem, bool) {
 		return n, n >= 1 && n <= 16
 	}
 	down, ok1 := suffix("-down")
+	cs.whole = sys
 	nodes, ok2 := suffix("-n")
 	if !ok1 || !ok2 {
 		return cs, false

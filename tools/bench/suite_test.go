@@ -93,6 +93,9 @@ func TestClusterSystemNames(t *testing.T) {
 			assert.Equal(t, tc.placement, cs.placement, tc.sys)
 			assert.Equal(t, tc.nodes, cs.nodes, tc.sys)
 			assert.Equal(t, tc.dpu, cs.dpu, tc.sys)
+			if cs.down > 0 {
+				assert.NotContains(t, cs.whole, "-down", tc.sys)
+			}
 		}
 	}
 }
