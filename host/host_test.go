@@ -462,3 +462,78 @@ func TestAgentLeavesStreamReadsToTheHost(t *testing.T) {
 	require.Eventually(t, func() bool { return h.Agent.Prefetches.Load() > 0 }, 5*time.Second, time.Millisecond,
 		"what the predictor expects past a sequential run is prefetched")
 }
+
+// TestNBDPredictorFollowsScansAndStepsAside: through a real NBD
+// connection and the embedded agent, short runs at random places (two
+// adjacent reads, then a jump: what the predictor guesses is never read)
+// switch the request predictor off, and off it proposes nothing; a scan
+// then brings it back, and what it prefetches for the scan is consumed.
+// Counted, not timed: each phase waits for the agent to have parsed
+// every read sent.
+func TestNBDPredictorFollowsScansAndStepsAside(t *testing.T) {
+	ctx := context.Background()
+	node, err := StartMemnode(ctx, MemnodeConfig{})
+	require.NoError(t, err)
+	defer node.Close()
+	const size = 256 << 20
+	h, err := Start(ctx, Config{
+		Memnode: node.Addr, Volumes: []VolumeSpec{{"disk0", size}},
+		CacheBytes: 1 << 20, NBDListen: "127.0.0.1:0", DPU: EmbeddedAgent,
+	})
+	require.NoError(t, err)
+	defer h.Close(ctx)
+	c, err := nbdclient.Dial(h.NBDAddr, "disk0")
+	require.NoError(t, err)
+	defer c.Close()
+	st, _ := h.Agent.Predictors()
+	sent := uint64(0)
+	read := func(off uint64, p []byte) {
+		t.Helper()
+		require.NoError(t, c.Read(off, p))
+		sent += uint64(len(p) / pageid.Size)
+	}
+	parsed := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { return h.Agent.Parsed.Load() >= sent }, 10*time.Second, time.Millisecond,
+			"the agent parses every read (%d of %d)", h.Agent.Parsed.Load(), sent)
+	}
+
+	buf := make([]byte, 128<<10)
+	rng := uint64(1)
+	for i := 0; i < 4000 && st.Off.Load() == 0; i++ {
+		rng = rng*6364136223846793005 + 1442695040888963407
+		off := (rng >> 20) % (size/(64<<10) - 1) * (64 << 10)
+		read(off, buf[:8192])
+		read(off+8192, buf[:8192])
+		if i%64 == 63 {
+			parsed()
+		}
+	}
+	parsed()
+	require.Equal(t, uint32(1), st.Off.Load(), "random runs switch the request predictor off: useful %d, wasted %d",
+		st.Useful.Load(), st.Wasted.Load())
+	before := st.Predicted.Load()
+	for i := 0; i < 200; i++ {
+		rng = rng*6364136223846793005 + 1442695040888963407
+		off := (rng >> 20) % (size/(64<<10) - 1) * (64 << 10)
+		read(off, buf[:8192])
+		read(off+8192, buf[:8192])
+	}
+	parsed()
+	assert.Equal(t, before, st.Predicted.Load(), "off, it proposes nothing")
+
+	// A scan, 128 KiB at a time as the kernel's readahead sends it.
+	// Consumed: taken from the Loading Zone, whether the read found the
+	// page there or waited for its prefetch in flight.
+	taken0, placed0 := h.Zone.Hits.Load(), h.Engine.Placed.Load()
+	for off := uint64(0); off < 64<<20; off += uint64(len(buf)) {
+		read(off, buf)
+	}
+	parsed()
+	assert.Zero(t, st.Off.Load(), "an accurate stream brings it back")
+	placed, taken := h.Engine.Placed.Load()-placed0, h.Zone.Hits.Load()-taken0
+	require.Positive(t, placed, "the scan's pages were prefetched")
+	assert.GreaterOrEqual(t, float64(taken), 0.6*float64(placed), "and the scan consumed them: %d of %d placed", taken, placed)
+	t.Logf("random: useful %d wasted %d switches %d; scan: %d placed, %d consumed",
+		st.Useful.Load(), st.Wasted.Load(), st.Switches.Load(), placed, taken)
+}

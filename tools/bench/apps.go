@@ -37,6 +37,10 @@ type AppsOptions struct {
 	Size uint64
 	// FioSize is the file the fio workloads read (default 512 MiB).
 	FioSize uint64
+	// FioIO, if set, ends each fio job once it has read this many bytes
+	// (or at Duration, whichever comes first) instead of at Duration: a
+	// run whose work is counted, not timed.
+	FioIO uint64
 	// SqliteRows is the sqlite table's rows of 1 KiB (default 300 000:
 	// about 330 MB).
 	SqliteRows int
@@ -124,6 +128,9 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 	if opt.FioSize%(4*128<<10) != 0 {
 		return nil, fmt.Errorf("fio file of %d bytes: want a multiple of 512KiB (four streams of 128KiB reads)", opt.FioSize)
 	}
+	if opt.FioIO%(128<<10) != 0 {
+		return nil, fmt.Errorf("fio I/O of %d bytes per job: want a multiple of 128KiB (fio-seq4's reads)", opt.FioIO)
+	}
 	rep := &Report{Bench: "apps", Machine: Machine(), Ratios: map[string]float64{}}
 	type cell struct{ sys, cfg string }
 	runs := map[cell][]Result{}
@@ -191,10 +198,14 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 	if pg != "" {
 		pgName += " " + filepath.Base(filepath.Dir(pg))
 	}
+	fioRun := opt.Duration.String() + " per run"
+	if opt.FioIO > 0 {
+		fioRun = fmt.Sprintf("%s read by each job (at most %v)", units.FormatSize(opt.FioIO), opt.Duration)
+	}
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("ext4 on a loop device (direct I/O) over nbdfuse over each NBD export of %s; the data loaded without a budget, then the filesystem remounted and the kernel's caches dropped; the budget (memory cgroup v%d) holds the application (the %s server with shared_buffers 16MB; fio) and the page cache it fills; pd3: memory node in its own process, %s host cache outside the budget, like the peers' memory",
 			units.FormatSize(opt.Size), memcg.Version(), pgName, units.FormatSize(opt.Cache)),
-		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %v per run on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, opt.Duration, units.FormatSize(opt.FioSize)),
+		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %s on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, fioRun, units.FormatSize(opt.FioSize)),
 		fmt.Sprintf("sqlite: a table of %d rows of 1 KiB loaded with no budget; sqlite-point: random lookups by key from one Python process (sqlite3 module) for %v; sqlite-scan: SELECT sum(length(v)) over the table, three times, the median; PRAGMA integrity_check after the run; on the block systems the database is on their ext4, on pd3-mount and bindfs on the mount", opt.SqliteRows, opt.Duration),
 		treeNote(opt.TreeFiles),
 		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses")
@@ -602,7 +613,7 @@ func runBlock(ctx context.Context, opt AppsOptions, bin, sys string, budget, lab
 // through the kernel's page cache as an application reads.
 func fioWorkload(ctx context.Context, g *memcg.Group, file, w string, opt AppsOptions) (Result, error) {
 	args := []string{"--output-format=json", "--name=" + w, "--filename=" + file, "--ioengine=psync", "--thread", "--group_reporting",
-		"--time_based", "--runtime=" + strconv.Itoa(max(1, int(opt.Duration.Seconds()))), "--numjobs=4"}
+		"--runtime=" + strconv.Itoa(max(1, int(opt.Duration.Seconds()))), "--numjobs=4"}
 	switch w {
 	case "fio-zipf":
 		args = append(args, "--size="+strconv.FormatUint(opt.FioSize, 10), "--rw=randread", "--bs=4k", "--random_distribution=zipf:1.1", "--norandommap")
@@ -611,6 +622,13 @@ func fioWorkload(ctx context.Context, g *memcg.Group, file, w string, opt AppsOp
 		args = append(args, "--size="+q, "--offset_increment="+q, "--rw=read", "--bs=128k")
 	default:
 		return Result{}, fmt.Errorf("unknown workload %q", w)
+	}
+	if opt.FioIO > 0 {
+		// fio's number_ios is ignored by time-based jobs and counts per
+		// loop; io_size wraps around the region until that much is read.
+		args = append(args, "--io_size="+strconv.FormatUint(opt.FioIO, 10))
+	} else {
+		args = append(args, "--time_based")
 	}
 	cmd := g.Command("fio", args...)
 	return runFioCmd(cmd, w)

@@ -1798,22 +1798,41 @@ func TestBenchAppsSmoke(t *testing.T) {
 		}
 	}
 	testutil.LockPageCache(t) // the benchmark drops the page cache
-	out, err := run(t, "", "bench", "apps", "--systems", "nbdkit-memory,pd3", "--workloads", "fio-seq4",
+	// Counted, not timed: every fio job ends after its reads (the
+	// duration only bounds a run that hangs).
+	out, err := run(t, "", "bench", "apps", "--systems", "nbdkit-memory,pd3", "--workloads", "fio-zipf,fio-seq4",
 		"--local-memory", "48MiB", "--size", "256MiB", "--fio-size", "64MiB", "--cache", "8MiB",
-		"--duration", "1s", "--rounds", "1", "--json")
+		"--fio-io", "64MiB", "--duration", "40s", "--rounds", "1", "--json")
 	require.NoError(t, err, out)
 	var rep bench.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
-	require.Len(t, rep.Results, 2)
+	require.Len(t, rep.Results, 4)
+	got := map[string]bench.Result{}
 	for _, r := range rep.Results {
-		assert.Equal(t, "fio-seq4@48MiB", r.Config)
+		got[r.System+" "+r.Config] = r
+		reads := map[string]uint64{"fio-seq4@48MiB": 4 * 64 << 20 / (128 << 10), "fio-zipf@48MiB": 4 * 64 << 20 / 4096}
+		assert.Equal(t, reads[r.Config], r.Ops, r.System+" "+r.Config)
 		assert.Positive(t, r.OpsPerSec, r.System)
 		assert.Equal(t, "ok", r.Integrity, r.System)
 		assert.Positive(t, r.BudgetPeak, "the budget's peak is read")
 	}
 	assert.Contains(t, rep.Ratios, "pd3/nbdkit-memory@fio-seq4@48MiB")
-	pd3 := rep.Results[1]
-	assert.Positive(t, pd3.Counters["predict_requests_pages_total"], "the agent predicted the streams")
+
+	// Four sequential streams under the budget: the kernel's readahead
+	// reaches pd3 as runs of 128 KiB reads, which the NBD predictor
+	// follows, and what it prefetches is read.
+	seq := got["pd3 fio-seq4@48MiB"].Counters
+	require.Positive(t, seq["predict_requests_pages_total"], "the agent predicted the streams")
+	assert.GreaterOrEqual(t, seq["predict_requests_useful_total"], 0.6*(seq["predict_requests_useful_total"]+seq["predict_requests_wasted_total"]),
+		"the predictions were read: %v", seq)
+	assert.GreaterOrEqual(t, seq["prefetch_consumed_total"], 0.6*seq["prefetch_placed_total"], "the prefetched pages were consumed: %v", seq)
+	assert.Zero(t, seq["predict_requests_off"], "the governor keeps an accurate predictor on")
+	// Random reads: the predictor seldom finds a stream to follow, and
+	// what it proposes is a sliver of the misses (the governor switching
+	// it off is TestNBDPredictorFollowsScansAndStepsAside's, in host).
+	zipf := got["pd3 fio-zipf@48MiB"].Counters
+	require.Positive(t, zipf["cache_misses_total"], "the reads reached pd3: %v", zipf)
+	assert.Less(t, zipf["predict_requests_pages_total"], 0.1*zipf["cache_misses_total"], "random reads, few guesses: %v", zipf)
 
 	// sqlite and fio on the pd3 mount (and bindfs over tmpfs, if there).
 	systems := "pd3-mount"
