@@ -16,10 +16,16 @@ import (
 // reply waits for the reader's next flush (see need).
 func (c *conn) answer(r *request, later bool) {
 	buf, err := c.bw.Begin()
-	if err == nil {
+	switch {
+	case err == nil && !later && r.typ == nbdproto.CmdRead && r.errno == 0:
+		// The data leaves from r.buf, beside the header, when it can
+		// (pipeline.BatchWriter.EndPayload).
+		buf = c.appendReadHeader(r, buf)
+		c.bw.EndPayload(buf, r.buf, c.uncount(r))
+	case err == nil:
 		buf = c.appendReply(r, buf)
 		c.end(buf, later, c.uncount(r))
-	} else {
+	default:
 		c.uncount(r)
 	}
 	c.recycle(r)
@@ -81,23 +87,18 @@ func (c *conn) recycle(r *request) {
 func (c *conn) appendReply(r *request, buf []byte) []byte {
 	structuredReply := c.structured && (r.typ == nbdproto.CmdRead || r.typ == nbdproto.CmdBlockStatus)
 	switch {
+	case r.typ == nbdproto.CmdRead && r.errno == 0:
+		buf = append(c.appendReadHeader(r, buf), r.buf...)
 	case !structuredReply:
 		buf = binary.BigEndian.AppendUint32(buf, nbdproto.MagicSimpleReply)
 		buf = binary.BigEndian.AppendUint32(buf, uint32(r.errno))
 		buf = binary.BigEndian.AppendUint64(buf, r.cookie)
-		if r.typ == nbdproto.CmdRead && r.errno == 0 {
-			buf = append(buf, r.buf...)
-		}
 	case r.errno != 0:
 		msg := "request failed"
 		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkError, r.cookie, uint32(6+len(msg)))
 		buf = binary.BigEndian.AppendUint32(buf, uint32(r.errno))
 		buf = binary.BigEndian.AppendUint16(buf, uint16(len(msg)))
 		buf = append(buf, msg...)
-	case r.typ == nbdproto.CmdRead:
-		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkOffsetData, r.cookie, uint32(8+len(r.buf)))
-		buf = binary.BigEndian.AppendUint64(buf, r.off)
-		buf = append(buf, r.buf...)
 	default: // BLOCK_STATUS: the extents execute found
 		buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkBlockStatus, r.cookie, uint32(4+4*len(r.extents)))
 		buf = binary.BigEndian.AppendUint32(buf, nbdproto.MetaBaseAllocationID)
@@ -106,6 +107,18 @@ func (c *conn) appendReply(r *request, buf []byte) []byte {
 		}
 	}
 	return buf
+}
+
+// appendReadHeader appends the header of a successful read's reply, the
+// data to follow.
+func (c *conn) appendReadHeader(r *request, buf []byte) []byte {
+	if !c.structured {
+		buf = binary.BigEndian.AppendUint32(buf, nbdproto.MagicSimpleReply)
+		buf = binary.BigEndian.AppendUint32(buf, 0)
+		return binary.BigEndian.AppendUint64(buf, r.cookie)
+	}
+	buf = chunkHeader(buf, nbdproto.ChunkFlagDone, nbdproto.ChunkOffsetData, r.cookie, uint32(8+len(r.buf)))
+	return binary.BigEndian.AppendUint64(buf, r.off)
 }
 
 func chunkHeader(b []byte, flags uint16, typ nbdproto.Chunk, cookie uint64, n uint32) []byte {

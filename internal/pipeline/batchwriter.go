@@ -169,6 +169,63 @@ func (b *BatchWriter) EndInFlight(buf []byte, inFlight int) {
 	b.push(inFlight <= 1)
 }
 
+// vecPayload is the payload size from which EndPayload writes a lone
+// frame's payload beside its header, not copied after it.
+const vecPayload = 32 << 10
+
+// EndPayload is EndInFlight for a frame of buf's appended header and
+// then payload: a lone frame whose write side is free leaves in one
+// writev(2) with its payload where it is; otherwise (or for a small
+// payload) the payload is appended. Only what the socket does not take
+// is copied. payload is not used after the call returns.
+func (b *BatchWriter) EndPayload(buf, payload []byte, inFlight int) {
+	if inFlight > 1 || len(payload) < vecPayload || len(buf) == 0 || b.writing || b.err != nil || b.raw == nil || (b.token > 0 && b.gate != nil) {
+		b.buf = append(buf, payload...)
+		b.push(inFlight <= 1)
+		return
+	}
+	b.writing = true
+	b.buf = buf
+	out := b.take()
+	b.mu.Unlock()
+	n, err := b.raw.TryWrite2(out, payload)
+	if n > 0 {
+		b.Writes.Add(1)
+		b.Inline.Add(1)
+		b.Bytes.Add(uint64(n))
+	}
+	if err != nil {
+		b.fail(err)
+		b.mu.Lock()
+		b.release(out)
+		return
+	}
+	if n < len(out)+len(payload) {
+		// The socket is full: the goroutine writes the rest, which is
+		// copied now.
+		if n < len(out) {
+			out = append(out[:copy(out, out[n:])], payload...)
+		} else {
+			out = append(out[:0], payload[n-len(out):]...)
+		}
+		b.mu.Lock()
+		b.rest, b.restBuf = out, out
+		b.handOff()
+		return
+	}
+	b.mu.Lock()
+	if len(b.buf) == 0 || b.err != nil {
+		b.release(out)
+		return
+	}
+	// Frames appended meanwhile: on as End would.
+	b.spare = out[:0]
+	next := b.take()
+	b.cond.Broadcast()
+	b.mu.Unlock()
+	b.inline(next)
+}
+
 // EndLater stores the appended buffer and unlocks without writing: the
 // caller promises a Flush (or End) before it waits for anything.
 func (b *BatchWriter) EndLater(buf []byte) {
@@ -231,9 +288,7 @@ func (b *BatchWriter) inline(out []byte) {
 		if err != nil {
 			b.fail(err)
 			b.mu.Lock()
-			b.spare, b.writing = out[:0], false
-			b.cond.Broadcast()
-			b.mu.Unlock()
+			b.release(out)
 			return
 		}
 		b.mu.Lock()
@@ -245,9 +300,7 @@ func (b *BatchWriter) inline(out []byte) {
 			return
 		}
 		if len(b.buf) == 0 || b.err != nil {
-			b.spare, b.writing = out[:0], false
-			b.cond.Broadcast()
-			b.mu.Unlock()
+			b.release(out)
 			return
 		}
 		if round+1 >= inlineRounds || (b.token > 0 && b.gate != nil) {
@@ -260,6 +313,14 @@ func (b *BatchWriter) inline(out []byte) {
 		b.cond.Broadcast()
 		b.mu.Unlock()
 	}
+}
+
+// release gives the write side up, out becoming the spare buffer; called
+// with mu held by the owner, it releases mu.
+func (b *BatchWriter) release(out []byte) {
+	b.spare, b.writing = out[:0], false
+	b.cond.Broadcast()
+	b.mu.Unlock()
 }
 
 // tryWrite makes one non-blocking write attempt of p.

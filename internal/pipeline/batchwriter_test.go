@@ -206,3 +206,72 @@ func TestTokenFramesWaitForFlushAndOneGate(t *testing.T) {
 		}
 	}
 }
+
+// A lone frame with a large payload leaves in one writev, the payload not
+// copied; one held back by EndLater leaves first, in order. The payload
+// buffer is the caller's again once EndPayload returns: overwritten then,
+// what arrives is still what was sent.
+func TestEndPayloadWritesBesideTheHeader(t *testing.T) {
+	a, b := tcpPair(t)
+	bw := NewBatchWriter(a, 1<<20, nil)
+	defer bw.Close()
+	payload := make([]byte, 128<<10)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	want := append([]byte("head"), payload...)
+	buf, err := bw.Begin()
+	require.NoError(t, err)
+	bw.EndPayload(append(buf, "head"...), payload, 1)
+	got := make([]byte, len(want))
+	_, err = io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	assert.Equal(t, uint64(1), bw.Writes.Load(), "header and payload in one write")
+
+	buf, err = bw.Begin()
+	require.NoError(t, err)
+	bw.EndLater(append(buf, "first"...))
+	buf, err = bw.Begin()
+	require.NoError(t, err)
+	bw.EndPayload(append(buf, "head"...), payload, 1)
+	clear(payload)
+	got = make([]byte, 5+len(want))
+	_, err = io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.Equal(t, append([]byte("first"), want...), got)
+	assert.Equal(t, uint64(2), bw.Writes.Load())
+}
+
+// A peer that does not read: what the socket does not take of a payload
+// written beside its header is copied and written by the goroutine, in
+// order with the frames after it, and the producer never blocks.
+func TestEndPayloadOnAFullSocket(t *testing.T) {
+	a, b := tcpPair(t)
+	bw := NewBatchWriter(a, 64<<20, nil)
+	const frames, size = 200, 64 << 10 // 12.5 MiB: more than the socket holds
+	within(t, 20*time.Second, "EndPayload on a full socket", func() {
+		p := make([]byte, size)
+		for i := 0; i < frames; i++ {
+			buf, err := bw.Begin()
+			require.NoError(t, err)
+			for j := range p {
+				p[j] = byte(i + j)
+			}
+			bw.EndPayload(binary.LittleEndian.AppendUint32(buf, uint32(i)), p, 1)
+		}
+	})
+	got := make([]byte, 4+size)
+	for i := 0; i < frames; i++ {
+		_, err := io.ReadFull(b, got)
+		require.NoError(t, err)
+		require.Equal(t, uint32(i), binary.LittleEndian.Uint32(got), "frame %d out of order", i)
+		for j := range size {
+			if got[4+j] != byte(i+j) {
+				t.Fatalf("frame %d: byte %d is %d, want %d", i, j, got[4+j], byte(i+j))
+			}
+		}
+	}
+	bw.Close()
+	assert.Less(t, bw.Inline.Load(), bw.Writes.Load(), "the goroutine wrote the tail")
+}

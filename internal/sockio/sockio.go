@@ -37,6 +37,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -527,6 +528,9 @@ type Writer struct {
 	n       int
 	werr    error
 	writeFD func(fd uintptr) bool
+	// TryWrite2's two buffers, kept here so a call allocates nothing.
+	iov      [2]unix.Iovec
+	writevFD func(fd uintptr) bool
 }
 
 // NewWriter returns a Writer for nc, or nil if nc is not a socket.
@@ -540,7 +544,7 @@ func NewWriter(nc io.Writer) *Writer {
 		return nil
 	}
 	w := &Writer{raw: raw}
-	w.writeFD = w.write
+	w.writeFD, w.writevFD = w.write, w.writev
 	return w
 }
 
@@ -558,6 +562,38 @@ func (w *Writer) TryWrite(p []byte) (int, error) {
 		return 0, nil
 	}
 	return max(n, 0), err
+}
+
+// TryWrite2 is TryWrite of a followed by b, in one writev(2): a frame's
+// header and a large payload leave together without being copied into
+// one buffer first. Neither may be empty.
+func (w *Writer) TryWrite2(a, b []byte) (int, error) {
+	w.iov[0].Base, w.iov[1].Base = &a[0], &b[0]
+	w.iov[0].SetLen(len(a))
+	w.iov[1].SetLen(len(b))
+	err := w.raw.Write(w.writevFD)
+	n, werr := w.n, w.werr
+	w.iov[0].Base, w.iov[1].Base, w.werr = nil, nil, nil
+	if err == nil {
+		err = werr
+	}
+	if err == syscall.EAGAIN {
+		return 0, nil
+	}
+	return max(n, 0), err
+}
+
+func (w *Writer) writev(fd uintptr) bool {
+	for {
+		n, _, errno := syscall.Syscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(len(w.iov)))
+		w.n, w.werr = int(n), nil
+		if errno != 0 {
+			w.n, w.werr = -1, errno
+		}
+		if w.werr != syscall.EINTR {
+			return true
+		}
+	}
 }
 
 func (w *Writer) write(fd uintptr) bool {
