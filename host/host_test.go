@@ -500,11 +500,14 @@ func TestNBDPredictorFollowsScansAndStepsAside(t *testing.T) {
 
 	buf := make([]byte, 128<<10)
 	rng := uint64(1)
-	for i := 0; i < 4000 && st.Off.Load() == 0; i++ {
+	randomRun := func() { // two adjacent 8 KiB reads at a random 64 KiB boundary
 		rng = rng*6364136223846793005 + 1442695040888963407
 		off := (rng >> 20) % (size/(64<<10) - 1) * (64 << 10)
 		read(off, buf[:8192])
 		read(off+8192, buf[:8192])
+	}
+	for i := 0; i < 4000 && st.Off.Load() == 0; i++ {
+		randomRun()
 		if i%64 == 63 {
 			parsed()
 		}
@@ -513,11 +516,8 @@ func TestNBDPredictorFollowsScansAndStepsAside(t *testing.T) {
 	require.Equal(t, uint32(1), st.Off.Load(), "random runs switch the request predictor off: useful %d, wasted %d",
 		st.Useful.Load(), st.Wasted.Load())
 	before := st.Predicted.Load()
-	for i := 0; i < 200; i++ {
-		rng = rng*6364136223846793005 + 1442695040888963407
-		off := (rng >> 20) % (size/(64<<10) - 1) * (64 << 10)
-		read(off, buf[:8192])
-		read(off+8192, buf[:8192])
+	for range 200 {
+		randomRun()
 	}
 	parsed()
 	assert.Equal(t, before, st.Predicted.Load(), "off, it proposes nothing")

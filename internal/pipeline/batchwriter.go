@@ -189,41 +189,20 @@ func (b *BatchWriter) EndPayload(buf, payload []byte, inFlight int) {
 	out := b.take()
 	b.mu.Unlock()
 	n, err := b.raw.TryWrite2(out, payload)
-	if n > 0 {
-		b.Writes.Add(1)
-		b.Inline.Add(1)
-		b.Bytes.Add(uint64(n))
-	}
-	if err != nil {
-		b.fail(err)
-		b.mu.Lock()
-		b.release(out)
-		return
-	}
-	if n < len(out)+len(payload) {
-		// The socket is full: the goroutine writes the rest, which is
-		// copied now.
+	b.count(n)
+	if err == nil && n < len(out)+len(payload) {
+		// The socket is full: what it did not take is copied for the
+		// goroutine.
 		if n < len(out) {
 			out = append(out[:copy(out, out[n:])], payload...)
 		} else {
 			out = append(out[:0], payload[n-len(out):]...)
 		}
-		b.mu.Lock()
-		b.rest, b.restBuf = out, out
-		b.handOff()
-		return
+		n = 0
+	} else {
+		n = len(out)
 	}
-	b.mu.Lock()
-	if len(b.buf) == 0 || b.err != nil {
-		b.release(out)
-		return
-	}
-	// Frames appended meanwhile: on as End would.
-	b.spare = out[:0]
-	next := b.take()
-	b.cond.Broadcast()
-	b.mu.Unlock()
-	b.inline(next)
+	b.inline(b.wrote(out, n, err, 0), 1)
 }
 
 // EndLater stores the appended buffer and unlocks without writing: the
@@ -256,7 +235,7 @@ func (b *BatchWriter) push(inline bool) {
 	}
 	out := b.take()
 	b.mu.Unlock()
-	b.inline(out)
+	b.inline(out, 0)
 }
 
 // take swaps the buffers and returns what is queued; called with mu held
@@ -281,38 +260,46 @@ func (b *BatchWriter) handOff() {
 }
 
 // inline writes out (and what is appended meanwhile) with non-blocking
-// attempts; the caller owns the write side and gives it up on return.
-func (b *BatchWriter) inline(out []byte) {
-	for round := 0; ; round++ {
+// attempts, from its round-th batch; the caller owns the write side and
+// gives it up on return. A nil out has nothing to write.
+func (b *BatchWriter) inline(out []byte, round int) {
+	for ; out != nil; round++ {
 		n, err := b.tryWrite(out)
-		if err != nil {
-			b.fail(err)
-			b.mu.Lock()
-			b.release(out)
-			return
-		}
-		b.mu.Lock()
-		if n < len(out) {
-			// The socket is full: the goroutine waits for it, keeping
-			// the write side (writing stays true).
-			b.rest, b.restBuf = out[n:], out
-			b.handOff()
-			return
-		}
-		if len(b.buf) == 0 || b.err != nil {
-			b.release(out)
-			return
-		}
-		if round+1 >= inlineRounds || (b.token > 0 && b.gate != nil) {
-			b.spare = out[:0]
-			b.handOff()
-			return
-		}
-		b.spare = out[:0]
-		out = b.take()
-		b.cond.Broadcast()
-		b.mu.Unlock()
+		out = b.wrote(out, n, err, round)
 	}
+}
+
+// wrote settles the round-th write attempt of out, which took n bytes or
+// failed, mu not held: it returns the next batch for the caller to write,
+// or nil once the write side is given up or handed to the goroutine.
+func (b *BatchWriter) wrote(out []byte, n int, err error, round int) []byte {
+	if err != nil {
+		b.fail(err)
+		b.mu.Lock()
+		b.release(out)
+		return nil
+	}
+	b.mu.Lock()
+	switch {
+	case n < len(out):
+		// The socket is full: the goroutine waits for it, keeping the
+		// write side (writing stays true).
+		b.rest, b.restBuf = out[n:], out
+		b.handOff()
+		return nil
+	case len(b.buf) == 0 || b.err != nil:
+		b.release(out)
+		return nil
+	case round+1 >= inlineRounds || (b.token > 0 && b.gate != nil):
+		b.spare = out[:0]
+		b.handOff()
+		return nil
+	}
+	b.spare = out[:0]
+	next := b.take()
+	b.cond.Broadcast()
+	b.mu.Unlock()
+	return next
 }
 
 // release gives the write side up, out becoming the spare buffer; called
@@ -326,12 +313,17 @@ func (b *BatchWriter) release(out []byte) {
 // tryWrite makes one non-blocking write attempt of p.
 func (b *BatchWriter) tryWrite(p []byte) (int, error) {
 	n, err := b.raw.TryWrite(p)
+	b.count(n)
+	return n, err
+}
+
+// count counts an inline write that took n bytes.
+func (b *BatchWriter) count(n int) {
 	if n > 0 {
 		b.Writes.Add(1)
 		b.Inline.Add(1)
 		b.Bytes.Add(uint64(n))
 	}
-	return n, err
 }
 
 // Queued returns how many bytes wait to be written.
