@@ -24,7 +24,7 @@ func (b bareRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][
 // TestRemoteConformance runs the Remote contract (pagestore/api.go) against
 // every Remote in pd3. A new Remote joins this table.
 func TestRemoteConformance(t *testing.T) {
-	all := remotetest.Capabilities{PagesReader: true, AsyncReader: true, Trimmer: true, Mapper: true}
+	all := remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true}
 	sync := remotetest.Capabilities{PagesReader: true, Trimmer: true, Mapper: true}
 	for _, tc := range []struct {
 		name string

@@ -521,7 +521,40 @@ func (e *Engine) readFn(k pageid.Key, dst []byte, done func(error)) {
 	e.c.ReadFn(k.Volume(), k.Page()*pageid.Size, dst, done)
 }
 
-var _ pagestore.AsyncReader = (*Engine)(nil)
+// ReadPagesAsync implements pagestore.AsyncPagesReader: the host's miss
+// on a run of pages, without blocking. A run none of whose pages has a
+// prefetch in flight (the usual case: the agent skips what the host is
+// reading) is one read on the engine's connection, finished by its
+// reader; otherwise ReadPages joins the prefetches on a goroutine of its
+// own.
+func (e *Engine) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
+	n := len(p) / pageid.Size
+	key := func(i int) pageid.Key { return pageid.MakeKey(first.Volume(), first.Page()+uint64(i)) }
+	e.mu.Lock()
+	for i := range n {
+		if _, ok := e.inflight[key(i)]; ok {
+			e.mu.Unlock()
+			go func() { done(e.ReadPages(context.Background(), first, p)) }()
+			return
+		}
+	}
+	e.mu.Unlock()
+	e.HostReads.Add(uint64(n))
+	if e.hv != nil { // before the read, as in ReadPage
+		for i := range n {
+			if e.hv.Contains(uint64(key(i))) {
+				e.FalsePositives.Add(1)
+			}
+			e.hv.Add(uint64(key(i)))
+		}
+	}
+	e.c.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
+}
+
+var (
+	_ pagestore.AsyncReader      = (*Engine)(nil)
+	_ pagestore.AsyncPagesReader = (*Engine)(nil)
+)
 
 // ReadPages implements pagestore.PagesReader: the host's miss on a run of
 // pages. Pages with a prefetch in flight wait for it, as ReadPage does;

@@ -116,11 +116,12 @@ type LeapRemote struct {
 }
 
 var (
-	_ pagestore.Remote       = LeapRemote{}
-	_ pagestore.PagesReader  = LeapRemote{}
-	_ pagestore.StreamReader = LeapRemote{}
-	_ pagestore.AsyncReader  = LeapRemote{}
-	_ pagestore.Trimmer      = LeapRemote{}
+	_ pagestore.Remote           = LeapRemote{}
+	_ pagestore.PagesReader      = LeapRemote{}
+	_ pagestore.StreamReader     = LeapRemote{}
+	_ pagestore.AsyncReader      = LeapRemote{}
+	_ pagestore.AsyncPagesReader = LeapRemote{}
+	_ pagestore.Trimmer          = LeapRemote{}
 )
 
 // missed shows Leap a run of n missed pages from first and prefetches what
@@ -164,6 +165,12 @@ func (r LeapRemote) StreamTook(k pageid.Key) { r.Engine.StreamTook(k) }
 func (r LeapRemote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 	r.missed(k, 1)
 	r.Engine.ReadPageAsync(k, dst, done)
+}
+
+// ReadPagesAsync implements pagestore.AsyncPagesReader.
+func (r LeapRemote) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
+	r.missed(first, len(p)/pageid.Size)
+	r.Engine.ReadPagesAsync(first, p, done)
 }
 
 // WritePages implements pagestore.Remote.

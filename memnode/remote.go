@@ -71,3 +71,8 @@ func (r Remote) ReadPages(ctx context.Context, first pageid.Key, p []byte) error
 func (r Remote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 	r.C.ReadFn(k.Volume(), k.Page()*pageid.Size, dst, done)
 }
+
+// ReadPagesAsync implements pagestore.AsyncPagesReader: one READ.
+func (r Remote) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
+	r.C.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
+}

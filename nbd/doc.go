@@ -39,11 +39,12 @@
 // a truncated header ends that connection only.
 //
 // Concurrency: one reader goroutine per connection parses and validates.
-// A one-page, page-aligned READ — the random-read case — is run to
-// completion without a worker when the backend is a PageReader: a cache
-// or Loading Zone hit is answered by the reader itself, and a miss starts
-// a remote read whose completion (on the memory-node client's reader
-// goroutine) fills the frame and appends the reply. That replaces two
+// A page-aligned READ of up to pagestore.MaxAsyncPages pages that is not
+// a stream — the random-read case, a database's 8 KiB pages — is run to
+// completion without a worker when the backend is a PageReader: cache or
+// Loading Zone hits are answered by the reader itself, and misses start
+// remote reads whose completion (on the memory-node client's reader
+// goroutine) fills the frames and appends the reply. That replaces two
 // goroutine hand-offs per request (reader → worker, memory-node reader →
 // worker) with none. A one-page WRITE without FUA is written into the
 // cache by the reader the same way when the backend is a PageWriter and

@@ -36,11 +36,12 @@ type Backend interface {
 
 var _ Backend = (*pagestore.Store)(nil)
 
-// PageReader is implemented by backends that can serve a one-page read
-// without blocking (*pagestore.Store): a hit is copied at once, a miss
-// finishes with done on the remote's reader goroutine. The connection
-// reader then runs such reads to completion itself, with no worker
-// hand-off; ErrWouldBlock sends a read to the workers instead.
+// PageReader is implemented by backends that can serve a read of up to
+// pagestore.MaxAsyncPages whole pages without blocking
+// (*pagestore.Store): hits are copied at once, misses finish with done on
+// the remote's reader goroutine. The connection reader then runs such
+// reads to completion itself, with no worker hand-off; ErrWouldBlock
+// sends a read to the workers instead.
 type PageReader interface {
 	GetAsync(k pageid.Key, dst []byte, done func(error)) (finished bool, err error)
 }

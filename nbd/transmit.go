@@ -171,11 +171,13 @@ func (c *conn) readRequests(work chan<- *request) error {
 	}
 }
 
-// readPage runs a one-page READ on the reader's path if it can: a hit is
-// answered now, a miss when the page arrives (pageRead). It reports false
-// when a worker must take the request.
+// readPage runs a READ of up to pagestore.MaxAsyncPages whole pages on
+// the reader's path if it can: hits are answered now, misses when their
+// pages arrive (pageRead). It reports false when a worker must take the
+// request: a stream, an unaligned or larger read, or one that would wait.
 func (c *conn) readPage(r *request) bool {
-	if c.pr == nil || r.length != pageid.Size || r.off%pageid.Size != 0 {
+	if c.pr == nil || r.length%pageid.Size != 0 || r.length > pagestore.MaxAsyncPages*pageid.Size ||
+		r.off%pageid.Size != 0 || c.streams(r) {
 		return false
 	}
 	if c.nasync.Add(1) > maxConnAsync {
@@ -204,6 +206,15 @@ func (c *conn) readPage(r *request) bool {
 		c.fast.Cold(!finished)
 	}
 	return true
+}
+
+// streams reports whether READ r is served as a stream (StreamFrom).
+func (c *conn) streams(r *request) bool {
+	if c.s.StreamFrom == 0 || r.length < c.s.StreamFrom {
+		return false
+	}
+	_, ok := c.s.Backend.(StreamReader)
+	return ok
 }
 
 // writePage runs a one-page WRITE on the reader's path when the cache can
@@ -333,8 +344,8 @@ func (c *conn) execute(r *request) {
 	var err error
 	switch r.typ {
 	case nbdproto.CmdRead:
-		if sr, ok := c.s.Backend.(StreamReader); ok && c.s.StreamFrom > 0 && r.length >= c.s.StreamFrom {
-			err = sr.ReadStream(ctx, vol, r.off, r.buf)
+		if c.streams(r) {
+			err = c.s.Backend.(StreamReader).ReadStream(ctx, vol, r.off, r.buf)
 		} else {
 			err = c.s.Backend.ReadRange(ctx, vol, r.off, r.buf)
 		}

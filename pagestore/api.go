@@ -67,6 +67,17 @@ type AsyncReader interface {
 	ReadPageAsync(k pageid.Key, dst []byte, done func(error))
 }
 
+// AsyncPagesReader reads consecutive pages without blocking the caller,
+// with one request, as AsyncReader reads one: done is called exactly
+// once, later on another goroutine or at once if the read could not be
+// started, and must not block.
+//
+// Absent: GetAsync reads a run of missing pages with one ReadPageAsync
+// each (or answers ErrWouldBlock without an AsyncReader either).
+type AsyncPagesReader interface {
+	ReadPagesAsync(first pageid.Key, p []byte, done func(error))
+}
+
 // Trimmer drops pages: TRIM frees whole memory-node chunks.
 //
 // Absent: Trim and zeroing write zero pages to the Remote instead, so the

@@ -21,34 +21,30 @@ var ErrWouldBlock = errors.New("pagestore: would block")
 // anyone else. Like the batched runs, a quarter of the cache at most.
 func (s *Store) maxAsync() int64 { return int64(max(1, len(s.frames)/4)) }
 
-// GetAsync reads page k into dst without blocking. If the page is cached
-// or in the Loading Zone it is copied at once and GetAsync reports
-// finished (done is not called). A miss starts a remote read into a free
-// or clean frame and returns (false, nil); done(err) follows once, on
-// another goroutine, with dst filled. Errors other than ErrWouldBlock
-// (a bad key, a fenced volume) are final.
+// GetAsync reads the pages from k on into dst (1 to MaxAsyncPages whole
+// pages) without blocking. If every page is cached or in the Loading Zone
+// they are copied at once and GetAsync reports finished (done is not
+// called). Misses start remote reads into free or clean frames — one per
+// run of consecutive missing pages, straight into dst — and GetAsync
+// returns (false, nil); done(err) follows once, on another goroutine,
+// with dst filled. Errors other than ErrWouldBlock (a bad key, a fenced
+// volume) are final. ErrWouldBlock leaves nothing started (dst may hold
+// some of the pages).
 //
 // It is the read path of a connection reader that runs requests to
 // completion without a worker: hits cost no hand-off at all, misses one
 // callback from the remote's reader instead of two goroutine wake-ups.
 func (s *Store) GetAsync(k pageid.Key, dst []byte, done func(error)) (finished bool, err error) {
 	if len(dst) != pageid.Size {
-		return true, ErrBadPage
+		return s.getPagesAsync(k, dst, done)
 	}
 	if err := s.CheckKey(k); err != nil {
 		return true, err
 	}
 	if f, ok := s.lookup(k); ok {
-		fr := &s.frames[f]
-		if !fr.mu.TryRLock() {
-			return false, ErrWouldBlock // being loaded or evicted
-		}
-		if fr.key != k || !fr.valid {
-			fr.mu.RUnlock()
+		if !s.copyHit(k, f, dst) {
 			return false, ErrWouldBlock
 		}
-		copy(dst, s.page(f))
-		fr.mu.RUnlock()
 		s.pol.hit(f)
 		s.hits.Add(1)
 		return true, nil
@@ -84,6 +80,22 @@ func (s *Store) GetAsync(k pageid.Key, dst []byte, done func(error)) (finished b
 	l.k, l.f, l.dst, l.done = k, f, dst, done
 	ar.ReadPageAsync(k, page, l.fn)
 	return false, nil
+}
+
+// copyHit copies page k from frame f into dst unless that would wait: the
+// frame is being loaded or evicted, or no longer holds k.
+func (s *Store) copyHit(k pageid.Key, f int32, dst []byte) bool {
+	fr := &s.frames[f]
+	if !fr.mu.TryRLock() {
+		return false
+	}
+	if fr.key != k || !fr.valid {
+		fr.mu.RUnlock()
+		return false
+	}
+	copy(dst, s.page(f))
+	fr.mu.RUnlock()
+	return true
 }
 
 // loaded makes a freshly filled, write-locked frame valid, copies it to dst
@@ -205,6 +217,14 @@ func (s *Store) initAsync() {
 		l.fn = l.finish
 		return l
 	}
+	s.runLoads.New = func() any {
+		l := &asyncRun{s: s}
+		for i := range l.parts {
+			p := &l.parts[i]
+			p.l, p.fn = l, p.finish
+		}
+		return l
+	}
 	s.claimClean = func(f int32) bool {
 		if !s.claim(f) {
 			return false
@@ -219,8 +239,8 @@ func (s *Store) initAsync() {
 
 // asyncState is the part of Store that GetAsync uses.
 type asyncState struct {
-	async      atomic.Int64 // GetAsync loads in flight
+	async      atomic.Int64 // pages GetAsync is loading
 	asyncLoads atomic.Uint64
 	loads      sync.Pool // *asyncLoad
-	claimClean func(int32) bool
+	runLoads   sync.Pool // *asyncRun
 }

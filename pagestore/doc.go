@@ -13,8 +13,10 @@
 //
 // GetAsync is the same miss path for a caller that must not block (a
 // connection reader running requests to completion): it serves hits at
-// once, and for a miss takes a free or clean frame, publishes it and
-// starts an AsyncReader read whose completion, on the remote's reader
+// once, and for misses (up to MaxAsyncPages pages a call) takes free or
+// clean frames, publishes them and starts one AsyncPagesReader read per
+// run of missing pages (an AsyncReader read per page from a remote that
+// reads one at a time), whose completion, on the remote's reader
 // goroutine, makes the frame valid and unlocks it — a lock released by
 // another goroutine than the one that took it, which sync.RWMutex allows.
 // Whenever it would have to wait it does nothing and says ErrWouldBlock.

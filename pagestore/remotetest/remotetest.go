@@ -17,16 +17,17 @@ import (
 
 // Capabilities names the optional interfaces a Remote offers.
 type Capabilities struct {
-	PagesReader, AsyncReader, Trimmer, Mapper bool
+	PagesReader, AsyncReader, AsyncPagesReader, Trimmer, Mapper bool
 }
 
 // Of reports the capabilities r offers.
 func Of(r pagestore.Remote) Capabilities {
 	_, pr := r.(pagestore.PagesReader)
 	_, ar := r.(pagestore.AsyncReader)
+	_, apr := r.(pagestore.AsyncPagesReader)
 	_, tr := r.(pagestore.Trimmer)
 	_, mp := r.(pagestore.Mapper)
-	return Capabilities{PagesReader: pr, AsyncReader: ar, Trimmer: tr, Mapper: mp}
+	return Capabilities{PagesReader: pr, AsyncReader: ar, AsyncPagesReader: apr, Trimmer: tr, Mapper: mp}
 }
 
 // Pages is the volume size Run needs, in pages.
@@ -49,6 +50,9 @@ func Run(t *testing.T, r pagestore.Remote, vol uint16, want Capabilities) {
 	}
 	if want.AsyncReader {
 		t.Run("ReadPageAsyncOnce", c.readPageAsync)
+	}
+	if want.AsyncPagesReader {
+		t.Run("ReadPagesAsyncEqualsReadPage", c.readPagesAsync)
 	}
 	if want.Trimmer {
 		t.Run("TrimZeroesOnlyItsRange", c.trim)
@@ -195,6 +199,43 @@ func (c *checker) readPages(t *testing.T) {
 			want := make([]byte, pageid.Size)
 			require.NoError(t, c.r.ReadPage(ctx(t), c.key(run.first+i), want))
 			assert.True(t, bytes.Equal(want, p[i*pageid.Size:(i+1)*pageid.Size]), "run of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
+		}
+	}
+}
+
+// readPagesAsync reads runs of the pages readPages wrote, all at once:
+// each done is called once, and each page equals ReadPage's.
+func (c *checker) readPagesAsync(t *testing.T) {
+	apr := c.r.(pagestore.AsyncPagesReader)
+	c.write(t, 6, runBase+1, runBase+9, runBase+16)
+	runs := []struct{ first, n uint64 }{{runBase, 1}, {runBase, 2}, {runBase + 1, 8}, {runBase + 8, 16}, {runBase + 15, 3}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	calls := make([]int, len(runs))
+	errs := make([]error, len(runs))
+	bufs := make([][]byte, len(runs))
+	for x, run := range runs {
+		bufs[x] = bytes.Repeat([]byte{0xAA}, int(run.n)*pageid.Size)
+		wg.Add(1)
+		apr.ReadPagesAsync(c.key(run.first), bufs[x], func(err error) {
+			mu.Lock()
+			calls[x]++
+			errs[x] = err
+			mu.Unlock()
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	time.Sleep(10 * time.Millisecond) // a second call of done would come now
+	mu.Lock()
+	defer mu.Unlock()
+	for x, run := range runs {
+		require.Equal(t, 1, calls[x], "done calls for the run of %d from %d", run.n, run.first)
+		require.NoError(t, errs[x])
+		for i := range run.n {
+			want := make([]byte, pageid.Size)
+			require.NoError(t, c.r.ReadPage(ctx(t), c.key(run.first+i), want))
+			assert.True(t, bytes.Equal(want, bufs[x][i*pageid.Size:(i+1)*pageid.Size]), "run of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
 		}
 	}
 }
