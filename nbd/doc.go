@@ -46,9 +46,9 @@
 // remote reads whose completion (on the memory-node client's reader
 // goroutine) fills the frames and appends the reply. That replaces two
 // goroutine hand-offs per request (reader → worker, memory-node reader →
-// worker) with none. A one-page WRITE without FUA is written into the
-// cache by the reader the same way when the backend is a PageWriter and
-// the page can be taken at once. Everything else, and reads the page store cannot
+// worker) with none. A WRITE of as many pages without FUA is written into
+// the cache by the reader the same way when the backend is a PageWriter
+// and the pages can be taken at once. Everything else, and reads the page store cannot
 // start without waiting (page busy, only dirty frames to evict, too many
 // loads in flight), goes to Workers goroutines that execute requests
 // concurrently. Replies are appended to one BatchWriter and leave in

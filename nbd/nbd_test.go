@@ -647,8 +647,10 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 		require.Equal(t, cookie, got)
 	}
 	late(nbdproto.CmdRead, nil, true) // the reader is drained: its next read waits
-	// A WRITE of two pages goes to a worker; one of one page the cache
-	// can take at once is written by the reader itself (writePage).
+	// A WRITE of more than pagestore.MaxAsyncPages goes to a worker; one
+	// of one page the cache can take at once is written by the reader
+	// itself (writePage).
+	big := pagestore.MaxAsyncPages + 1
 	for _, tc := range []struct {
 		name  string
 		typ   nbdproto.Cmd
@@ -656,11 +658,11 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 		poll  bool
 	}{
 		{"READ", nbdproto.CmdRead, 0, true},
-		{"WRITE after a READ", nbdproto.CmdWrite, 2, true},
+		{"WRITE after a READ", nbdproto.CmdWrite, big, true},
 		{"READ after a WRITE", nbdproto.CmdRead, 0, false},
 		{"READ after a READ", nbdproto.CmdRead, 0, true},
 		{"FLUSH", nbdproto.CmdFlush, 0, true},
-		{"WRITE after a FLUSH", nbdproto.CmdWrite, 2, false},
+		{"WRITE after a FLUSH", nbdproto.CmdWrite, big, false},
 		{"one-page WRITE after a WRITE", nbdproto.CmdWrite, 1, false},
 		{"READ after a one-page WRITE", nbdproto.CmdRead, 0, true},
 	} {

@@ -60,9 +60,10 @@ type StreamReader interface {
 
 var _ StreamReader = (*pagestore.Store)(nil)
 
-// PageWriter is implemented by backends that can take a one-page write
-// without blocking (*pagestore.Store): the connection reader then writes
-// such a page into the cache itself, with no worker hand-off;
+// PageWriter is implemented by backends that can take a write of up to
+// pagestore.MaxAsyncPages whole pages without blocking
+// (*pagestore.Store): the connection reader then writes such pages into
+// the cache itself, with no worker hand-off;
 // ErrWouldBlock (a page in use, only dirty frames left to evict) sends
 // the write to the workers instead.
 type PageWriter interface {

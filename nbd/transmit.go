@@ -217,12 +217,16 @@ func (c *conn) streams(r *request) bool {
 	return ok
 }
 
-// writePage runs a one-page WRITE on the reader's path when the cache can
-// take the page without waiting; its reply is held back like a hit's. It
-// reports false when a worker must take the request: FUA (it waits for a
-// write-back), or a page the cache cannot take at once.
+// writePage runs a WRITE of up to pagestore.MaxAsyncPages whole pages on
+// the reader's path when the cache can take the pages without waiting;
+// its reply is held back like a hit's. It reports false when a worker
+// must take the request: FUA (it waits for a write-back), an unaligned
+// or larger write, or a page the cache cannot take at once (the worker
+// writes every page again: the request is not answered yet, so no reader
+// may count on any of it).
 func (c *conn) writePage(r *request) bool {
-	if c.pw == nil || r.length != pageid.Size || r.off%pageid.Size != 0 || r.flags&nbdproto.CmdFlagFUA != 0 {
+	if c.pw == nil || r.length%pageid.Size != 0 || r.length > pagestore.MaxAsyncPages*pageid.Size ||
+		r.off%pageid.Size != 0 || r.flags&nbdproto.CmdFlagFUA != 0 {
 		return false
 	}
 	err := c.pw.PutNow(pageid.MakeKey(c.exp.Volume, r.off/pageid.Size), r.buf)

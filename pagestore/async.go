@@ -132,22 +132,39 @@ func (l *asyncLoad) finish(err error) {
 	done(err)
 }
 
-// PutNow stores src as page k if it can without waiting: the page is
-// cached and no one holds it, or a free frame or a clean page's frame
-// takes it. Otherwise it returns ErrWouldBlock having done nothing (the
-// page is being read, flushed or loaded; only dirty frames are left to
-// evict); use Put from a goroutine that may block. Other errors (a bad
-// key, a missing volume) are final.
+// PutNow stores src (1 to MaxAsyncPages whole pages) as the pages from k
+// on if it can without waiting: each page is cached and no one holds it,
+// or a free frame or a clean page's frame takes it. Otherwise it returns
+// ErrWouldBlock having stored only the pages before the one that would
+// wait (the page is being read, flushed or loaded; only dirty frames are
+// left to evict); write them all with Put or WriteRange from a goroutine
+// that may block. Other errors (a bad key, a missing volume) are final,
+// and nothing was stored.
 //
-// It is the write path of a connection reader that runs one-page writes
-// to completion without a worker, as GetAsync is its read path.
+// It is the write path of a connection reader that runs small writes to
+// completion without a worker, as GetAsync is its read path.
 func (s *Store) PutNow(k pageid.Key, src []byte) error {
-	if len(src) != pageid.Size {
+	n := len(src) / pageid.Size
+	if len(src)%pageid.Size != 0 || n < 1 || n > MaxAsyncPages {
 		return ErrBadPage
 	}
-	if err := s.CheckKey(k); err != nil {
-		return err
+	if k.Page()+uint64(n) > 1<<pageid.PageBits {
+		return fmt.Errorf("pages %v+%d: %w", k, n, pageid.ErrOutOfRange)
 	}
+	last := pageid.MakeKey(k.Volume(), k.Page()+uint64(n-1))
+	if err := s.CheckKey(last); err != nil {
+		return err // the volume and its last page: every page is in range
+	}
+	for i := range n {
+		if err := s.putPageNow(pageid.MakeKey(k.Volume(), k.Page()+uint64(i)), src[i*pageid.Size:(i+1)*pageid.Size]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// putPageNow is PutNow of one page of a volume known to hold it.
+func (s *Store) putPageNow(k pageid.Key, src []byte) error {
 	if f, ok := s.lookup(k); ok {
 		fr := &s.frames[f]
 		if !fr.mu.TryLock() {

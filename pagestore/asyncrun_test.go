@@ -241,3 +241,48 @@ func TestAsyncRunFailure(t *testing.T) {
 	assert.True(t, async)
 	assert.NoError(t, err)
 }
+
+// TestPutNowPages: PutNow takes a run of pages when every one can be
+// taken without waiting; at the first that cannot it stops with
+// ErrWouldBlock, and the blocking path writes the run again. A run past
+// the volume or too long stores nothing.
+func TestPutNowPages(t *testing.T) {
+	rem := newAsyncRemote(0)
+	s := newTestStore(t, rem, 8, "", 32)
+	ctx := context.Background()
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(1, p) }
+	run := func(first uint64, n int, v uint64) []byte {
+		var p []byte
+		for i := range n {
+			p = append(p, fill(k(first+uint64(i)), v)...)
+		}
+		return p
+	}
+
+	require.NoError(t, s.PutNow(k(4), run(4, 3, 1)))
+	got := make([]byte, 3*pageid.Size)
+	require.NoError(t, s.ReadRange(ctx, 1, 4*pageid.Size, got))
+	assert.Equal(t, run(4, 3, 1), got)
+
+	buf := make([]byte, pageid.Size)
+	require.NoError(t, s.Get(ctx, k(9), buf))
+	f, ok := s.lookup(k(9))
+	require.True(t, ok)
+	s.frames[f].mu.RLock()
+	assert.ErrorIs(t, s.PutNow(k(8), run(8, 3, 2)), ErrWouldBlock, "page 9 is held")
+	assert.True(t, s.Resident(k(8)), "the page before the held one is written")
+	assert.False(t, s.Resident(k(10)), "the pages after it are not")
+	s.frames[f].mu.RUnlock()
+	require.NoError(t, s.WriteRange(ctx, 1, 8*pageid.Size, run(8, 3, 2)))
+
+	assert.ErrorIs(t, s.PutNow(k(30), run(30, 3, 1)), pageid.ErrOutOfRange)
+	assert.False(t, s.Resident(k(30)), "nothing stored past the volume's end")
+	assert.ErrorIs(t, s.PutNow(k(0), run(0, MaxAsyncPages+1, 1)), ErrBadPage)
+
+	require.NoError(t, s.Flush(ctx))
+	for p, v := range map[uint64]uint64{4: 1, 5: 1, 6: 1, 8: 2, 9: 2, 10: 2} {
+		got := make([]byte, pageid.Size)
+		require.NoError(t, rem.mem.ReadPage(ctx, k(p), got))
+		assert.Equal(t, fill(k(p), v), got, "page %d at the remote", p)
+	}
+}
