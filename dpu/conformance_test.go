@@ -24,7 +24,9 @@ func (b bareRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][
 // TestRemoteConformance runs the Remote contract (pagestore/api.go) against
 // every Remote in pd3. A new Remote joins this table.
 func TestRemoteConformance(t *testing.T) {
-	all := remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true}
+	node := remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true}
+	all := node
+	all.StreamReader = true
 	sync := remotetest.Capabilities{PagesReader: true, Trimmer: true, Mapper: true}
 	for _, tc := range []struct {
 		name string
@@ -40,7 +42,7 @@ func TestRemoteConformance(t *testing.T) {
 		{"Faults(bare Remote): fallbacks", sync, func(t *testing.T) (pagestore.Remote, uint16) {
 			return pagestore.NewFaults(bareRemote{pagestore.NewMemRemote()}), 1
 		}},
-		{"memnode.Remote", all, func(t *testing.T) (pagestore.Remote, uint16) {
+		{"memnode.Remote", node, func(t *testing.T) (pagestore.Remote, uint16) {
 			c, vol := testNode(t, context.Background())
 			return memnode.Remote{C: c}, vol.ID
 		}},

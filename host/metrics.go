@@ -96,7 +96,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("cache_writebacks_total", "Dirty pages written back to the memory node.", func(s stats) uint64 { return s.WriteBacks }),
 		counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func(s stats) uint64 { return s.PrefetchHits }),
 		counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func(s stats) uint64 { return s.RemoteReads }),
-		counter("cache_async_loads_total", "Remote reads started without blocking (NBD one-page reads run by the connection reader).", func(s stats) uint64 { return s.AsyncLoads }),
+		counter("cache_async_loads_total", "Pages read from the remote without blocking (NBD reads of up to 16 pages run by the connection reader).", func(s stats) uint64 { return s.AsyncLoads }),
 		counter("cache_eviction_writebacks_total", "Write-backs a miss waited for because its victim was dirty (the background write-back fell behind).", func(s stats) uint64 { return s.EvictionWriteBacks }),
 		counter("cache_fresh_writes_total", "Partial-page writes past a file's written bytes that started from zeroes instead of a read of the memory node.", func(s stats) uint64 { return s.FreshWrites }),
 		counter("cache_writeback_failures_total", "Background write-back rounds that failed (retried).", func(s stats) uint64 { return s.WritebackFailures }),

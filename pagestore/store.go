@@ -54,7 +54,7 @@ type Stats struct {
 	Hits, Misses uint64
 	PrefetchHits uint64 // misses served by Prefetched
 	RemoteReads  uint64
-	AsyncLoads   uint64 // remote reads started by GetAsync
+	AsyncLoads   uint64 // pages GetAsync read from the remote
 	Evictions    uint64
 	WriteBacks   uint64 // pages written to the remote
 	// EvictionWriteBacks counts write-backs a miss waited for because

@@ -17,17 +17,18 @@ import (
 
 // Capabilities names the optional interfaces a Remote offers.
 type Capabilities struct {
-	PagesReader, AsyncReader, AsyncPagesReader, Trimmer, Mapper bool
+	PagesReader, StreamReader, AsyncReader, AsyncPagesReader, Trimmer, Mapper bool
 }
 
 // Of reports the capabilities r offers.
 func Of(r pagestore.Remote) Capabilities {
 	_, pr := r.(pagestore.PagesReader)
+	_, sr := r.(pagestore.StreamReader)
 	_, ar := r.(pagestore.AsyncReader)
 	_, apr := r.(pagestore.AsyncPagesReader)
 	_, tr := r.(pagestore.Trimmer)
 	_, mp := r.(pagestore.Mapper)
-	return Capabilities{PagesReader: pr, AsyncReader: ar, AsyncPagesReader: apr, Trimmer: tr, Mapper: mp}
+	return Capabilities{PagesReader: pr, StreamReader: sr, AsyncReader: ar, AsyncPagesReader: apr, Trimmer: tr, Mapper: mp}
 }
 
 // Pages is the volume size Run needs, in pages.
@@ -47,6 +48,9 @@ func Run(t *testing.T, r pagestore.Remote, vol uint16, want Capabilities) {
 	t.Run("ConcurrentOwners", c.concurrentOwners)
 	if want.PagesReader {
 		t.Run("ReadPagesEqualsReadPage", c.readPages)
+	}
+	if want.StreamReader {
+		t.Run("ReadStreamPagesEqualsReadPage", c.readStreamPages)
 	}
 	if want.AsyncReader {
 		t.Run("ReadPageAsyncOnce", c.readPageAsync)
@@ -201,6 +205,26 @@ func (c *checker) readPages(t *testing.T) {
 			assert.True(t, bytes.Equal(want, p[i*pageid.Size:(i+1)*pageid.Size]), "run of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
 		}
 	}
+}
+
+// readStreamPages reads runs of the pages readPages wrote as a stream
+// does, telling the remote of a page taken elsewhere as a stream does:
+// each page equals ReadPage's, and a stream's read changes nothing a
+// later read sees.
+func (c *checker) readStreamPages(t *testing.T) {
+	sr := c.r.(pagestore.StreamReader)
+	c.write(t, 7, runBase+2, runBase+12)
+	for _, run := range []struct{ first, n uint64 }{{runBase, 1}, {runBase, 8}, {runBase + 2, 2}, {runBase, 32}, {runBase + 11, 3}} {
+		p := bytes.Repeat([]byte{0xAA}, int(run.n)*pageid.Size)
+		require.NoError(t, sr.ReadStreamPages(ctx(t), c.key(run.first), p))
+		sr.StreamTook(c.key(run.first + run.n - 1))
+		for i := range run.n {
+			want := make([]byte, pageid.Size)
+			require.NoError(t, c.r.ReadPage(ctx(t), c.key(run.first+i), want))
+			assert.True(t, bytes.Equal(want, p[i*pageid.Size:(i+1)*pageid.Size]), "stream of %d from %d: page %d differs from ReadPage", run.n, run.first, run.first+i)
+		}
+	}
+	c.expect(t, runBase+2, content(c.key(runBase+2), 7))
 }
 
 // readPagesAsync reads runs of the pages readPages wrote, all at once:
