@@ -512,13 +512,21 @@ func (e *Engine) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
 // readFn is the host's own read of k, as in ReadPage.
 func (e *Engine) readFn(k pageid.Key, dst []byte, done func(error)) {
 	e.HostReads.Add(1)
-	if e.hv != nil {
-		if e.hv.Contains(uint64(k)) {
-			e.FalsePositives.Add(1)
-		}
-		e.hv.Add(uint64(k))
-	}
+	e.hostReads(k)
 	e.c.ReadFn(k.Volume(), k.Page()*pageid.Size, dst, done)
+}
+
+// hostReads enters k in Host View before the host's own read of it, as
+// ReadPage does, counting a page Host View already had as a false
+// positive.
+func (e *Engine) hostReads(k pageid.Key) {
+	if e.hv == nil {
+		return
+	}
+	if e.hv.Contains(uint64(k)) {
+		e.FalsePositives.Add(1)
+	}
+	e.hv.Add(uint64(k))
 }
 
 // ReadPagesAsync implements pagestore.AsyncPagesReader: the host's miss
@@ -540,13 +548,8 @@ func (e *Engine) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
 	}
 	e.mu.Unlock()
 	e.HostReads.Add(uint64(n))
-	if e.hv != nil { // before the read, as in ReadPage
-		for i := range n {
-			if e.hv.Contains(uint64(key(i))) {
-				e.FalsePositives.Add(1)
-			}
-			e.hv.Add(uint64(key(i)))
-		}
+	for i := range n {
+		e.hostReads(key(i))
 	}
 	e.c.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
 }

@@ -176,8 +176,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 // pages arrive (pageRead). It reports false when a worker must take the
 // request: a stream, an unaligned or larger read, or one that would wait.
 func (c *conn) readPage(r *request) bool {
-	if c.pr == nil || r.length%pageid.Size != 0 || r.length > pagestore.MaxAsyncPages*pageid.Size ||
-		r.off%pageid.Size != 0 || c.streams(r) {
+	if c.pr == nil || !fewPages(r) || c.streams(r) {
 		return false
 	}
 	if c.nasync.Add(1) > maxConnAsync {
@@ -208,6 +207,12 @@ func (c *conn) readPage(r *request) bool {
 	return true
 }
 
+// fewPages reports whether r covers whole, aligned pages, few enough
+// (pagestore.MaxAsyncPages) for the reader to run it.
+func fewPages(r *request) bool {
+	return r.length%pageid.Size == 0 && r.length <= pagestore.MaxAsyncPages*pageid.Size && r.off%pageid.Size == 0
+}
+
 // streams reports whether READ r is served as a stream (StreamFrom).
 func (c *conn) streams(r *request) bool {
 	if c.s.StreamFrom == 0 || r.length < c.s.StreamFrom {
@@ -225,8 +230,7 @@ func (c *conn) streams(r *request) bool {
 // writes every page again: the request is not answered yet, so no reader
 // may count on any of it).
 func (c *conn) writePage(r *request) bool {
-	if c.pw == nil || r.length%pageid.Size != 0 || r.length > pagestore.MaxAsyncPages*pageid.Size ||
-		r.off%pageid.Size != 0 || r.flags&nbdproto.CmdFlagFUA != 0 {
+	if c.pw == nil || !fewPages(r) || r.flags&nbdproto.CmdFlagFUA != 0 {
 		return false
 	}
 	err := c.pw.PutNow(pageid.MakeKey(c.exp.Volume, r.off/pageid.Size), r.buf)

@@ -144,16 +144,9 @@ func (l *asyncLoad) finish(err error) {
 // It is the write path of a connection reader that runs small writes to
 // completion without a worker, as GetAsync is its read path.
 func (s *Store) PutNow(k pageid.Key, src []byte) error {
-	n := len(src) / pageid.Size
-	if len(src)%pageid.Size != 0 || n < 1 || n > MaxAsyncPages {
-		return ErrBadPage
-	}
-	if k.Page()+uint64(n) > 1<<pageid.PageBits {
-		return fmt.Errorf("pages %v+%d: %w", k, n, pageid.ErrOutOfRange)
-	}
-	last := pageid.MakeKey(k.Volume(), k.Page()+uint64(n-1))
-	if err := s.CheckKey(last); err != nil {
-		return err // the volume and its last page: every page is in range
+	n, err := s.checkRun(k, len(src))
+	if err != nil {
+		return err
 	}
 	for i := range n {
 		if err := s.putPageNow(pageid.MakeKey(k.Volume(), k.Page()+uint64(i)), src[i*pageid.Size:(i+1)*pageid.Size]); err != nil {

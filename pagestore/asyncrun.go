@@ -36,21 +36,30 @@ type asyncPart struct {
 	fn   func(error)
 }
 
+// checkRun validates a run of bytes bytes from page first for GetAsync
+// and PutNow: whole pages, 1 to MaxAsyncPages of them, all in a served
+// volume. It returns how many pages.
+func (s *Store) checkRun(first pageid.Key, bytes int) (int, error) {
+	n := bytes / pageid.Size
+	if bytes%pageid.Size != 0 || n < 1 || n > MaxAsyncPages {
+		return 0, ErrBadPage
+	}
+	if first.Page()+uint64(n) > 1<<pageid.PageBits {
+		return 0, fmt.Errorf("pages %v+%d: %w", first, n, pageid.ErrOutOfRange)
+	}
+	// The volume and its last page: every page is in range.
+	return n, s.CheckKey(pageid.MakeKey(first.Volume(), first.Page()+uint64(n-1)))
+}
+
 // getPagesAsync is GetAsync of more than one page. Hits are copied first,
 // then every missing page gets a frame; if any step would wait, whatever
 // was claimed is given back and the caller takes the blocking path.
 func (s *Store) getPagesAsync(first pageid.Key, dst []byte, done func(error)) (bool, error) {
-	n := len(dst) / pageid.Size
-	if len(dst)%pageid.Size != 0 || n < 1 || n > MaxAsyncPages {
-		return true, ErrBadPage
-	}
-	if first.Page()+uint64(n) > 1<<pageid.PageBits {
-		return true, fmt.Errorf("pages %v+%d: %w", first, n, pageid.ErrOutOfRange)
+	n, err := s.checkRun(first, len(dst))
+	if err != nil {
+		return true, err
 	}
 	key := func(i int) pageid.Key { return pageid.MakeKey(first.Volume(), first.Page()+uint64(i)) }
-	if err := s.CheckKey(key(n - 1)); err != nil {
-		return true, err // the volume and its last page: every page is in range
-	}
 	var missing [MaxAsyncPages]bool
 	var hit [MaxAsyncPages]int32
 	nhit, nmiss := 0, 0

@@ -207,6 +207,34 @@ func (c *checker) readPages(t *testing.T) {
 	}
 }
 
+// onceEach starts n asynchronous calls (start(i, done) each) and requires
+// that every done is called exactly once, without an error.
+func onceEach(t *testing.T, n int, start func(i int, done func(error))) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	calls := make([]int, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		start(i, func(err error) {
+			mu.Lock()
+			calls[i]++
+			errs[i] = err
+			mu.Unlock()
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	time.Sleep(10 * time.Millisecond) // a second call of done would come now
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		require.Equal(t, 1, calls[i], "done calls for call %d", i)
+		require.NoError(t, errs[i], "call %d", i)
+	}
+}
+
 // readStreamPages reads runs of the pages readPages wrote as a stream
 // does, telling the remote of a page taken elsewhere as a stream does:
 // each page equals ReadPage's, and a stream's read changes nothing a
@@ -233,29 +261,12 @@ func (c *checker) readPagesAsync(t *testing.T) {
 	apr := c.r.(pagestore.AsyncPagesReader)
 	c.write(t, 6, runBase+1, runBase+9, runBase+16)
 	runs := []struct{ first, n uint64 }{{runBase, 1}, {runBase, 2}, {runBase + 1, 8}, {runBase + 8, 16}, {runBase + 15, 3}}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	calls := make([]int, len(runs))
-	errs := make([]error, len(runs))
 	bufs := make([][]byte, len(runs))
+	onceEach(t, len(runs), func(x int, done func(error)) {
+		bufs[x] = bytes.Repeat([]byte{0xAA}, int(runs[x].n)*pageid.Size)
+		apr.ReadPagesAsync(c.key(runs[x].first), bufs[x], done)
+	})
 	for x, run := range runs {
-		bufs[x] = bytes.Repeat([]byte{0xAA}, int(run.n)*pageid.Size)
-		wg.Add(1)
-		apr.ReadPagesAsync(c.key(run.first), bufs[x], func(err error) {
-			mu.Lock()
-			calls[x]++
-			errs[x] = err
-			mu.Unlock()
-			wg.Done()
-		})
-	}
-	wg.Wait()
-	time.Sleep(10 * time.Millisecond) // a second call of done would come now
-	mu.Lock()
-	defer mu.Unlock()
-	for x, run := range runs {
-		require.Equal(t, 1, calls[x], "done calls for the run of %d from %d", run.n, run.first)
-		require.NoError(t, errs[x])
 		for i := range run.n {
 			want := make([]byte, pageid.Size)
 			require.NoError(t, c.r.ReadPage(ctx(t), c.key(run.first+i), want))
@@ -267,29 +278,12 @@ func (c *checker) readPagesAsync(t *testing.T) {
 func (c *checker) readPageAsync(t *testing.T) {
 	ar := c.r.(pagestore.AsyncReader)
 	c.write(t, 5, asyncBase, asyncBase+2)
-	var calls [16]int32
-	var mu sync.Mutex
-	var wg sync.WaitGroup
 	bufs := make([][]byte, 16)
-	errs := make([]error, 16)
-	for i := range bufs {
+	onceEach(t, len(bufs), func(i int, done func(error)) {
 		bufs[i] = make([]byte, pageid.Size)
-		wg.Add(1)
-		ar.ReadPageAsync(c.key(asyncBase+uint64(i)), bufs[i], func(err error) {
-			mu.Lock()
-			calls[i]++
-			errs[i] = err
-			mu.Unlock()
-			wg.Done()
-		})
-	}
-	wg.Wait()
-	time.Sleep(10 * time.Millisecond) // a second call of done would come now
-	mu.Lock()
-	defer mu.Unlock()
+		ar.ReadPageAsync(c.key(asyncBase+uint64(i)), bufs[i], done)
+	})
 	for i := range bufs {
-		require.Equal(t, int32(1), calls[i], "done calls for page %d", asyncBase+i)
-		require.NoError(t, errs[i])
 		want := zero
 		if i == 0 || i == 2 {
 			want = content(c.key(asyncBase+uint64(i)), 5)
