@@ -45,6 +45,9 @@ type Suite struct {
 	// made (markdown).
 	About string
 	Goals []Goal
+	// Table renders the run's results; nil pivots them (renderTable): a
+	// row per job or workload, a column per system.
+	Table func(b *strings.Builder, rep *Report)
 }
 
 // Suites are the sections of the results page, in order.
@@ -123,16 +126,22 @@ func Suites() []Suite {
 		},
 		{
 			Name: "apps", Title: "Applications under memory pressure: PostgreSQL and fio over NBD",
-			Args: []string{"bench", "apps", "--systems", "local,nbdkit-memory,relay,pd3-noagent,pd3-leap,pd3", "--workloads", "pg-scan,pg-select,pg-tpcb,fio-zipf,fio-seq4", "--rounds", "3", "--duration", "10s"},
+			Args: []string{"bench", "apps", "--systems", "local,nbdkit-memory,relay,pd3-noagent,pd3-leap,pd3,pd3-cached", "--workloads", "pg-scan,pg-select,pg-tpcb,fio-zipf,fio-seq4", "--rounds", "3", "--duration", "10s"},
 			Unit: "transactions or reads a second; the scan in ms",
 			About: "ext4 on a loop device over nbdfuse over each NBD export; the application (PostgreSQL 15 with pgbench scale 20, about 320 MB; fio on a 512 MiB file) and the page cache it fills held to 96 MiB by a memory cgroup; the servers outside it. " +
 				"`nbdkit-memory` is the ceiling (data in the server's RAM); `relay` is nbdkit's nbd plugin to a second `nbdkit memory`, no cache: the plain remote peer. " +
 				"`pd3-noagent`, `pd3-leap` and `pd3`: host (64 MiB cache) and memory node, without a prefetcher, with Leap, with the embedded agent. " +
+				"`pd3-cached`: the same host with a cache as large as the export, so that no read waits for the memory node: what a perfect prefetcher could reach on these cores. " +
 				"nbdkit's cache filter is no peer here: with `cache-max-size` it corrupts PostgreSQL's data (`invalid page in block`, amcheck fails).",
 			Goals: []Goal{
 				{Ratio: "relay/nbdkit-memory@pg-scan@96MiB", Ceiling: true, What: "one more hop and no cache (the relay) against all data in the server, scan"},
 				{Ratio: "relay/nbdkit-memory@pg-tpcb@96MiB", Ceiling: true, What: "the same, TPC-B"},
 				{Ratio: "relay/nbdkit-memory@pg-select@96MiB", Ceiling: true, What: "the same, select-only"},
+				{Ratio: "pd3-cached/relay@pg-scan@96MiB", Ceiling: true, What: "pd3 with every page in the host against the relay, scan"},
+				{Ratio: "pd3-cached/relay@pg-tpcb@96MiB", Ceiling: true, What: "the same, TPC-B"},
+				{Ratio: "pd3-cached/relay@pg-select@96MiB", Ceiling: true, What: "the same, select-only"},
+				{Ratio: "pd3-cached/pd3-noagent@pg-scan@96MiB", Ceiling: true, What: "every page in the host against agent-off, scan: the most a prefetcher can add"},
+				{Ratio: "pd3-cached/pd3-noagent@fio-seq4@96MiB", Ceiling: true, What: "the same, sequential streams"},
 				{Ratio: "pd3/nbdkit-memory@pg-scan@96MiB", Min: 1.0, What: "PostgreSQL scan: the ceiling's time"},
 				{Ratio: "pd3/nbdkit-memory@pg-tpcb@96MiB", Min: 1.0, What: "TPC-B: the ceiling's rate"},
 				{Ratio: "pd3/nbdkit-memory@pg-select@96MiB", Min: 0.9, What: "select-only: 0.9× the ceiling"},
@@ -158,6 +167,27 @@ func Suites() []Suite {
 				{Ratio: "pd3-mount/bindfs@sqlite-point@96MiB", Min: 0.9, What: "sqlite point lookups: 0.9× bindfs"},
 				{Ratio: "pd3-mount/bindfs@sqlite-scan@96MiB", Min: 0.8, What: "sqlite scan: 0.8× bindfs"},
 				{Ratio: "pd3-mount/pd3-mount-noagent@sqlite-scan@96MiB", Min: 1.3, What: "the agent on a scan: 1.3× agent-off"},
+			},
+		},
+		{
+			Name: "scale", Title: "Scale: memory nodes, hosts, volume sizes and volume counts",
+			Args: []string{"bench", "scale"},
+			About: "Every configuration in fresh processes on loopback: `pd3 coord`, the memory nodes and the hosts (`pd3 serve --etcd`, no `--memnode`: the control plane places the volumes), 64 MiB host cache, no agent. " +
+				"The nodes sweep runs one host at R=2 over 1, 2, 4 and 8 nodes (R=1 over one); the hosts sweep 1, 2 and 4 hosts at once over 4 nodes, each with a 512 MiB volume of its own, beside as many `nbdkit memory` servers (the ceiling of any NBD server on these cores). " +
+				"The size sweep opens one sparse volume of 256 MiB to 16 GiB and writes 1 GiB of it (all of a smaller one) with fio, read back and checked; the volumes sweep opens 1, 64 and 1 024 volumes of 16 MiB on one host.",
+			Table: renderScale,
+			Goals: []Goal{
+				{Ratio: "host_cpu_per_op:nodes=8/nodes=1@randread-q32t1", Max: 1.15, What: "host CPU per random read, 8 nodes against 1"},
+				{Ratio: "host_cpu_per_op:nodes=8/nodes=1@randwrite-q32-flush32", Max: 1.15, What: "host CPU per random write with FLUSH, 8 nodes against 1"},
+				{Ratio: "aggregate:nbdkit-memory hosts=4/hosts=1@randread-q32t1", Ceiling: true, What: "4 nbdkit memory servers against 1 on the same cores"},
+				{Ratio: "aggregate:pd3 hosts=4/hosts=1@randread-q32t1", Min: 3, What: "random reads of 4 hosts against 1 (or the ceiling above)"},
+				{Ratio: "host_rss:size=16GiB/size=256MiB", Max: 1.1, What: "host RSS with a 16 GiB volume against 256 MiB (1 GiB written against 256 MiB)"},
+				{Ratio: "host_rss:size=16GiB/size=1GiB", Max: 1.1, What: "host RSS with a 16 GiB volume against 1 GiB, 1 GiB written to each"},
+				{Ratio: "memnode_rss/stored:size=16GiB", Max: 1.05, What: "node RSS per byte stored, 16 GiB volume"},
+				{Ratio: "memnode_rss/stored:size=256MiB", Max: 1.05, What: "node RSS per byte stored, 256 MiB volume"},
+				{Ratio: "memnode_rss_added/stored_added:size=16GiB/size=256MiB", Max: 1.05, What: "node RSS added per byte stored added, 256 MiB to 16 GiB (without the processes' fixed cost)"},
+				{Ratio: "etcd_rps:volumes=1024/volumes=1", Max: 1.5, What: "etcd requests a second of an idle host, 1 024 volumes against 1"},
+				{Ratio: "open_s:volumes=1024", Max: 5, What: "seconds to reopen 1 024 volumes"},
 			},
 		},
 	}
@@ -270,7 +300,11 @@ func renderSuite(b *strings.Builder, s Suite, run SuiteRun) {
 		return
 	}
 	rep := run.Report
-	renderTable(b, rep, s.Unit)
+	if s.Table != nil {
+		s.Table(b, rep)
+	} else {
+		renderTable(b, rep, s.Unit)
+	}
 	renderChecks(b, rep)
 	fmt.Fprintf(b, "![%s](img/bench-%s.png)\n\n", s.Title, s.Name)
 	renderGoals(b, rep, s.Goals)
@@ -338,6 +372,54 @@ func renderChecks(b *strings.Builder, rep *Report) {
 	for _, sys := range prefetchers {
 		fmt.Fprintf(b, "**Prefetching** by `%s`, accuracy / coverage: %s.\n\n", sys, strings.Join(prefetch[sys], ", "))
 	}
+}
+
+// renderScale is the scale suite's table: the I/O sweeps (nodes, hosts)
+// and the opening sweeps (volume sizes and counts) in a table each, then
+// how the run was made.
+func renderScale(b *strings.Builder, rep *Report) {
+	dash := func(v float64, prec int) string {
+		if v == 0 {
+			return "–"
+		}
+		if prec == 0 {
+			return group(v)
+		}
+		return strconv.FormatFloat(v, 'f', prec, 64)
+	}
+	mb := func(n uint64) string { return dash(float64(n)/(1<<20), 0) }
+	var io, open strings.Builder
+	for _, r := range rep.Results {
+		switch {
+		case r.OpsPerSec > 0:
+			fmt.Fprintf(&io, "| %s | %s | %s | %s | %s | %s | %s |\n", r.Config, r.System, group(r.OpsPerSec), dash(r.P99us, 0),
+				dash(r.HostCPUusOp, 1), dash(r.MemnodeCPUusOp, 1), dash(r.EtcdReqPerSec, 1))
+		case r.CreateMillis > 0:
+			perByte := "–"
+			if r.MemnodeStored > 0 {
+				perByte = fmt.Sprintf("%.2f", float64(r.MemnodeRSS)/float64(r.MemnodeStored))
+			}
+			fmt.Fprintf(&open, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Config, dash(r.CreateMillis, 0), dash(r.OpenMillis, 0),
+				mb(r.HostRSS), mb(r.MemnodeStored), perByte, dash(float64(r.EtcdKeys), 0), dash(r.EtcdReqPerSec, 1), dash(float64(r.MapBytes), 0))
+		}
+	}
+	if io.Len() > 0 {
+		fmt.Fprintf(b, "Under load (the hosts' sum; CPU per operation of all hosts, of all nodes):\n\n| | system | ops/s | p99 µs | host CPU µs/op | node CPU µs/op | etcd req/s |\n|---|---|---|---|---|---|---|\n%s\n", io.String())
+	}
+	if open.Len() > 0 {
+		fmt.Fprintf(b, "Opening (create: the first start of the host, reopen: the second; etcd req/s with the host idle):\n\n| | create ms | reopen ms | host RSS MiB | stored MiB | node RSS / stored | etcd keys | etcd req/s | record bytes |\n|---|---|---|---|---|---|---|---|---|\n%s\n", open.String())
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(b, "%s.\n\n", strings.TrimSuffix(upperFirst(n), "."))
+	}
+}
+
+// upperFirst capitalises s's first letter.
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // cell is a result's median with its runs' range: a time where the row

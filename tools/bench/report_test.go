@@ -39,3 +39,32 @@ func TestCellOfATimedRow(t *testing.T) {
 	assert.Equal(t, "2.50", group(2.5))
 	assert.Equal(t, "12 345 678", group(12345678))
 }
+
+// The scale section: rows under load and rows of opening in a table each,
+// the run's notes after them, and its goals read from the ratios.
+func TestRenderScale(t *testing.T) {
+	rep := &Report{Bench: "scale", Machine: "vm, 2 cpus", Results: []Result{
+		{System: "pd3", Config: "nodes=1 randread-q32t1", OpsPerSec: 20000, P99us: 900, HostCPUusOp: 30, MemnodeCPUusOp: 12.5, EtcdReqPerSec: 2},
+		{System: "pd3", Config: "volumes=1024", CreateMillis: 4100, OpenMillis: 2300, HostRSS: 80 << 20, MemnodeRSS: 42 << 20, MemnodeStored: 40 << 20, EtcdKeys: 2051, EtcdReqPerSec: 1.5, MapBytes: 120},
+	}, Ratios: map[string]float64{"open_s:volumes=1024": 2.3}, Notes: []string{"volumes rows: fresh processes"}}
+	var b strings.Builder
+	require.NoError(t, RenderReport(&b, map[string]SuiteRun{"scale": {Suite: "scale", Command: "pd3 bench scale", Date: time.Now(), Report: rep}}))
+	out := b.String()
+	assert.Contains(t, out, "| nodes=1 randread-q32t1 | pd3 | 20 000 | 900 | 30.0 | 12.5 | 2.0 |")
+	assert.Contains(t, out, "| volumes=1024 | 4 100 | 2 300 | 80 | 40 | 1.05 | 2 051 | 1.5 | 120 |")
+	assert.Contains(t, out, "Volumes rows: fresh processes.")
+	assert.Contains(t, out, "| seconds to reopen 1 024 volumes | `open_s:volumes=1024` | ≤ 5.00 | 2.30 | met |")
+	assert.Contains(t, out, "| host RSS with a 16 GiB volume against 1 GiB, 1 GiB written to each | `host_rss:size=16GiB/size=1GiB` | ≤ 1.10 | – | not measured |")
+}
+
+// The size sweep's ratios that hold bytes written apart from volume size.
+func TestScaleSizeRatios(t *testing.T) {
+	rep := &Report{Ratios: map[string]float64{}, Results: []Result{
+		{Config: "size=256MiB", HostRSS: 100, MemnodeRSS: 300, MemnodeStored: 256},
+		{Config: "size=1GiB", HostRSS: 120, MemnodeRSS: 1070, MemnodeStored: 1024},
+		{Config: "size=16GiB", HostRSS: 126, MemnodeRSS: 1071, MemnodeStored: 1024},
+	}}
+	scaleSizeRatios(rep)
+	assert.InDelta(t, 1.05, rep.Ratios["host_rss:size=16GiB/size=1GiB"], 1e-9)
+	assert.InDelta(t, 771.0/768, rep.Ratios["memnode_rss_added/stored_added:size=16GiB/size=256MiB"], 1e-9)
+}

@@ -158,10 +158,14 @@ func Scale(ctx context.Context, opt ScaleOptions) (*Report, error) {
 		rep.Ratios["host_rss:"+last.Config+"/"+first.Config] = float64(last.HostRSS) / float64(first.HostRSS)
 		rep.Ratios["etcd_rps:"+last.Config+"/"+first.Config] = last.EtcdReqPerSec / max(first.EtcdReqPerSec, 0.01)
 	}
+	scaleSizeRatios(rep)
 	scaleIORatios(rep)
 	for _, r := range rep.Results {
 		if r.MemnodeStored > 0 && strings.HasPrefix(r.Config, "size=") {
 			rep.Ratios["memnode_rss/stored:"+r.Config] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
+		}
+		if r.OpenMillis > 0 && strings.HasPrefix(r.Config, "volumes=") {
+			rep.Ratios["open_s:"+r.Config] = r.OpenMillis / 1000
 		}
 	}
 	if slices.ContainsFunc(opt.Sweeps, func(s string) bool { return s == "volumes" || s == "size" }) {
@@ -313,6 +317,35 @@ func (r *Report) printScale(tw *tabwriter.Writer) {
 			x.System, x.Config, orDash(x.OpsPerSec, 0), orDash(x.P99us, 0), orDash(x.HostCPUusOp, 2), orDash(x.MemnodeCPUusOp, 2),
 			orDash(x.CreateMillis, 0), orDash(x.OpenMillis, 0), orDash(mib(x.HostRSS), 1), orDash(mib(x.MemnodeRSS), 1), orDash(mib(x.MemnodeStored), 1), perByte,
 			keys, orDash(x.EtcdReqPerSec, 1), record, written)
+	}
+}
+
+// scaleSizeRatios adds to the size sweep's ratios the two that hold its
+// bytes written apart from its volume sizes (a volume smaller than
+// --written has less written): the host's RSS at the largest size against
+// the smallest size with as many bytes stored, and the nodes' RSS added per
+// byte stored added from the smallest size to the largest (their fixed
+// cost, the runtime and binary, left out).
+func scaleSizeRatios(rep *Report) {
+	var sizes []*Result
+	for i := range rep.Results {
+		if strings.HasPrefix(rep.Results[i].Config, "size=") {
+			sizes = append(sizes, &rep.Results[i])
+		}
+	}
+	if len(sizes) < 2 {
+		return
+	}
+	first, last := sizes[0], sizes[len(sizes)-1]
+	for _, r := range sizes[:len(sizes)-1] {
+		if r.MemnodeStored == last.MemnodeStored && r.HostRSS > 0 {
+			rep.Ratios["host_rss:"+last.Config+"/"+r.Config] = float64(last.HostRSS) / float64(r.HostRSS)
+			break
+		}
+	}
+	if last.MemnodeStored > first.MemnodeStored && last.MemnodeRSS > first.MemnodeRSS {
+		rep.Ratios["memnode_rss_added/stored_added:"+last.Config+"/"+first.Config] =
+			float64(last.MemnodeRSS-first.MemnodeRSS) / float64(last.MemnodeStored-first.MemnodeStored)
 	}
 }
 

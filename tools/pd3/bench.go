@@ -55,8 +55,9 @@ func benchCmd() *cobra.Command {
 		Use:   "report",
 		Short: "Run the results page's benchmarks and rewrite docs/BENCHMARKS.md from them",
 		Long: `Runs the benchmark of each section of the results page (nbd, fuse, page,
-cluster, ec, apps, apps-fuse: a fixed pd3 bench command each, three rounds), keeps
-each run as DOCS/bench/NAME.json with its chart DOCS/img/bench-NAME.png, and
+cluster, ec, apps, apps-fuse, scale: a fixed pd3 bench command each, three
+rounds where the benchmark has rounds), keeps each run as DOCS/bench/NAME.json
+with its chart DOCS/img/bench-NAME.png, and
 rewrites DOCS/BENCHMARKS.md from the runs kept: per section the command, the
 machine and commit, one table, the chart and the goals met or not. A suite that
 fails keeps its previous run. Without --run it only rewrites the page. Root;
@@ -79,7 +80,11 @@ all suites took 52 minutes on the 2-core machine.`,
 			}
 			for _, n := range names {
 				if _, ok := suites[n]; !ok {
-					return usageError{fmt.Errorf("--run: no suite %q (nbd, fuse, page, cluster, ec, apps, apps-fuse or all)", n)}
+					var all []string
+					for _, s := range bench.Suites() {
+						all = append(all, s.Name)
+					}
+					return usageError{fmt.Errorf("--run: no suite %q (%s or all)", n, strings.Join(all, ", "))}
 				}
 			}
 			e, err := exe()
