@@ -127,9 +127,13 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	// between any two looks. The view, synced after the first look and
 	// read before the second, must agree with the kernel on every page
 	// whose residency did not change between the looks. A look that saw
-	// more than a few pages go is taken again, reads and all.
+	// more than a few pages go is taken again, reads and all; so is one
+	// that disagreed, once: a read-ahead the mount was still serving
+	// after the page cache looked settled shows as pages in the view that
+	// mincore does not count yet (it counts a page once its read is done).
+	// A tracker that is wrong disagrees on every look.
 	var before, view, after []bool
-	cached, changed := 0, 0
+	cached, changed, disagreed := 0, 0, 0
 	for attempt := 0; attempt < 5; attempt++ {
 		f, err := os.Open(p)
 		require.NoError(t, err)
@@ -151,6 +155,7 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 		}
 		after = residency(t, p, size)
 		cached, changed = 0, 0
+		disagree := 0
 		for i, r := range after {
 			if r != before[i] {
 				changed++
@@ -159,11 +164,17 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 			if r {
 				cached++
 			}
+			if r != view[i] {
+				disagree++
+			}
 		}
-		if changed < 8 {
+		if changed < 8 && (disagree == 0 || disagreed > 0) {
 			break
 		}
-		t.Logf("look %d: %d pages changed residency while we looked; again", attempt+1, changed)
+		if disagree > 0 {
+			disagreed++
+		}
+		t.Logf("look %d: %d pages changed residency while we looked, the view disagreed on %d; again", attempt+1, changed, disagree)
 	}
 	for i, r := range after {
 		if r == before[i] {
