@@ -261,7 +261,7 @@ func RenderReport(w io.Writer, runs map[string]SuiteRun) error {
 	b.WriteString(`# pd3 benchmarks: current results
 
 Every number here comes from one command, which runs each section's
-benchmark and rewrites this page (root; 52 minutes on the 2-core machine at the last run):
+benchmark and rewrites this page (root; about an hour on the 2-core machine at the last run):
 
 ` + "```sh\nmake bench-report        # pd3 bench report --run all\n```" + `
 
@@ -387,7 +387,7 @@ func renderScale(b *strings.Builder, rep *Report) {
 		}
 		return strconv.FormatFloat(v, 'f', prec, 64)
 	}
-	mb := func(n uint64) string { return dash(float64(n)/(1<<20), 0) }
+	mb := func(n uint64) string { return dash(mib(n), 0) }
 	var io, open strings.Builder
 	for _, r := range rep.Results {
 		switch {
@@ -396,8 +396,8 @@ func renderScale(b *strings.Builder, rep *Report) {
 				dash(r.HostCPUusOp, 1), dash(r.MemnodeCPUusOp, 1), dash(r.EtcdReqPerSec, 1))
 		case r.CreateMillis > 0:
 			perByte := "–"
-			if r.MemnodeStored > 0 {
-				perByte = fmt.Sprintf("%.2f", float64(r.MemnodeRSS)/float64(r.MemnodeStored))
+			if v, ok := rssPerStored(r); ok {
+				perByte = fmt.Sprintf("%.2f", v)
 			}
 			fmt.Fprintf(&open, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Config, dash(r.CreateMillis, 0), dash(r.OpenMillis, 0),
 				mb(r.HostRSS), mb(r.MemnodeStored), perByte, dash(float64(r.EtcdKeys), 0), dash(r.EtcdReqPerSec, 1), dash(float64(r.MapBytes), 0))

@@ -161,9 +161,6 @@ func Scale(ctx context.Context, opt ScaleOptions) (*Report, error) {
 	scaleSizeRatios(rep)
 	scaleIORatios(rep)
 	for _, r := range rep.Results {
-		if r.MemnodeStored > 0 && strings.HasPrefix(r.Config, "size=") {
-			rep.Ratios["memnode_rss/stored:"+r.Config] = float64(r.MemnodeRSS) / float64(r.MemnodeStored)
-		}
 		if r.OpenMillis > 0 && strings.HasPrefix(r.Config, "volumes=") {
 			rep.Ratios["open_s:"+r.Config] = r.OpenMillis / 1000
 		}
@@ -300,8 +297,8 @@ func (r *Report) printScale(tw *tabwriter.Writer) {
 	fmt.Fprintln(tw, "system\tconfig\tops/s\tp99 µs\thost CPU µs/op\tnode CPU µs/op\tcreate ms\treopen ms\thost RSS MiB\tnode RSS MiB\tstored MiB\tnode RSS/stored\tetcd keys\tetcd req/s\trecord bytes\twritten GB/s\t")
 	for _, x := range r.Results {
 		perByte := "-"
-		if x.MemnodeStored > 0 {
-			perByte = fmt.Sprintf("%.2f", float64(x.MemnodeRSS)/float64(x.MemnodeStored))
+		if v, ok := rssPerStored(x); ok {
+			perByte = fmt.Sprintf("%.2f", v)
 		}
 		keys, record, written := "-", "-", "-"
 		if x.EtcdKeys > 0 {
@@ -320,17 +317,23 @@ func (r *Report) printScale(tw *tabwriter.Writer) {
 	}
 }
 
-// scaleSizeRatios adds to the size sweep's ratios the two that hold its
-// bytes written apart from its volume sizes (a volume smaller than
-// --written has less written): the host's RSS at the largest size against
-// the smallest size with as many bytes stored, and the nodes' RSS added per
-// byte stored added from the smallest size to the largest (their fixed
-// cost, the runtime and binary, left out).
+// scaleSizeRatios adds the size sweep's ratios of memory: the nodes' RSS
+// per byte they store at each size, and the two that hold bytes written
+// apart from volume size (a volume smaller than --written has less
+// written): the host's RSS at the largest size against the smallest size
+// with as many bytes stored, and the nodes' RSS added per byte stored
+// added from the smallest size to the largest (their fixed cost, the
+// runtime and binary, left out).
 func scaleSizeRatios(rep *Report) {
 	var sizes []*Result
 	for i := range rep.Results {
-		if strings.HasPrefix(rep.Results[i].Config, "size=") {
-			sizes = append(sizes, &rep.Results[i])
+		r := &rep.Results[i]
+		if !strings.HasPrefix(r.Config, "size=") {
+			continue
+		}
+		sizes = append(sizes, r)
+		if v, ok := rssPerStored(*r); ok {
+			rep.Ratios["memnode_rss/stored:"+r.Config] = v
 		}
 	}
 	if len(sizes) < 2 {
@@ -347,6 +350,15 @@ func scaleSizeRatios(rep *Report) {
 		rep.Ratios["memnode_rss_added/stored_added:"+last.Config+"/"+first.Config] =
 			float64(last.MemnodeRSS-first.MemnodeRSS) / float64(last.MemnodeStored-first.MemnodeStored)
 	}
+}
+
+// rssPerStored is the nodes' RSS per byte of pages they hold; ok is
+// false where the row stored nothing.
+func rssPerStored(r Result) (float64, bool) {
+	if r.MemnodeStored == 0 {
+		return 0, false
+	}
+	return float64(r.MemnodeRSS) / float64(r.MemnodeStored), true
 }
 
 // scaleIO runs the fio jobs on hosts hosts over nodes memory nodes (R=2,

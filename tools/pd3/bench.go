@@ -61,29 +61,25 @@ with its chart DOCS/img/bench-NAME.png, and
 rewrites DOCS/BENCHMARKS.md from the runs kept: per section the command, the
 machine and commit, one table, the chart and the goals met or not. A suite that
 fails keeps its previous run. Without --run it only rewrites the page. Root;
-all suites took 52 minutes on the 2-core machine.`,
+all suites take about an hour on the 2-core machine.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			suites := map[string]bench.Suite{}
+			var all []string
+			for _, s := range bench.Suites() {
+				suites[s.Name] = s
+				all = append(all, s.Name)
+			}
 			var names []string
 			switch reportRun {
 			case "":
 			case "all":
-				for _, s := range bench.Suites() {
-					names = append(names, s.Name)
-				}
+				names = all
 			default:
 				names = strings.Split(reportRun, ",")
 			}
-			suites := map[string]bench.Suite{}
-			for _, s := range bench.Suites() {
-				suites[s.Name] = s
-			}
 			for _, n := range names {
 				if _, ok := suites[n]; !ok {
-					var all []string
-					for _, s := range bench.Suites() {
-						all = append(all, s.Name)
-					}
 					return usageError{fmt.Errorf("--run: no suite %q (%s or all)", n, strings.Join(all, ", "))}
 				}
 			}
