@@ -73,6 +73,7 @@ Systems take turns in fresh processes, round by round; each row is the median of
 	pagesVar(f, &opt.Size, "size", "2GiB", "export size")
 	pagesVar(f, &opt.FioSize, "fio-size", "512MiB", "the file the fio workloads read (a multiple of 512KiB)")
 	pagesVar(f, &opt.FioIO, "fio-io", "0", "end each of the 4 fio jobs once it has read this much (--duration still bounds it); 0: run for --duration")
+	f.DurationVar(&opt.FioWarmup, "fio-warmup", 5*time.Second, "run fio-zipf this long, unmeasured, before its measured run, so that it measures the page cache's steady state under the budget rather than its filling; 0: none")
 	f.IntVar(&opt.SqliteRows, "sqlite-rows", 300000, "rows of 1 KiB in the sqlite workloads' table")
 	f.IntVar(&opt.TreeFiles, "tree-files", 20000, "files of 1-16 KiB in the tree workloads (tree-tar, tree-grep)")
 	f.IntVar(&opt.Rounds, "rounds", 3, "run every system this many times, taking turns in fresh processes; rows are medians")
