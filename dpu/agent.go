@@ -47,12 +47,6 @@ type Agent struct {
 	// VolumePages, if set, tells the number of pages of a volume, so
 	// that no page past its end is predicted.
 	VolumePages func(vol uint16) uint64
-	// StreamPages, if above zero, is the size in pages from which the
-	// host serves a mirrored read as a stream, reading its pages from the
-	// memory node straight into the reply: the agent then prefetches only
-	// the pages it predicts past such a read, not the read's own, which
-	// the host is reading already (docs/decisions.md, 8).
-	StreamPages int
 
 	// Counters.
 	Parsed, Prefetches, Skipped, LostStreams, QueueDrops atomic.Uint64
@@ -89,33 +83,48 @@ func (a *Agent) Close() {
 }
 
 type stream struct {
-	a    *Agent
-	p    parse.Parser
-	buf  []parse.Access
-	pred []parse.Access // parsed and predicted accesses, reused
-	keys []pageid.Key   // predicted pages, reused
-	dead bool
+	a *Agent
+	p parse.Parser
+	// leave: the host reads the requests' own pages (HostReadsMirror).
+	leave bool
+	buf   []parse.Access
+	pred  []parse.Access // parsed and predicted accesses, reused
+	keys  []pageid.Key   // predicted pages, reused
+	dead  bool
 }
 
 var _ mirror.Mirror = (*Agent)(nil)
 
 // NewStream implements mirror.Mirror with the agent's default parser.
-func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser) }
+func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser, false) }
 
-func (a *Agent) newStream(f func() parse.Parser) mirror.Stream {
-	return &stream{a: a, p: f(), buf: make([]parse.Access, 0, 256), pred: make([]parse.Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
+func (a *Agent) newStream(f func() parse.Parser, leave bool) mirror.Stream {
+	return &stream{a: a, p: f(), leave: leave, buf: make([]parse.Access, 0, 256), pred: make([]parse.Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
 }
 
 // Mirror returns a mirror whose streams are parsed by parsers from f, for a
 // frontend that speaks another protocol (NBD).
-func (a *Agent) Mirror(f func() parse.Parser) mirror.Mirror { return agentMirror{a, f} }
+func (a *Agent) Mirror(f func() parse.Parser) mirror.Mirror { return agentMirror{a, f, false} }
 
-type agentMirror struct {
-	a *Agent
-	f func() parse.Parser
+// HostReadsMirror is Mirror for a frontend whose host reads every
+// request's own missing pages itself as soon as it has parsed the request
+// (NBD in the host's process: a stream straight into the reply, a small
+// read on the connection's reader, each page entered in Host View before
+// it is read). The agent sees the request after the host's reader, so it
+// would find those pages in Host View and skip them, after a wake-up of
+// the prefetcher per request; it prefetches only what its stream
+// predictor expects past the reads (docs/decisions.md, 8 and 31).
+func (a *Agent) HostReadsMirror(f func() parse.Parser) mirror.Mirror {
+	return agentMirror{a, f, true}
 }
 
-func (m agentMirror) NewStream() mirror.Stream { return m.a.newStream(m.f) }
+type agentMirror struct {
+	a     *Agent
+	f     func() parse.Parser
+	leave bool
+}
+
+func (m agentMirror) NewStream() mirror.Stream { return m.a.newStream(m.f, m.leave) }
 
 func (s *stream) Observe(b []byte) {
 	if s.dead {
@@ -165,7 +174,7 @@ func (s *stream) predict(acc []parse.Access) []parse.Access {
 		}
 		var covered bool
 		s.keys, covered = s.a.streams.AccessCovered(SourceMirrored, acc[i].Key, j-i, end, s.keys[:0])
-		if !covered && (s.a.StreamPages <= 0 || j-i < s.a.StreamPages) {
+		if !covered && !s.leave {
 			out = append(out, acc[i:j]...)
 		}
 		for _, k := range s.keys {

@@ -306,9 +306,6 @@ func (h *Host) useStore(ctx context.Context, cfg Config, st *pagestore.Store) {
 	if h.Agent != nil {
 		h.Agent.Resident = st.Resident
 		h.Agent.VolumePages = st.Pages
-		if cfg.NBDListen != "" {
-			h.Agent.StreamPages = int(cfg.NBDStreamFrom / pageid.Size)
-		}
 	}
 	if h.Link != nil {
 		h.Link.SetResident(st.EachResident)

@@ -63,7 +63,7 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 	switch {
 	case h.Agent != nil:
 		mir = h.Agent
-		nbdMir = h.Agent.Mirror(func() parse.Parser { return &parse.NBDParser{Resolve: h.resolveExport} })
+		nbdMir = h.Agent.HostReadsMirror(func() parse.Parser { return &parse.NBDParser{Resolve: h.resolveExport} })
 	case h.Link != nil:
 		mir = h.Link
 		nbdMir = h.Link.Mirror(split.ProtoNBD)
