@@ -111,23 +111,6 @@ type Client interface {
 // over pages [0, pages), recording every read and write in h, until stop
 // is closed or limit operations were recorded (0: no limit). It returns
 // the first error a client saw.
-// Scan drives c as client id with reads of pages 0, 1, ... pages-1 in
-// order, over and over, recording each in h, until limit reads were
-// recorded: a stream a prefetcher follows, so that its prefetches race
-// with the writes of clients driven by Run.
-func (h *History) Scan(id int, c Client, pages, limit int) error {
-	buf := make([]byte, 4096)
-	for i := range limit {
-		pg := uint64(i % pages)
-		call := h.Now()
-		if err := c.Read(pg, buf); err != nil {
-			return fmt.Errorf("page %d: %w", pg, err)
-		}
-		h.Add(id, Input{Key: pg}, binary.LittleEndian.Uint64(buf), call, h.Now())
-	}
-	return nil
-}
-
 func (h *History) Run(id int, c Client, pages int, seed uint64, stop <-chan struct{}, limit int) error {
 	rng := rand.New(rand.NewPCG(seed, uint64(id)))
 	buf := make([]byte, 4096)
@@ -163,6 +146,23 @@ func (h *History) Run(id int, c Client, pages int, seed uint64, stop <-chan stru
 		}
 		h.Add(id, in, out, call, h.Now())
 		done++
+	}
+	return nil
+}
+
+// Scan drives c as client id with reads of pages 0, 1, ... pages-1 in
+// order, over and over, recording each in h, until limit reads were
+// recorded: a stream a prefetcher follows, so that its prefetches race
+// with the writes of clients driven by Run.
+func (h *History) Scan(id int, c Client, pages, limit int) error {
+	buf := make([]byte, 4096)
+	for i := range limit {
+		pg := uint64(i % pages)
+		call := h.Now()
+		if err := c.Read(pg, buf); err != nil {
+			return fmt.Errorf("page %d: %w", pg, err)
+		}
+		h.Add(id, Input{Key: pg}, binary.LittleEndian.Uint64(buf), call, h.Now())
 	}
 	return nil
 }

@@ -43,8 +43,7 @@ type AppsOptions struct {
 	// FioWarmup runs fio-zipf this long, unmeasured, before its measured
 	// run: the kernel's page cache starts empty (dropped after the load),
 	// and a run that includes filling it measures how fast the hot set
-	// arrives more than the steady state under the budget (runs of 10 s
-	// from cold swung by 4×, local 25 000–107 000 reads a second).
+	// arrives rather than the steady state under the budget.
 	FioWarmup time.Duration
 	// SqliteRows is the sqlite table's rows of 1 KiB (default 300 000:
 	// about 330 MB).
