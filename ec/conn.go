@@ -240,6 +240,18 @@ func (r *Remote) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 	n.ReadFn(local, at, p, a.fn)
 }
 
+// ReadPageAsync is pagestore's AsyncReader, with ReadFn: a host's
+// cache answers a miss from the node's connection reader (a degraded read
+// decodes on a goroutine of its own).
+func (r *Remote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
+	r.ReadFn(k.Volume(), k.Page()*pageid.Size, dst[:pageid.Size], done)
+}
+
+// ReadPagesAsync is pagestore's AsyncPagesReader, with ReadFn.
+func (r *Remote) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
+	r.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
+}
+
 // asyncRead is a ReadFn in flight; fn is its finish method, bound once,
 // so a read allocates nothing.
 type asyncRead struct {

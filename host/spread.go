@@ -21,11 +21,13 @@ type spread struct {
 }
 
 var (
-	_ dpu.Conn              = spread{}
-	_ pagestore.Remote      = spread{}
-	_ pagestore.Trimmer     = spread{}
-	_ pagestore.Mapper      = spread{}
-	_ pagestore.PagesReader = spread{}
+	_ dpu.Conn                   = spread{}
+	_ pagestore.Remote           = spread{}
+	_ pagestore.Trimmer          = spread{}
+	_ pagestore.Mapper           = spread{}
+	_ pagestore.PagesReader      = spread{}
+	_ pagestore.AsyncReader      = spread{}
+	_ pagestore.AsyncPagesReader = spread{}
 )
 
 // isCoded says whether volume vol is erasure-coded.
@@ -125,6 +127,19 @@ func (s spread) ReadAt(ctx context.Context, vol uint16, off uint64, p []byte) er
 
 func (s spread) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 	s.conn(vol).ReadFn(vol, off, p, done)
+}
+
+// ReadPageAsync implements pagestore.AsyncReader: without an agent, a
+// cluster host's cache reads a miss as a one-node host's does, finished by
+// the node connection's reader rather than by a goroutine that waits
+// (docs/decisions.md, 32).
+func (s spread) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
+	s.ReadFn(k.Volume(), k.Page()*pageid.Size, dst[:pageid.Size], done)
+}
+
+// ReadPagesAsync implements pagestore.AsyncPagesReader.
+func (s spread) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
+	s.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
 }
 
 func (s spread) Fence(ctx context.Context, vol uint16, token uint64) error {

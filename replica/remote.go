@@ -386,6 +386,19 @@ func (r *Remote) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 	n.c.ReadFn(local, off, p, a.fn)
 }
 
+// ReadPageAsync implements pagestore.AsyncReader with ReadFn, so that a
+// host's cache answers a miss from the replica's connection reader, as it
+// does over one node, instead of a goroutine that waits for it.
+func (r *Remote) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
+	r.ReadFn(k.Volume(), k.Page()*pageid.Size, dst[:pageid.Size], done)
+}
+
+// ReadPagesAsync implements pagestore.AsyncPagesReader with ReadFn: one
+// READ when the run stays in one extent.
+func (r *Remote) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
+	r.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
+}
+
 // asyncRead is a ReadFn in flight; fn is its finish method, bound once,
 // so a read allocates nothing.
 type asyncRead struct {
@@ -1045,7 +1058,9 @@ func zero(p []byte) bool {
 }
 
 var (
-	_ pagestore.Remote      = (*Remote)(nil)
-	_ pagestore.PagesReader = (*Remote)(nil)
-	_ pagestore.Trimmer     = (*Remote)(nil)
+	_ pagestore.Remote           = (*Remote)(nil)
+	_ pagestore.PagesReader      = (*Remote)(nil)
+	_ pagestore.AsyncReader      = (*Remote)(nil)
+	_ pagestore.AsyncPagesReader = (*Remote)(nil)
+	_ pagestore.Trimmer          = (*Remote)(nil)
 )
