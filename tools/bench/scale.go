@@ -214,7 +214,8 @@ func scaleRun(ctx context.Context, opt ScaleOptions, volumes []string, write uin
 		uri := "nbd://" + host.Addrs["NBD server"] + "/" + name
 		// Written in 1 MiB writes, then read back and checked.
 		res, err := runFioArgs(ctx, []string{"--name=written", "--ioengine=nbd", "--uri=" + uri, "--rw=write", "--bs=1m", "--iodepth=8",
-			"--size=" + strconv.FormatUint(write, 10), "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"}, nil)
+			"--size=" + strconv.FormatUint(write, 10), "--verify=crc32c", "--do_verify=1", "--verify_fatal=1",
+			"--verify_state_save=0"}, nil) // no local-written-0-verify.state left in the working directory
 		if err != nil {
 			host.Stop()
 			return r, err
