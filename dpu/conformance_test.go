@@ -24,7 +24,7 @@ func (b bareRemote) WritePages(ctx context.Context, keys []pageid.Key, pages [][
 // TestRemoteConformance runs the Remote contract (pagestore/api.go) against
 // every Remote in pd3. A new Remote joins this table.
 func TestRemoteConformance(t *testing.T) {
-	node := remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true}
+	node := remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true, Bounded: true}
 	all := node
 	all.StreamReader = true
 	sync := remotetest.Capabilities{PagesReader: true, Trimmer: true, Mapper: true}

@@ -117,7 +117,7 @@ func (r *rig) stored() uint64 {
 
 func TestConformance(t *testing.T) {
 	r := newRig(t, cluster.Scheme{K: 4, M: 2}, 6, 10*extent)
-	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true})
+	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Bounded: true})
 }
 
 // model is what a volume must read as: the last bytes written to each

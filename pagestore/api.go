@@ -21,7 +21,10 @@ import (
 // shared memory), a host-side prefetcher in front of either
 // (dpu.LeapRemote), or memory (MemRemote, for tests and baselines).
 // Implementations are safe for concurrent use. A page never written reads
-// as zeroes.
+// as zeroes. A Remote that knows its volumes (each one over memory nodes)
+// fails a call on a volume it does not serve with pageid.ErrNoVolume, one
+// past its volume's end with pageid.ErrOutOfRange, and one whose context
+// is done with an error (remotetest's Bounded).
 type Remote interface {
 	// ReadPage fills dst (one page) with page k.
 	ReadPage(ctx context.Context, k pageid.Key, dst []byte) error

@@ -113,7 +113,7 @@ func (r *rig) remote(t testing.TB) *Remote {
 // three nodes.
 func TestConformance(t *testing.T) {
 	r := newRig(t, remotetest.Pages, 16, 5*time.Second, nil)
-	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true})
+	remotetest.Run(t, r.remote(t), r.vol.ID, remotetest.Capabilities{PagesReader: true, AsyncReader: true, AsyncPagesReader: true, Trimmer: true, Mapper: true, Bounded: true})
 }
 
 func page(b byte) []byte {

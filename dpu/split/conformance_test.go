@@ -20,7 +20,7 @@ func TestLinkConformance(t *testing.T) {
 		caps remotetest.Capabilities
 		open func(t *testing.T) (pagestore.Remote, uint16)
 	}{
-		{"Link, agent attached", remotetest.Capabilities{Trimmer: true, Mapper: true}, func(t *testing.T) (pagestore.Remote, uint16) {
+		{"Link, agent attached", remotetest.Capabilities{Trimmer: true, Mapper: true, Bounded: true}, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newSplitRig(t)
 			agentConn, err := memnode.Dial(r.ctx, r.c.Addr(), memnode.ClientOptions{})
 			require.NoError(t, err)
@@ -31,7 +31,7 @@ func TestLinkConformance(t *testing.T) {
 			require.Eventually(t, l.Attached, 5*time.Second, time.Millisecond)
 			return l, r.vol.ID
 		}},
-		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true, Mapper: true}, func(t *testing.T) (pagestore.Remote, uint16) {
+		{"Link, no agent (direct)", remotetest.Capabilities{Trimmer: true, Mapper: true, Bounded: true}, func(t *testing.T) (pagestore.Remote, uint16) {
 			r := newSplitRig(t)
 			l := OpenLink(r.name, memnode.Remote{C: r.c})
 			t.Cleanup(l.Close)

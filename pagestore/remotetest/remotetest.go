@@ -15,9 +15,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Capabilities names the optional interfaces a Remote offers.
+// Capabilities names the optional interfaces a Remote offers, and
+// whether it knows its volumes.
 type Capabilities struct {
 	PagesReader, StreamReader, AsyncReader, AsyncPagesReader, Trimmer, Mapper bool
+	// Bounded is a promise, not an interface: the Remote knows the
+	// volumes it serves and their sizes (every Remote over memory nodes;
+	// not MemRemote, which holds any key). A read or write of a volume it
+	// does not serve fails with pageid.ErrNoVolume, one past the end of
+	// its volume with pageid.ErrOutOfRange, and a call whose context is
+	// done fails rather than waits.
+	Bounded bool
 }
 
 // Of reports the capabilities r offers.
@@ -39,7 +47,9 @@ const Pages = 256
 // loses one (or gains one it cannot honour) fails here.
 func Run(t *testing.T, r pagestore.Remote, vol uint16, want Capabilities) {
 	t.Helper()
-	require.Equal(t, want, Of(r), "capabilities offered")
+	offered := want
+	offered.Bounded = false // not an interface: checked below
+	require.Equal(t, offered, Of(r), "capabilities offered")
 	c := &checker{r: r, vol: vol}
 	t.Run("UnwrittenReadsZero", c.unwrittenReadsZero)
 	t.Run("WriteThenRead", c.writeThenRead)
@@ -60,6 +70,11 @@ func Run(t *testing.T, r pagestore.Remote, vol uint16, want Capabilities) {
 	}
 	if want.Trimmer {
 		t.Run("TrimZeroesOnlyItsRange", c.trim)
+	}
+	if want.Bounded {
+		t.Run("UnknownVolumeFails", c.unknownVolume)
+		t.Run("PastTheEndFails", c.pastTheEnd)
+		t.Run("DoneContextFails", c.doneContext)
 	}
 	if want.Mapper && want.Trimmer {
 		// Last: it maps what trim left.
@@ -341,5 +356,47 @@ func (c *checker) mapRuns(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// unknownVolume: a volume the Remote does not serve is an error callers
+// can tell (a frontend answers it as no such export), for reads and
+// writes alike, and it reads nothing into dst.
+func (c *checker) unknownVolume(t *testing.T) {
+	other := c.vol ^ 0x4000
+	k := pageid.MakeKey(other, 0)
+	dst := bytes.Repeat([]byte{0xAA}, pageid.Size)
+	err := c.r.ReadPage(ctx(t), k, dst)
+	require.ErrorIs(t, err, pageid.ErrNoVolume, "reading %v", k)
+	err = c.r.WritePages(ctx(t), []pageid.Key{k}, [][]byte{content(k, 1)})
+	require.ErrorIs(t, err, pageid.ErrNoVolume, "writing %v", k)
+}
+
+// pastTheEnd: a page far past any volume's end is out of range, for a
+// read and a write, and the write lands nowhere.
+func (c *checker) pastTheEnd(t *testing.T) {
+	k := c.key(1 << 40) // 4 PiB into the volume
+	dst := make([]byte, pageid.Size)
+	err := c.r.ReadPage(ctx(t), k, dst)
+	require.ErrorIs(t, err, pageid.ErrOutOfRange, "reading %v", k)
+	err = c.r.WritePages(ctx(t), []pageid.Key{k}, [][]byte{content(k, 1)})
+	require.ErrorIs(t, err, pageid.ErrOutOfRange, "writing %v", k)
+	c.expect(t, zeroBase, zero)
+}
+
+// doneContext: a call whose context is already cancelled returns an
+// error; it neither waits nor reports success for a write it may not
+// have made.
+func (c *checker) doneContext(t *testing.T) {
+	cx, cancel := context.WithCancel(context.Background())
+	cancel()
+	k := c.key(zeroBase + 8)
+	done := make(chan error, 1)
+	go func() { done <- c.r.WritePages(cx, []pageid.Key{k}, [][]byte{content(k, 9)}) }()
+	select {
+	case err := <-done:
+		require.Error(t, err, "a write with a cancelled context")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a write with a cancelled context did not return in 10 s")
 	}
 }
