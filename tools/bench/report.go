@@ -175,7 +175,7 @@ func Suites() []Suite {
 			About: "Every configuration in fresh processes on loopback: `pd3 coord`, the memory nodes and the hosts (`pd3 serve --etcd`, no `--memnode`: the control plane places the volumes), 64 MiB host cache, no agent. " +
 				"The nodes sweep runs one host at R=2 over 1, 2, 4 and 8 nodes (R=1 over one); the hosts sweep 1, 2 and 4 hosts at once over 4 nodes, each with a 512 MiB volume of its own, beside as many `nbdkit memory` servers (the ceiling of any NBD server on these cores). " +
 				"The size sweep opens one sparse volume of 256 MiB to 16 GiB and writes 1 GiB of it (all of a smaller one) with fio, read back and checked; the volumes sweep opens 1, 64 and 1 024 volumes of 16 MiB on one host. " +
-				"Where several busy hosts share memory nodes on these two cores, pd3's rate falls as hosts are added, and host CPU per read triples: not explained yet. Over one node, the node's reader spinning for its connection's next request (`--poll-for`) is most of it; in this sweep neither `--poll-for 0` nor `--procs 1` helped (docs/decisions.md, 32).",
+				"Where several busy hosts share memory nodes on these two cores, pd3's rate falls as hosts are added, and host CPU per read triples: at two hosts the requests to the nodes and their answers stop leaving together (host syscalls per read 1.7 → 5.0), and the slower rate leaves less to batch. Over one node, the node's reader spinning for its connection's next request (`--poll-for`) is most of it; in this sweep neither `--poll-for 0` nor `--procs 1` helped (docs/decisions.md, 32 and 30).",
 			Table: renderScale,
 			Goals: []Goal{
 				{Ratio: "host_cpu_per_op:nodes=8/nodes=1@randread-q32t1", Max: 1.15, What: "host CPU per random read, 8 nodes against 1"},
