@@ -134,12 +134,20 @@ func (s spread) ReadFn(vol uint16, off uint64, p []byte, done func(error)) {
 // the node connection's reader rather than by a goroutine that waits
 // (docs/decisions.md, 32).
 func (s spread) ReadPageAsync(k pageid.Key, dst []byte, done func(error)) {
-	s.ReadFn(k.Volume(), k.Page()*pageid.Size, dst[:pageid.Size], done)
+	if s.isCoded(k.Volume()) {
+		s.coded.ReadPageAsync(k, dst, done)
+		return
+	}
+	s.rep.ReadPageAsync(k, dst, done)
 }
 
 // ReadPagesAsync implements pagestore.AsyncPagesReader.
 func (s spread) ReadPagesAsync(first pageid.Key, p []byte, done func(error)) {
-	s.ReadFn(first.Volume(), first.Page()*pageid.Size, p, done)
+	if s.isCoded(first.Volume()) {
+		s.coded.ReadPagesAsync(first, p, done)
+		return
+	}
+	s.rep.ReadPagesAsync(first, p, done)
 }
 
 func (s spread) Fence(ctx context.Context, vol uint16, token uint64) error {
