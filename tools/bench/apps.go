@@ -53,7 +53,10 @@ type AppsOptions struct {
 	TreeFiles int
 	Rounds    int
 	// PD3Args are added to every pd3 host's command line (e.g. --policy).
-	PD3Args  []string
+	PD3Args []string
+	// NodeArgs are added to the memory node's command line of every pd3
+	// NBD system (e.g. --poll-for 0).
+	NodeArgs []string
 	Progress Progress
 }
 

@@ -76,7 +76,7 @@ func startAppStack(ctx context.Context, opt AppsOptions, sys string) (_ *appStac
 		s.undo = append(s.undo, front.Stop)
 		s.proc, s.nodes, uri = front, Nodes{remote}, "nbd://"+addr
 	case "pd3", "pd3-noagent", "pd3-leap", "pd3-cached":
-		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, append([]string{"memnode", "--listen", "127.0.0.1:0"}, opt.NodeArgs...)...)
 		if err != nil {
 			return nil, err
 		}

@@ -15,7 +15,7 @@ import (
 // appsCmd is pd3 bench apps: real applications under a memory budget.
 func appsCmd(exe func() (string, error), sigctx func(*cobra.Command) (context.Context, context.CancelFunc), emit func(*bench.Report) error, asJSON *bool) *cobra.Command {
 	var opt bench.AppsOptions
-	var systems, workloads, budgets, pd3Args string
+	var systems, workloads, budgets, pd3Args, nodeArgs string
 	c := &cobra.Command{
 		Use:   "apps",
 		Short: "PostgreSQL, sqlite and fio with their memory held to a budget by a memory cgroup, over each NBD export and on the pd3 mount: pd3 against the ceiling and the plain relay (root)",
@@ -47,9 +47,7 @@ Systems take turns in fresh processes, round by round; each row is the median of
 				}
 				opt.Budgets = append(opt.Budgets, n)
 			}
-			if pd3Args != "" {
-				opt.PD3Args = strings.Fields(pd3Args)
-			}
+			opt.PD3Args, opt.NodeArgs = strings.Fields(pd3Args), strings.Fields(nodeArgs)
 			ctx, stop := sigctx(cmd)
 			defer stop()
 			if watched(*asJSON) {
@@ -78,5 +76,6 @@ Systems take turns in fresh processes, round by round; each row is the median of
 	f.IntVar(&opt.TreeFiles, "tree-files", 20000, "files of 1-16 KiB in the tree workloads (tree-tar, tree-grep)")
 	f.IntVar(&opt.Rounds, "rounds", 3, "run every system this many times, taking turns in fresh processes; rows are medians")
 	f.StringVar(&pd3Args, "pd3-args", "", "extra flags for every pd3 host (e.g. \"--policy clock\")")
+	f.StringVar(&nodeArgs, "node-args", "", "extra flags for the memory node of every pd3 NBD system (e.g. \"--poll-for 0\")")
 	return c
 }
