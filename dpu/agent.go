@@ -87,6 +87,7 @@ type stream struct {
 	p parse.Parser
 	// leave: the host reads the requests' own pages (HostReadsMirror).
 	leave bool
+	ahead Ahead
 	buf   []parse.Access
 	pred  []parse.Access // parsed and predicted accesses, reused
 	keys  []pageid.Key   // predicted pages, reused
@@ -96,15 +97,15 @@ type stream struct {
 var _ mirror.Mirror = (*Agent)(nil)
 
 // NewStream implements mirror.Mirror with the agent's default parser.
-func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser, false) }
+func (a *Agent) NewStream() mirror.Stream { return a.newStream(a.parser, false, Ahead{}) }
 
-func (a *Agent) newStream(f func() parse.Parser, leave bool) mirror.Stream {
-	return &stream{a: a, p: f(), leave: leave, buf: make([]parse.Access, 0, 256), pred: make([]parse.Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
+func (a *Agent) newStream(f func() parse.Parser, leave bool, ahead Ahead) mirror.Stream {
+	return &stream{a: a, p: f(), leave: leave, ahead: ahead, buf: make([]parse.Access, 0, 256), pred: make([]parse.Access, 0, 512), keys: make([]pageid.Key, 0, 256)}
 }
 
 // Mirror returns a mirror whose streams are parsed by parsers from f, for a
 // frontend that speaks another protocol (NBD).
-func (a *Agent) Mirror(f func() parse.Parser) mirror.Mirror { return agentMirror{a, f, false} }
+func (a *Agent) Mirror(f func() parse.Parser) mirror.Mirror { return agentMirror{a, f, false, Ahead{}} }
 
 // HostReadsMirror is Mirror for a frontend whose host reads every
 // request's own missing pages itself as soon as it has parsed the request
@@ -113,18 +114,31 @@ func (a *Agent) Mirror(f func() parse.Parser) mirror.Mirror { return agentMirror
 // it is read). The agent sees the request after the host's reader, so it
 // would find those pages in Host View and skip them, after a wake-up of
 // the prefetcher per request; it prefetches only what its stream
-// predictor expects past the reads (docs/decisions.md, 8 and 31).
-func (a *Agent) HostReadsMirror(f func() parse.Parser) mirror.Mirror {
-	return agentMirror{a, f, true}
+// predictor expects past the reads (docs/decisions.md, 8 and 31): the
+// pages after stream reads through ahead, the rest into the Loading Zone.
+func (a *Agent) HostReadsMirror(f func() parse.Parser, ahead Ahead) mirror.Mirror {
+	return agentMirror{a, f, true, ahead}
+}
+
+// Ahead is where a host that reads its requests' own pages takes the
+// pages predicted past its stream reads: Read (pagestore.Store.ReadAhead)
+// reads them into windows of the host's, which its next stream reads
+// copy from, instead of the Loading Zone (docs/decisions.md, 33). It
+// takes the pages predicted past reads of at least From pages (the
+// reads that look in those windows); From 0: none.
+type Ahead struct {
+	Read func(first pageid.Key, n int) bool
+	From int
 }
 
 type agentMirror struct {
 	a     *Agent
 	f     func() parse.Parser
 	leave bool
+	ahead Ahead
 }
 
-func (m agentMirror) NewStream() mirror.Stream { return m.a.newStream(m.f, m.leave) }
+func (m agentMirror) NewStream() mirror.Stream { return m.a.newStream(m.f, m.leave, m.ahead) }
 
 func (s *stream) Observe(b []byte) {
 	if s.dead {
@@ -177,13 +191,32 @@ func (s *stream) predict(acc []parse.Access) []parse.Access {
 		if !covered && !s.leave {
 			out = append(out, acc[i:j]...)
 		}
-		for _, k := range s.keys {
-			out = append(out, parse.Access{Key: k, Kind: parse.Read})
+		if s.leave && s.ahead.From > 0 && j-i >= s.ahead.From {
+			s.readAhead(s.keys, j-i)
+		} else {
+			for _, k := range s.keys {
+				out = append(out, parse.Access{Key: k, Kind: parse.Read})
+			}
 		}
 		i = j
 	}
 	s.pred = out
 	return out
+}
+
+// readAhead hands keys (predicted past a stream read of n pages) to
+// s.ahead in windows of n pages, runs of consecutive pages each, so that
+// each later read of the stream finds its pages in one window.
+func (s *stream) readAhead(keys []pageid.Key, n int) {
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && j-i < n && keys[j] == keys[j-1]+1 && keys[j].Volume() == keys[i].Volume() {
+			j++
+		}
+		s.ahead.Read(keys[i], j-i)
+		s.a.Prefetches.Add(uint64(j - i))
+		i = j
+	}
 }
 
 func (s *stream) Close() {}

@@ -350,6 +350,7 @@ func (h *Host) Close(ctx context.Context) error {
 			<-h.nbdDone
 		}
 		if h.Store != nil {
+			h.Store.StopReadAhead()
 			if flushErr = h.Store.Flush(ctx); flushErr != nil {
 				flushErr = fmt.Errorf("host: writing back dirty pages: %w", flushErr)
 			}

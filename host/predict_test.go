@@ -11,10 +11,11 @@ import (
 )
 
 // A scan spread over three connections, request by request, as nbdfuse
-// sends one (NBD multi-conn), is predicted: the agent prefetches ahead of
-// it, the predictions are read, and the host takes most pages from the
-// Loading Zone instead of reading the memory node. Its large reads are
-// not cached (--nbd-stream-from), and every byte is right.
+// sends one (NBD multi-conn), is predicted: the agent has the host read
+// ahead of it, the predictions are read, and the host takes most pages
+// from its read-ahead windows instead of waiting for the memory node
+// (docs/decisions.md, 33). Its large reads are not cached
+// (--nbd-stream-from), and every byte is right.
 func TestNBDScanIsPredicted(t *testing.T) {
 	const size, chunk = 16 << 20, 128 << 10
 	h, _ := hostOnNewNode(t, Config{Volumes: []VolumeSpec{{"disk0", size}}, CacheBytes: 64 * 4096,
@@ -47,10 +48,11 @@ func TestNBDScanIsPredicted(t *testing.T) {
 	}
 	st := h.Store.Stats()
 	useful, wasted := pred.Useful.Load()-u0, pred.Wasted.Load()-w0
-	t.Logf("predictions used %d, wasted %d; Loading Zone hits %d, remote reads %d", useful, wasted, st.PrefetchHits-st0.PrefetchHits, st.RemoteReads-st0.RemoteReads)
+	t.Logf("predictions used %d, wasted %d; read-ahead hits %d, remote reads %d", useful, wasted, st.ReadAheadHits-st0.ReadAheadHits, st.RemoteReads-st0.RemoteReads)
 	assert.Greater(t, useful, uint64(size/4096/2), "most of the scan was predicted")
 	assert.GreaterOrEqual(t, float64(useful), 0.9*float64(useful+wasted), "the predictions were read")
 	assert.Zero(t, pred.Off.Load())
-	assert.Greater(t, st.PrefetchHits-st0.PrefetchHits, uint64(size/4096/2), "the host took most pages from the Loading Zone")
+	assert.Greater(t, st.ReadAheadHits-st0.ReadAheadHits, uint64(size/4096/2), "the host took most pages from its read-ahead windows")
+	assert.Zero(t, st.PrefetchHits-st0.PrefetchHits, "nothing went through the Loading Zone")
 	assert.Equal(t, st0.Evictions, st.Evictions, "stream reads took no frame from the cache")
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/dpu/mirror"
 	"github.com/pd3-go/pd3/dpu/mirror/packet"
 	"github.com/pd3-go/pd3/dpu/parse"
@@ -20,6 +21,7 @@ import (
 	"github.com/pd3-go/pd3/internal/tlsfiles"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/nbd"
+	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore/pageproto"
 )
 
@@ -63,7 +65,11 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 	switch {
 	case h.Agent != nil:
 		mir = h.Agent
-		nbdMir = h.Agent.HostReadsMirror(func() parse.Parser { return &parse.NBDParser{Resolve: h.resolveExport} })
+		var ahead dpu.Ahead
+		if cfg.NBDStreamFrom > 0 {
+			ahead = dpu.Ahead{Read: h.Store.ReadAhead, From: int((cfg.NBDStreamFrom + pageid.Size - 1) / pageid.Size)}
+		}
+		nbdMir = h.Agent.HostReadsMirror(func() parse.Parser { return &parse.NBDParser{Resolve: h.resolveExport} }, ahead)
 	case h.Link != nil:
 		mir = h.Link
 		nbdMir = h.Link.Mirror(split.ProtoNBD)

@@ -27,6 +27,14 @@
 // would scan the cache under the eviction lock; below that, the search
 // gives up after cleanTries frames it could not claim.
 //
+// ReadStream serves large reads without caching them: cached pages are
+// copied from the cache, prefetched ones taken from the Loading Zone,
+// and the rest read from the Remote straight into the caller's buffer.
+// ReadAhead reads a predicted stream's next pages the same way into
+// windows of the store's own, which the stream reads that follow copy
+// from; any write, zeroing or removal of a page drops the windows that
+// hold it (docs/decisions.md, 33).
+//
 // # Writes and durability
 //
 // Put stores a whole page in the cache and marks it dirty; it reaches the

@@ -62,7 +62,20 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 // unindexes a page only once its write-back is acknowledged), so nothing
 // newer than what a concurrent reader may see is missed. Unaligned reads,
 // and remotes that cannot read runs, take ReadRange.
+//
+// Pages a read-ahead window holds (ReadAhead) are copied from it.
 func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	if s.ra.live.Load() > 0 && off%pageid.Size == 0 && len(p)%pageid.Size == 0 {
+		if err := s.checkRange(vol, off, uint64(len(p))); err != nil {
+			return err
+		}
+		return s.readWindowed(ctx, vol, off, p)
+	}
+	return s.readStream(ctx, vol, off, p)
+}
+
+// readStream is ReadStream without the read-ahead windows.
+func (s *Store) readStream(ctx context.Context, vol uint16, off uint64, p []byte) error {
 	pr, ok := s.remote.(PagesReader)
 	if !ok || off%pageid.Size != 0 || len(p)%pageid.Size != 0 || len(p) < 2*pageid.Size {
 		return s.ReadRange(ctx, vol, off, p)
@@ -332,6 +345,7 @@ func (s *Store) WriteFresh(ctx context.Context, vol uint16, off uint64, p []byte
 // (freeing memory-node chunks) unless keep is set, in which case zero pages
 // are written; partial pages are zeroed in place.
 func (s *Store) ZeroRange(ctx context.Context, vol uint16, off, n uint64, keep bool) error {
+	defer s.invalidate(vol, off/pageid.Size, (off+n+pageid.Size-1)/pageid.Size)
 	tr, canTrim := s.remote.(Trimmer)
 	if first, end := (off+pageid.Size-1)/pageid.Size*pageid.Size, (off+n)/pageid.Size*pageid.Size; canTrim && !keep && end > first &&
 		(end-first)/pageid.Size >= uint64(len(s.frames)) {

@@ -68,6 +68,10 @@ type Stats struct {
 	// frame could be freed: every frame busy, or dirty while the remote
 	// refuses write-backs (a full disk at a persistent node).
 	UncachedReads uint64
+	// ReadAheadPages counts pages read into read-ahead windows,
+	// ReadAheadHits those a stream read took from them, ReadAheadDropped
+	// those dropped unread (a window replaced, or written to).
+	ReadAheadPages, ReadAheadHits, ReadAheadDropped uint64
 }
 
 // Store serves pages of volumes through a bounded local cache. It is safe
@@ -138,6 +142,7 @@ type Store struct {
 	// with the cache.
 	dirtyBits []atomic.Uint64
 
+	ra readAhead
 	asyncState
 }
 
@@ -392,9 +397,11 @@ func (s *Store) modify(ctx context.Context, k pageid.Key, how fillMode, fn func(
 // written ends a write into write-locked frame f: a new version, dirty,
 // unlocked.
 func (s *Store) written(f int32) {
+	k := s.frames[f].key
 	s.frames[f].ver++
 	s.markDirty(f)
 	s.frames[f].mu.Unlock()
+	s.invalidate(k.Volume(), k.Page(), k.Page()+1)
 }
 
 // publish enters the claimed, write-locked frame f into the index as k. If
@@ -568,6 +575,7 @@ func (s *Store) Stats() Stats {
 		WriteBacks: s.writeBacks.Load(), SharedMissesWaiting: s.waits.Load(),
 		WritebackFailures: s.wbFailures.Load(), EvictionWriteBacks: s.evictWBs.Load(),
 		FreshWrites: s.freshWrites.Load(), Frames: len(s.frames), UncachedReads: s.uncached.Load(),
+		ReadAheadPages: s.ra.placed.Load(), ReadAheadHits: s.ra.hits.Load(), ReadAheadDropped: s.ra.dropped.Load(),
 	}
 	st.DirtyPages = s.dirtyCount()
 	for i := range s.shards {

@@ -33,6 +33,7 @@ func (s *Store) RemoveVolumePages(id uint16, end uint64) {
 	delete(s.volumes, id)
 	s.vmu.Unlock()
 	s.discardPages(id, 0, end, false)
+	s.invalidate(id, 0, ^uint64(0))
 }
 
 // discardPages drops the cached pages first to end (exclusive) of volume

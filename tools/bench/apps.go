@@ -218,7 +218,7 @@ func Apps(ctx context.Context, opt AppsOptions) (*Report, error) {
 		fmt.Sprintf("pg-scan: SELECT sum(abalance) FROM pgbench_accounts (a sequential scan of the table) three times, the median's rows/s (ms in its column); pg-select: pgbench -S; pg-tpcb: pgbench (TPC-B); pgbench scale %d, %d clients, %v per run; fio: %s on a %s file; integrity: pg_amcheck --heapallindexed and e2fsck -fn after every run", opt.Scale, opt.Clients, opt.Duration, fioRun, units.FormatSize(opt.FioSize)),
 		fmt.Sprintf("sqlite: a table of %d rows of 1 KiB loaded with no budget; sqlite-point: random lookups by key from one Python process (sqlite3 module) for %v; sqlite-scan: SELECT sum(length(v)) over the table, three times, the median; PRAGMA integrity_check after the run; on the block systems the database is on their ext4, on pd3-mount and bindfs on the mount", opt.SqliteRows, opt.Duration),
 		treeNote(opt.TreeFiles),
-		"accuracy: prefetched pages the host took / pages placed; coverage: host misses served by the Loading Zone / host misses")
+		"accuracy: prefetched pages the host took / pages placed (in the Loading Zone or, after NBD stream reads, in the host's read-ahead windows); coverage: host misses served by either / host misses")
 	if opt.Rounds > 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("each row is its system's median run of %d, the systems taking turns in fresh processes; \"runs ops/s\" is the spread; ratios are of the medians", opt.Rounds))
 	}
@@ -471,17 +471,18 @@ func appMeasured(ctx context.Context, st *appStack, fn func() (Result, error)) (
 }
 
 // PrefetchAccuracy is the share of placed prefetches the host took (0
-// where nothing was placed): the agent's, or Leap's (which proposes pages
-// to the same transfer engine and Loading Zone).
+// where nothing was placed): the agent's (into the Loading Zone and the
+// host's read-ahead windows), or Leap's (which proposes pages to the same
+// transfer engine and Loading Zone).
 func (r Result) PrefetchAccuracy() float64 {
-	placed := r.Counters["prefetch_placed_total"]
+	placed := r.Counters["prefetch_placed_total"] + r.Counters["cache_readahead_pages_total"]
 	if placed == 0 {
 		placed = r.Counters["leap_predicted_pages_total"]
 	}
 	if placed == 0 {
 		return 0
 	}
-	return min(1, r.Counters["prefetch_consumed_total"]/placed)
+	return min(1, (r.Counters["prefetch_consumed_total"]+r.Counters["cache_readahead_hits_total"])/placed)
 }
 
 // sqliteFile is the database the sqlite workloads read.

@@ -83,13 +83,14 @@ type Result struct {
 	Counters map[string]float64 `json:"counters,omitempty"`
 }
 
-// LZHitRatio is the share of cache misses served by the Loading Zone.
+// LZHitRatio is the share of cache misses served by prefetching: from
+// the Loading Zone, or from the host's read-ahead windows.
 func (r Result) LZHitRatio() float64 {
 	m := r.Counters["cache_misses_total"]
 	if m == 0 {
 		return 0
 	}
-	return r.Counters["cache_loadingzone_hits_total"] / m
+	return min(1, (r.Counters["cache_loadingzone_hits_total"]+r.Counters["cache_readahead_hits_total"])/m)
 }
 
 // Report is what a benchmark prints.
