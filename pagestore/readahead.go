@@ -64,7 +64,8 @@ func (w *window) unref(ra *readAhead) {
 
 // ReadAhead starts reading n pages from first into a window for a stream
 // read to come, unless a window already holds any of them; it reports
-// whether it did. With every window taken the oldest is dropped.
+// whether it did. With every window taken the oldest is dropped. A run
+// whose first and last pages are cached is left to the cache.
 func (s *Store) ReadAhead(first pageid.Key, n int) bool {
 	if n <= 0 {
 		return false
@@ -72,6 +73,9 @@ func (s *Store) ReadAhead(first pageid.Key, n int) bool {
 	vol, start, m := first.Volume(), first.Page(), uint64(min(n, MaxWindowPages))
 	if s.held.Load() != nil || start+m > s.Pages(vol) {
 		return false // suspended (never wait here), or past the end
+	}
+	if s.Resident(first) && s.Resident(pageid.MakeKey(vol, start+m-1)) {
+		return false // cached: a stream read copies it from the cache
 	}
 	ra := &s.ra
 	ra.mu.Lock()

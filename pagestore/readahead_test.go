@@ -71,6 +71,13 @@ func TestReadAheadServesStreamReads(t *testing.T) {
 	s.ra.fill.Wait()
 	assert.Equal(t, allOf(16, 1), versions(t, s, 96, 16), "pages 96–99 and 108–111 from the remote, 100–107 from the window")
 	assert.EqualValues(t, 40, s.Stats().ReadAheadHits)
+
+	ctx := context.Background()
+	for p := uint64(200); p < 204; p++ {
+		k := pageid.MakeKey(1, p)
+		require.NoError(t, s.Put(ctx, k, fill(k, 1)))
+	}
+	assert.False(t, s.ReadAhead(pageid.MakeKey(1, 200), 4), "cached pages are not read ahead")
 }
 
 // TestReadAheadIsNeverStale: a write, a zeroing or a volume's removal
