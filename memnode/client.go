@@ -379,6 +379,11 @@ func isNodeErr(err error) bool {
 }
 
 func (c *Client) start(ctx context.Context, h *ReqHeader, payload []byte, setup func(*pipeline.Call)) Call {
+	if err := ctx.Err(); err != nil {
+		// Nothing is sent for a caller that has given up: a write it
+		// cannot wait for would be reported neither way.
+		return Call{err: fmt.Errorf("memnode %v: %w", h.Op, err), what: h.Op}
+	}
 	s, err := c.session(ctx)
 	if err != nil {
 		return Call{err: fmt.Errorf("memnode %v: %w", h.Op, err), what: h.Op}
