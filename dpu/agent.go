@@ -9,6 +9,7 @@ import (
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/pageid"
+	"github.com/pd3-go/pd3/pagestore"
 )
 
 // Agent is the DPU agent: it parses mirrored requests, asks Host View which
@@ -205,9 +206,11 @@ func (s *stream) predict(acc []parse.Access) []parse.Access {
 }
 
 // readAhead hands keys (predicted past a stream read of n pages) to
-// s.ahead in windows of n pages, runs of consecutive pages each, so that
-// each later read of the stream finds its pages in one window.
+// s.ahead in windows of n pages (at most a window's bound), runs of
+// consecutive pages each, so that each later read of the stream finds its
+// pages in one window.
 func (s *stream) readAhead(keys []pageid.Key, n int) {
+	n = min(n, pagestore.MaxWindowPages)
 	for i := 0; i < len(keys); {
 		j := i + 1
 		for j < len(keys) && j-i < n && keys[j] == keys[j-1]+1 && keys[j].Volume() == keys[i].Volume() {
