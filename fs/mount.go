@@ -121,6 +121,10 @@ func Mount(f *FS, dir string) (*Mounted, error) {
 		srv.Unmount()
 		return nil, fmt.Errorf("fs: %w", err)
 	}
+	if was, err := SetKernelReadAhead(dir); err != nil {
+		// Not root: the mount works, its sequential readers wait more.
+		f.cfg.Log.Info("fs: the kernel's read-ahead of the mount stays as it is", "mount", dir, "read_ahead_bytes", was, "err", err)
+	}
 	return &Mounted{FS: f, Dir: dir, Server: srv, Dev: dev, raw: raw}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/pd3-go/pd3/fs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -190,4 +191,38 @@ func TestStreamReadAheadIsNeverStale(t *testing.T) {
 			assert.Greater(t, after, discards, "the change dropped the windows")
 		})
 	}
+}
+
+// TestKernelReadsAheadOneREADsWorth: a buffered reader of a file no longer
+// in the page cache, reading 4 KiB at a time from start to end, is sent
+// READs of up to 1 MiB (the mount's max_read) by the kernel's read-ahead,
+// not the 128 KiB a FUSE mount starts with, and gets the file's bytes.
+func TestKernelReadsAheadOneREADsWorth(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 0)
+	ra, err := fs.KernelReadAheadOf(e.dir)
+	require.NoError(t, err)
+	assert.Equal(t, fs.KernelReadAhead, ra)
+
+	const size = 8 << 20
+	want := randomBytes(size)
+	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
+	f, err := os.Open(e.path("f"))
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Sync())
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+
+	before := e.fs.Stats()
+	got := make([]byte, size)
+	for off := 0; off < size; off += 4096 {
+		_, err := f.ReadAt(got[off:off+4096], int64(off))
+		require.NoError(t, err)
+	}
+	require.True(t, bytes.Equal(want, got))
+	st := e.fs.Stats()
+	reads := st.Reads - before.Reads
+	require.NotZero(t, reads)
+	// 128 KiB READs would be 64; the kernel's window grows to 1 MiB
+	// from a few small first ones.
+	assert.LessOrEqual(t, reads, uint64(16), "READs for %d MiB (%d bytes)", size>>20, st.ReadBytes-before.ReadBytes)
 }

@@ -48,6 +48,11 @@ func ServeFUSERelay(ctx context.Context, dir, addr string, conns int, mounted fu
 	if err != nil {
 		return fmt.Errorf("mounting the relay at %s: %w", dir, err)
 	}
+	// Read ahead as far as pd3's mount does.
+	if _, err := fs.SetKernelReadAhead(dir); err != nil {
+		srv.Unmount()
+		return err
+	}
 	mounted()
 	go func() {
 		<-ctx.Done()
