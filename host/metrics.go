@@ -359,6 +359,7 @@ func (m *Memnode) Registry() *prometheus.Registry {
 	r.MustRegister(newCollector(atomics(store),
 		gauge("memnode_used_bytes", "Bytes of page memory allocated to volumes (a chunk at a time: a chunk any byte of which was written holds memory).", func(s *memnode.Store) float64 { return float64(s.Used()) }),
 		gauge("memnode_capacity_bytes", "The most page memory the node allocates (--capacity; 0: unlimited).", func(s *memnode.Store) float64 { return float64(s.Capacity()) }),
+		counter("memnode_reclaims_total", "Times the memory of freed chunks (deleted volumes, trims) was given back to the operating system, after every 64 MiB freed.", func(s *memnode.Store) uint64 { return s.Reclaims() }),
 		gauge("memnode_volumes", "Volumes the node holds.", func(s *memnode.Store) float64 { return float64(len(s.List())) }),
 		counter("memnode_log_syncs_total", "fdatasyncs of the --persist log (entries/syncs is the group-commit batch; 0 when volatile).", func(s *memnode.Store) uint64 { n, _ := s.LogStats(); return n }),
 		counter("memnode_log_entries_total", "Entries written to the --persist log.", func(s *memnode.Store) uint64 { _, n := s.LogStats(); return n }),

@@ -25,6 +25,9 @@ type Store struct {
 
 	persist *persister // nil: memory only
 
+	// reclaim gives freed chunks' memory back to the OS (reclaim.go).
+	reclaim reclaimer
+
 	// Test hooks (nil in production): afterFenceCheck runs in a fenced
 	// write between its token check and its mutation, beforeRaise when a
 	// raise of a fence to token starts.
@@ -79,6 +82,10 @@ func NewStore(capacity uint64) *Store {
 
 // Used reports the bytes of chunk memory allocated.
 func (s *Store) Used() uint64 { return s.used.Load() }
+
+// Reclaims counts the times freed chunks' memory was given back to the
+// operating system (reclaim.go).
+func (s *Store) Reclaims() uint64 { return s.reclaim.runs.Load() }
 
 // Capacity is the most bytes of chunk memory the store allocates (0:
 // unlimited).
@@ -366,11 +373,15 @@ func (v *volume) current() pageid.VolumeInfo {
 
 func (s *Store) freeChunk(c *chunk) {
 	c.mu.Lock()
-	if c.data != nil {
+	freed := c.data != nil
+	if freed {
 		c.data, c.sums = nil, nil
 		s.used.Add(^uint64(ChunkSize - 1))
 	}
 	c.mu.Unlock()
+	if freed {
+		s.reclaim.freedChunk()
+	}
 }
 
 // Trim zeroes n bytes at off; chunks covered entirely are freed. On a
@@ -424,6 +435,7 @@ func (s *Store) trim(id uint16, off, n uint64, log bool) (uint64, error) {
 				c.data, c.sums = nil, nil
 				s.used.Add(^uint64(ChunkSize - 1))
 				v.stored.Add(^uint64(ChunkSize - 1))
+				s.reclaim.freedChunk()
 			}
 		} else if c.data != nil {
 			if err := c.verifyPartialLocked(co, m); err != nil {
