@@ -51,11 +51,17 @@ type Tracker struct {
 	done  chan struct{}
 	once  sync.Once
 
-	// Events counts events delivered to the sink.
+	// Events counts the kernel's events delivered to the sink (a run of
+	// them as one range, see deliver).
 	Events atomic.Uint64
 	// Wakeups counts the reader's waits that ended (an event, or
 	// idleInterval): what an idle mount costs.
 	Wakeups atomic.Uint64
+
+	// pend is a run of events not yet given to the sink, npend of them
+	// (the reader's goroutine only).
+	pend  Event
+	npend uint64
 }
 
 // tracefs is where classic tracepoints are described.
@@ -182,6 +188,7 @@ func (t *Tracker) read(sink Sink) {
 	var rec ringbuf.Record
 	for {
 		n, err := t.drain(&rec, sink)
+		t.flush(sink)
 		if err != nil {
 			return // closed
 		}
@@ -198,6 +205,7 @@ func (t *Tracker) read(sink Sink) {
 			return // closed
 		default:
 			t.deliver(&rec, sink)
+			t.flush(sink)
 		}
 	}
 }
@@ -217,18 +225,44 @@ func (t *Tracker) drain(rec *ringbuf.Record, sink Sink) (int, error) {
 	}
 }
 
+// maxRun bounds the pages of a run of events given to the sink as one.
+const maxRun = 1024
+
+// deliver hands the event in rec to the sink, or holds it: a reader under
+// a memory budget makes an add and a delete event per page, in runs of
+// consecutive pages of one file (read-ahead brings them in, reclaim takes
+// them out in order), and the sink's work per event (the file's key, its
+// counters under a lock) is paid once per run (docs/decisions.md, 36).
+// Reads are passed one by one. The caller flushes before it waits.
 func (t *Tracker) deliver(rec *ringbuf.Record, sink Sink) {
 	b := rec.RawSample
 	if len(b) < 32 {
 		return
 	}
-	sink.Event(Event{
+	e := Event{
 		Ino:   binary.LittleEndian.Uint64(b),
 		First: binary.LittleEndian.Uint64(b[8:]),
 		Last:  binary.LittleEndian.Uint64(b[16:]),
 		Kind:  Kind(binary.LittleEndian.Uint32(b[24:])),
-	})
-	t.Events.Add(1)
+	}
+	p := &t.pend
+	if t.npend > 0 && e.Kind != Accessed && e.Kind == p.Kind && e.Ino == p.Ino && e.First == p.Last+1 && e.Last >= e.First && e.Last-p.First < maxRun {
+		p.Last = e.Last
+		t.npend++
+		return
+	}
+	t.flush(sink)
+	t.pend, t.npend = e, 1
+}
+
+// flush gives the held run to the sink.
+func (t *Tracker) flush(sink Sink) {
+	if t.npend == 0 {
+		return
+	}
+	sink.Event(t.pend)
+	t.Events.Add(t.npend)
+	t.npend = 0
 }
 
 // Lost reports events dropped in the kernel because the ring was full;
