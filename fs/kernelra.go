@@ -21,10 +21,13 @@ const KernelReadAhead = maxIO
 // KernelReadAhead, through its backing device's read_ahead_kb in sysfs
 // (root only). It returns the setting the mount had before.
 func SetKernelReadAhead(dir string) (was int, err error) {
-	if was, err = KernelReadAheadOf(dir); err != nil {
+	p, err := bdiReadAheadPath(dir)
+	if err != nil {
 		return 0, err
 	}
-	p, _ := bdiReadAheadPath(dir)
+	if was, err = readAheadAt(p); err != nil {
+		return 0, err
+	}
 	if err := os.WriteFile(p, []byte(strconv.Itoa(KernelReadAhead>>10)), 0); err != nil {
 		return was, fmt.Errorf("fs: setting the kernel's read-ahead of %s: %w", dir, err)
 	}
@@ -37,9 +40,14 @@ func KernelReadAheadOf(dir string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	return readAheadAt(p)
+}
+
+// readAheadAt reads the read-ahead in bytes from sysfs file p.
+func readAheadAt(p string) (int, error) {
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return 0, fmt.Errorf("fs: the kernel's read-ahead of %s: %w", dir, err)
+		return 0, fmt.Errorf("fs: the kernel's read-ahead: %w", err)
 	}
 	kb, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
