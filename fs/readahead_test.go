@@ -222,7 +222,11 @@ func TestKernelReadsAheadOneREADsWorth(t *testing.T) {
 	st := e.fs.Stats()
 	reads := st.Reads - before.Reads
 	require.NotZero(t, reads)
-	// 128 KiB READs would be 64; the kernel's window grows to 1 MiB
-	// from a few small first ones.
-	assert.LessOrEqual(t, reads, uint64(16), "READs for %d MiB (%d bytes)", size>>20, st.ReadBytes-before.ReadBytes)
+	// 128 KiB READs would be 64 or more; the kernel's window grows to
+	// 1 MiB from a few small first ones, and a loaded machine (a CI run
+	// under -race) sometimes splits a window in two, so the bound is
+	// half the 128 KiB count and the mean READ twice 128 KiB.
+	bytesRead := st.ReadBytes - before.ReadBytes
+	assert.LessOrEqual(t, reads, uint64(32), "READs for %d MiB (%d bytes)", size>>20, bytesRead)
+	assert.Greater(t, bytesRead/reads, uint64(256<<10), "mean READ of %d READs", reads)
 }
