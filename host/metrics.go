@@ -14,6 +14,7 @@ import (
 	"github.com/pd3-go/pd3/ec"
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
+	"github.com/pd3-go/pd3/hostview/pagecache"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/loadingzone"
 	"github.com/pd3-go/pd3/memnode"
@@ -159,6 +160,14 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("fs_writes_total", "FUSE WRITE requests served.", func(f *fs.FS) uint64 { return f.Stats().Writes }),
 			counter("fs_written_bytes_total", "Bytes of FUSE WRITEs.", func(f *fs.FS) uint64 { return f.Stats().WrittenBytes }),
 			counter("fs_stale_tails_zeroed_total", "Files whose bytes past their saved size were zeroed because the previous mount crashed (once per file and run).", func(f *fs.FS) uint64 { return f.Stats().StaleTailsZeroed }),
+		))
+	}
+	if tr := h.Tracker; tr != nil {
+		m.R.MustRegister(newCollector(atomics(tr),
+			counter("pagecache_events_total", "Kernel page-cache events of the mount taken from the tracker's ring.", func(t *pagecache.Tracker) uint64 { return t.Events.Load() }),
+			counter("pagecache_lost_total", "Kernel page-cache events dropped because the tracker's ring was full.", func(t *pagecache.Tracker) uint64 { return t.Lost() }),
+			counter("pagecache_mutes_total", "Times a file's page-cache events were muted in the kernel because the mount read it ahead itself.", func(t *pagecache.Tracker) uint64 { return t.Mutes.Load() }),
+			gauge("pagecache_muted_files", "Files whose page-cache events are muted now.", func(t *pagecache.Tracker) float64 { return float64(t.MutedFiles()) }),
 		))
 	}
 	if c := h.control; c != nil {

@@ -82,7 +82,9 @@ func (h *Host) mount(ctx context.Context, cfg Config) error {
 	// A file the mount reads ahead itself (fs: stream read-ahead) is not
 	// the agent's to prefetch: it would fetch every page twice, and copy
 	// it into the Loading Zone for nothing.
-	view := &pagecache.View{KeyOf: f.KeyOf, OnRead: func(first pageid.Key, n int) {
+	// Its page-cache events are muted in the kernel while it is read
+	// ahead (docs/decisions.md, 37).
+	view := &pagecache.View{KeyOf: f.KeyOf, Quiet: f.ReadingAhead, OnRead: func(first pageid.Key, n int) {
 		if !f.ReadingAhead(first) {
 			readAhead(dpu.SourceKernel, first, n, f.EndOf(first))
 		}

@@ -65,6 +65,25 @@ func trackedHost(t *testing.T) (context.Context, *Host, string) {
 	return ctx, h, dir
 }
 
+// zeroFile writes a file of size zero bytes in dir and returns its path
+// and inode number.
+func zeroFile(t *testing.T, dir string, size int) (string, uint64) {
+	t.Helper()
+	p := dir + "/data"
+	require.NoError(t, os.WriteFile(p, make([]byte, size), 0o644))
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(p, &st))
+	return p, st.Ino
+}
+
+// inKernelView reports whether page i of inode ino is in h's kernel Host
+// View.
+func inKernelView(t *testing.T, h *Host, ino uint64, i int) bool {
+	k, ok := h.FS.KeyOf(ino, uint64(i))
+	require.True(t, ok)
+	return h.KernelView.Set.Contains(uint64(k))
+}
+
 // TestTrackerSleepsWhenIdle: with nothing happening on the mount the
 // tracker's reader stays asleep (polling every 2 ms, it woke about 150
 // times in this window), and the first reads after the idle spell still
@@ -103,15 +122,8 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	ctx, h, dir := trackedHost(t)
 
 	const size = 4 << 20
-	p := dir + "/data"
-	require.NoError(t, os.WriteFile(p, make([]byte, size), 0o644))
-	var st syscall.Stat_t
-	require.NoError(t, syscall.Stat(p, &st))
-	inView := func(i int) bool {
-		k, ok := h.FS.KeyOf(st.Ino, uint64(i))
-		require.True(t, ok)
-		return h.KernelView.Set.Contains(uint64(k))
-	}
+	p, ino := zeroFile(t, dir, size)
+	inView := func(i int) bool { return inKernelView(t, h, ino, i) }
 	sync := func() {
 		sctx, c := context.WithTimeout(ctx, 10*time.Second)
 		defer c()
@@ -193,4 +205,53 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 	}
 	stats := h.KernelView.Files()
 	require.NotEmpty(t, stats)
+}
+
+// TestTrackerMutesFilesTheMountReadsAhead: a file read as a stream through
+// the mount, which then reads it ahead itself, is muted in the kernel: its
+// events stop at the tracepoints, and Host View holds none of its pages.
+// Once its stream's windows are gone the file is heard again.
+func TestTrackerMutesFilesTheMountReadsAhead(t *testing.T) {
+	ctx, h, dir := trackedHost(t)
+	const size = 8 << 20
+	p, ino := zeroFile(t, dir, size)
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Sync())
+	sync := func() {
+		sctx, c := context.WithTimeout(ctx, 10*time.Second)
+		defer c()
+		require.NoError(t, h.Tracker.Sync(sctx))
+	}
+	heldPages := func() int {
+		n := 0
+		for i := range size / 4096 {
+			if inKernelView(t, h, ino, i) {
+				n++
+			}
+		}
+		return n
+	}
+
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		_, err := f.ReadAt(buf, off)
+		require.NoError(t, err)
+	}
+	sync()
+	require.NotZero(t, h.Tracker.Mutes.Load(), "the stream muted the file")
+	assert.Zero(t, heldPages(), "Host View holds pages of a muted file")
+	hr, _, _ := h.FS.ReadAheadStats()
+	require.NotZero(t, hr, "the mount read the file ahead")
+
+	// At the end of the file the stream has no windows left: heard again.
+	require.Eventually(t, func() bool { return h.Tracker.MutedFiles() == 0 }, 10*time.Second, time.Millisecond, "the file is unmuted")
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	sync()
+	_, err = f.ReadAt(buf[:4096], 3<<20)
+	require.NoError(t, err)
+	sync()
+	assert.NotZero(t, heldPages(), "a read after the stream reached Host View")
 }

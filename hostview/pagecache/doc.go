@@ -16,6 +16,13 @@
 // The object is built by bpf2go (make generate, needs clang) and the
 // outputs are committed, so building pd3 needs no C toolchain.
 //
+// A sink that is a Muter (View with Quiet set) mutes files: their inode
+// goes into a map the programs look up after the device, and their events
+// stop before the ring while the mount reads them ahead itself (no
+// prefetcher wants their pages; a reader under a memory budget makes two
+// events per page). The view forgets a muted file's pages; the tracker
+// asks every 100 ms whether it wants them again.
+//
 // The programs wake the reader only once a quarter of the 4 MiB ring is
 // waiting; the reader otherwise drains it every 2 ms (a wake-up per page
 // cost a context switch on the read path). get_pages fires once per batch

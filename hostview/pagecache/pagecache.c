@@ -43,6 +43,16 @@ struct {
 	__uint(max_entries, 1 << 22);
 } events SEC(".maps");
 
+// Files whose events nobody wants for now (the host reads them ahead
+// itself), by inode number, set from user space: their events stop here,
+// before the ring (docs/decisions.md, 37).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, __u8);
+} muted SEC(".maps");
+
 // counters[0] counts events dropped because the ring was full,
 // counters[1] events submitted (so user space can wait for all of them).
 struct {
@@ -77,6 +87,13 @@ struct range_ctx { // mm_filemap_get_pages, mm_filemap_fault (no last_index)
 	__u64 last_index;
 };
 
+// wanted reports whether an event of inode ino on device s_dev goes to
+// user space.
+static __always_inline int wanted(__u32 s_dev, __u64 ino)
+{
+	return s_dev == target_dev && !bpf_map_lookup_elem(&muted, &ino);
+}
+
 static __always_inline int emit(__u32 kind, __u64 ino, __u64 first, __u64 last)
 {
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -103,7 +120,7 @@ static __always_inline int emit(__u32 kind, __u64 ino, __u64 first, __u64 last)
 SEC("tracepoint/filemap/mm_filemap_add_to_page_cache")
 int page_added(struct page_ctx *ctx)
 {
-	if (ctx->s_dev != target_dev)
+	if (!wanted(ctx->s_dev, ctx->i_ino))
 		return 0;
 	return emit(KIND_ADD, ctx->i_ino, ctx->index, ctx->index + (1ULL << (ctx->order & 31)) - 1);
 }
@@ -111,7 +128,7 @@ int page_added(struct page_ctx *ctx)
 SEC("tracepoint/filemap/mm_filemap_delete_from_page_cache")
 int page_deleted(struct page_ctx *ctx)
 {
-	if (ctx->s_dev != target_dev)
+	if (!wanted(ctx->s_dev, ctx->i_ino))
 		return 0;
 	return emit(KIND_DELETE, ctx->i_ino, ctx->index, ctx->index + (1ULL << (ctx->order & 31)) - 1);
 }
@@ -119,7 +136,7 @@ int page_deleted(struct page_ctx *ctx)
 SEC("tracepoint/filemap/mm_filemap_get_pages")
 int pages_read(struct range_ctx *ctx)
 {
-	if (ctx->s_dev != target_dev)
+	if (!wanted(ctx->s_dev, ctx->i_ino))
 		return 0;
 	return emit(KIND_ACCESS, ctx->i_ino, ctx->index, ctx->last_index);
 }
@@ -127,7 +144,7 @@ int pages_read(struct range_ctx *ctx)
 SEC("tracepoint/filemap/mm_filemap_fault")
 int page_fault(struct range_ctx *ctx)
 {
-	if (ctx->s_dev != target_dev)
+	if (!wanted(ctx->s_dev, ctx->i_ino))
 		return 0;
 	return emit(KIND_ACCESS, ctx->i_ino, ctx->index, ctx->index);
 }

@@ -28,6 +28,7 @@ type pagecacheEvent struct {
 const (
 	pagecacheMapCounters     = "counters"
 	pagecacheMapEvents       = "events"
+	pagecacheMapMuted        = "muted"
 	pagecacheProgPageAdded   = "page_added"
 	pagecacheProgPageDeleted = "page_deleted"
 	pagecacheProgPageFault   = "page_fault"
@@ -90,6 +91,7 @@ type pagecacheProgramSpecs struct {
 type pagecacheMapSpecs struct {
 	Counters *ebpf.MapSpec `ebpf:"counters"`
 	Events   *ebpf.MapSpec `ebpf:"events"`
+	Muted    *ebpf.MapSpec `ebpf:"muted"`
 }
 
 // pagecacheVariableSpecs contains global variables before they are loaded into the kernel.
@@ -122,12 +124,14 @@ func (o *pagecacheObjects) Close() error {
 type pagecacheMaps struct {
 	Counters *ebpf.Map `ebpf:"counters"`
 	Events   *ebpf.Map `ebpf:"events"`
+	Muted    *ebpf.Map `ebpf:"muted"`
 }
 
 func (m *pagecacheMaps) Close() error {
 	return _PagecacheClose(
 		m.Counters,
 		m.Events,
+		m.Muted,
 	)
 }
 

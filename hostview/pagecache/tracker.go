@@ -39,6 +39,20 @@ type Sink interface {
 	Event(Event)
 }
 
+// A Muter is a Sink that wants no events of some files for a while: the
+// files a host reads ahead itself, whose pages no prefetcher will fetch
+// (docs/decisions.md, 37).
+type Muter interface {
+	Sink
+	// Mute reports whether the events of inode ino are of no use now.
+	// The tracker asks once per run of events it delivers; on yes the
+	// kernel stops sending the file's events, and the tracker asks again
+	// every muteCheck until the answer is no. The events in between are
+	// lost: a sink that says yes must forget what it knew of the file's
+	// pages.
+	Mute(ino uint64) bool
+}
+
 // ErrUnavailable means the tracker cannot run here (not root, no
 // tracefs, a kernel without the tracepoints or with another layout).
 var ErrUnavailable = errors.New("page-cache tracker unavailable")
@@ -58,11 +72,24 @@ type Tracker struct {
 	// idleInterval): what an idle mount costs.
 	Wakeups atomic.Uint64
 
-	// pend is a run of events not yet given to the sink, npend of them
-	// (the reader's goroutine only).
-	pend  Event
-	npend uint64
+	// Mutes counts files muted (see Muter).
+	Mutes atomic.Uint64
+	// nmuted is len(muted), for other goroutines.
+	nmuted atomic.Int64
+
+	// The reader's goroutine only: pend is a run of events not yet given
+	// to the sink, npend of them; muted the files muted in the kernel,
+	// asked about again after checked+muteCheck.
+	pend    Event
+	npend   uint64
+	muter   Muter
+	muted   map[uint64]struct{}
+	checked time.Time
 }
+
+// muteCheck is how often a muted file's sink is asked whether it wants
+// the file's events again.
+const muteCheck = 100 * time.Millisecond
 
 // tracefs is where classic tracepoints are described.
 const tracefs = "/sys/kernel/tracing"
@@ -146,7 +173,8 @@ func Start(dev uint32, sink Sink) (*Tracker, error) {
 	if err := spec.Variables["target_dev"].Set(dev); err != nil {
 		return nil, fmt.Errorf("pagecache: %w", err)
 	}
-	t := &Tracker{done: make(chan struct{})}
+	t := &Tracker{done: make(chan struct{}), muted: make(map[uint64]struct{})}
+	t.muter, _ = sink.(Muter)
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		return nil, fmt.Errorf("%w: loading: %v", ErrUnavailable, err)
 	}
@@ -192,11 +220,16 @@ func (t *Tracker) read(sink Sink) {
 		if err != nil {
 			return // closed
 		}
+		t.recheck()
 		if n > 0 {
 			time.Sleep(pollInterval)
 			continue
 		}
-		t.rd.SetDeadline(time.Now().Add(idleInterval))
+		wait := idleInterval
+		if len(t.muted) > 0 {
+			wait = muteCheck
+		}
+		t.rd.SetDeadline(time.Now().Add(wait))
 		err = t.rd.ReadInto(&rec)
 		t.Wakeups.Add(1)
 		switch {
@@ -255,15 +288,65 @@ func (t *Tracker) deliver(rec *ringbuf.Record, sink Sink) {
 	t.pend, t.npend = e, 1
 }
 
-// flush gives the held run to the sink.
+// flush gives the held run to the sink, unless its file is muted.
 func (t *Tracker) flush(sink Sink) {
 	if t.npend == 0 {
 		return
 	}
-	sink.Event(t.pend)
+	if !t.mute(t.pend.Ino) {
+		sink.Event(t.pend)
+	}
 	t.Events.Add(t.npend)
 	t.npend = 0
 }
+
+// mute reports whether inode ino's events are muted, muting them in the
+// kernel if the sink wants none now. Events of a file muted a moment ago
+// may still be in the ring: they are dropped here.
+func (t *Tracker) mute(ino uint64) bool {
+	if t.muter == nil {
+		return false
+	}
+	if _, ok := t.muted[ino]; ok {
+		return true
+	}
+	if !t.muter.Mute(ino) {
+		return false
+	}
+	if t.objs.Muted != nil {
+		// A full map (more files read ahead at once than it holds)
+		// leaves the file's events flowing; the sink drops them.
+		if err := t.objs.Muted.Put(ino, uint8(1)); err != nil {
+			return true
+		}
+	}
+	t.muted[ino] = struct{}{}
+	t.nmuted.Store(int64(len(t.muted)))
+	t.Mutes.Add(1)
+	return true
+}
+
+// recheck asks the sink, every muteCheck, about each muted file, and
+// lets the events of those it wants again flow.
+func (t *Tracker) recheck() {
+	if len(t.muted) == 0 || time.Since(t.checked) < muteCheck {
+		return
+	}
+	t.checked = time.Now()
+	for ino := range t.muted {
+		if t.muter.Mute(ino) {
+			continue
+		}
+		if t.objs.Muted != nil {
+			t.objs.Muted.Delete(ino)
+		}
+		delete(t.muted, ino)
+	}
+	t.nmuted.Store(int64(len(t.muted)))
+}
+
+// MutedFiles returns how many files' events are muted now.
+func (t *Tracker) MutedFiles() int { return int(t.nmuted.Load()) }
 
 // Lost reports events dropped in the kernel because the ring was full;
 // after a loss Host View may miss pages (a redundant prefetch) or keep

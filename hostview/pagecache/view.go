@@ -21,6 +21,11 @@ type View struct {
 	KeyOf func(ino, index uint64) (pageid.Key, bool)
 	// OnRead, if set, hears every read the kernel saw (hit or miss).
 	OnRead func(first pageid.Key, pages int)
+	// Quiet, if set, reports whether the file whose first page is first
+	// needs no Host View for now (its mount reads it ahead itself): the
+	// view then mutes its events (Mute) and forgets its pages, so that
+	// Host View never claims a page the kernel may have dropped since.
+	Quiet func(first pageid.Key) bool
 
 	mu    sync.Mutex
 	files map[uint64]*FileStats
@@ -37,6 +42,10 @@ type FileStats struct {
 	Accessed, Added uint64
 
 	lastFirst, lastLast uint64 // the last read range, to drop repeats
+	// lo and hi bound the pages added since the view last forgot the
+	// file (none if lo > hi); muted while Mute says so.
+	lo, hi uint64
+	muted  bool
 }
 
 // Hits estimates cache hits as accesses not matched by an insertion, as
@@ -62,15 +71,16 @@ func (v *View) Event(e Event) {
 	if v.files == nil {
 		v.files = make(map[uint64]*FileStats)
 	}
-	fs := v.files[e.Ino]
-	if fs == nil {
-		fs = &FileStats{Ino: e.Ino}
-		v.files[e.Ino] = fs
-	}
+	fs := v.file(e.Ino)
 	switch e.Kind {
 	case Added:
 		fs.Resident += int64(n)
 		fs.Added += n
+		if fs.lo > fs.hi {
+			fs.lo, fs.hi = e.First, e.Last
+		} else {
+			fs.lo, fs.hi = min(fs.lo, e.First), max(fs.hi, e.Last)
+		}
 	case Deleted:
 		fs.Resident = max(0, fs.Resident-int64(n))
 	case Accessed:
@@ -106,6 +116,59 @@ func (v *View) Event(e Event) {
 	if e.Kind == Accessed && v.OnRead != nil {
 		v.OnRead(first, int(n))
 	}
+}
+
+// file returns inode ino's counters (v.mu held).
+func (v *View) file(ino uint64) *FileStats {
+	if v.files == nil {
+		v.files = make(map[uint64]*FileStats)
+	}
+	fs := v.files[ino]
+	if fs == nil {
+		fs = &FileStats{Ino: ino, lo: 1}
+		v.files[ino] = fs
+	}
+	return fs
+}
+
+// Mute implements Muter: a file is muted while Quiet says so. On muting,
+// the pages of the file the view holds leave it (and OnRange hears them
+// dropped): the kernel's deletes will not be heard. Its counters stop
+// meanwhile, and its Resident count restarts from zero.
+func (v *View) Mute(ino uint64) bool {
+	if v.Quiet == nil {
+		return false
+	}
+	first, ok := v.KeyOf(ino, 0)
+	quiet := ok && v.Quiet(first)
+	v.mu.Lock()
+	fs := v.file(ino)
+	was := fs.muted
+	fs.muted = quiet
+	lo, hi := fs.lo, fs.hi
+	if quiet && !was {
+		fs.lo, fs.hi, fs.Resident = 1, 0, 0
+	}
+	v.mu.Unlock()
+	if !quiet || was || lo > hi {
+		return quiet
+	}
+	for at := lo; at <= hi; at += maxRange {
+		n := min(hi-at+1, maxRange)
+		k, ok := v.KeyOf(ino, at)
+		if !ok {
+			break
+		}
+		if v.OnRange != nil {
+			v.OnRange(false, k, int(n))
+		}
+		if v.Set != nil {
+			for i := uint64(0); i < n; i++ {
+				v.Set.Delete(uint64(pageid.MakeKey(k.Volume(), k.Page()+i)))
+			}
+		}
+	}
+	return true
 }
 
 // Files returns the counters of every file seen, by inode number.

@@ -165,7 +165,7 @@ func Suites() []Suite {
 			About: "A sqlite table of 300 000 rows of 1 KiB and a tree of 20 000 files of 1–16 KiB, written with no budget; then read by processes held to 96 MiB. " +
 				"`bindfs` is bindfs over tmpfs under the same budget (the ceiling of a FUSE filesystem); `pd3-mount` the pd3 mount (64 MiB host cache, memory node in its own process), `pd3-mount-noagent` the same with `--dpu none`, `pd3-mount-cached` the mount with a host cache larger than the data (every read after the load a hit: the ceiling of pd3's own serving, without the memory node). " +
 				"The pd3 mount sets the kernel's read-ahead of its device to 1 MiB (docs/decisions.md, 34); bindfs keeps the kernel's 128 KiB (at 1 MiB its scan took 430–500 ms against 552–698 ms, decision 34). " +
-				"With the agent, the kernel page-cache tracker's events cost a scan under the budget about a quarter (docs/decisions.md, 36).",
+				"With the agent, the kernel page-cache tracker follows the page cache for Host View, but not of a file while the mount reads it ahead (docs/decisions.md, 36 and 37).",
 			Goals: []Goal{
 				{Ratio: "pd3-mount/bindfs@sqlite-point@96MiB", Min: 0.9, What: "sqlite point lookups: 0.9× bindfs"},
 				{Ratio: "pd3-mount/bindfs@sqlite-scan@96MiB", Min: 0.8, What: "sqlite scan: 0.8× bindfs"},
