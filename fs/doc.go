@@ -34,7 +34,9 @@
 // A file read as a stream (READs of 256 KiB or more through one handle,
 // each where the last ended) is read ahead by the mount into buffers of
 // its own, which answer the next READs (readahead.go); the agent then
-// leaves that file alone.
+// leaves that file alone. So is a scan of smaller READs that each begin
+// a little past where the last ended (a file the kernel caches in part
+// sends those), read ahead by the page store into its windows.
 //
 // Directories are opened by the kernel itself (OPENDIR answers ENOSYS),
 // which keeps their listings until it changes them; a listing's offsets

@@ -117,25 +117,31 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 		}
 		vol = n.f.volOf(c) // it got a volume since
 	}
+	h, _ := fh.(*handle)
+	scan := h != nil && len(dest) < streamRead && h.stream.scanning(uint64(off), len(dest))
 	// No read-ahead hint for a stream's read: ReadStream reads its runs
 	// from the node itself, and pages the agent prefetched for the next
 	// ones cost a copy into the Loading Zone and one out of it
 	// (docs/decisions.md, 18).
-	if n.f.cfg.OnRead != nil && len(dest) < streamRead {
+	if n.f.cfg.OnRead != nil && len(dest) < streamRead && !scan {
 		first := uint64(off) / pageid.Size
 		last := (uint64(off) + uint64(len(dest)) - 1) / pageid.Size
 		n.f.cfg.OnRead(pageid.MakeKey(vol, first), int(last-first+1), (size+pageid.Size-1)/pageid.Size)
 	}
 	var err error
-	if len(dest) >= streamRead {
-		if h, ok := fh.(*handle); ok {
+	switch {
+	case scan:
+		scanAhead(n.f.cfg.Store, vol, (uint64(off)+uint64(len(dest))-1)/pageid.Size, (size+pageid.Size-1)/pageid.Size)
+		err = n.f.cfg.Store.ReadStream(ctx, vol, uint64(off), dest)
+	case len(dest) >= streamRead:
+		if h != nil {
 			if res, ok := n.f.ra.take(ctx, c, &h.stream, vol, uint64(off), len(dest), size); ok {
 				c.io.RUnlock()
 				return res, 0
 			}
 		}
 		err = n.f.cfg.Store.ReadStream(ctx, vol, uint64(off), dest)
-	} else {
+	default:
 		err = n.f.cfg.Store.ReadRange(ctx, vol, uint64(off), dest)
 	}
 	c.io.RUnlock()

@@ -6,6 +6,9 @@ import (
 	"sync/atomic"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/pd3-go/pd3/pageid"
+	"github.com/pd3-go/pd3/pagestore"
 )
 
 // Read-ahead of a file read as a stream (FUSE reads of streamRead or
@@ -40,15 +43,68 @@ func depth(n int) uint64 { return uint64(max(raDepth, raBytes/max(n, 1))) }
 // stream is a file's read-ahead state, guarded by mu.
 type stream struct {
 	mu   sync.Mutex
-	next uint64    // where the last stream read ended
+	next uint64    // where the last read ended
 	wins []*window // read or being read ahead, in offset order
+	// scan counts the READs of less than streamRead in a row that began
+	// at most scanGap past the end of the one before, scanBytes their
+	// bytes (see scanning).
+	scan      int
+	scanBytes int
 }
 
-// active reports whether s has windows read or being read.
+// active reports whether s has windows read or being read, or is a scan
+// of small READs (read ahead by the page store).
 func (s *stream) active() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.wins) > 0
+	return len(s.wins) > 0 || s.scanned()
+}
+
+// scanned reports whether s's last READs were a scan (s.mu held).
+func (s *stream) scanned() bool { return s.scan >= scanRun && s.scanBytes >= streamRead }
+
+// A sequential reader of a file part of whose pages the kernel still
+// caches (a scan after random reads under a memory budget) sends READs
+// of what lies between those pages: smaller than streamRead, each
+// beginning a few pages past where the last one ended. Such a scan is
+// read ahead too, into the page store's windows (pagestore.ReadAhead,
+// which serve any part of themselves to ReadStream) scanDepth blocks of
+// scanBlock pages ahead, once scanRun READs in a row continued it with
+// streamRead bytes in all (a database's lookups read a few pages near
+// each other, a page or two at a time; docs/decisions.md, 38).
+const (
+	scanRun   = 3
+	scanGap   = 256 << 10
+	scanBlock = pagestore.MaxWindowPages
+	scanDepth = 2
+)
+
+// scanning records a READ of n bytes at off (less than streamRead) in s
+// and reports whether it continues a scan.
+func (s *stream) scanning(off uint64, n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if off >= s.next && off-s.next <= scanGap {
+		s.scan++
+		s.scanBytes += n
+	} else {
+		s.scan, s.scanBytes = 1, n
+	}
+	s.next = off + uint64(n)
+	return s.scanned()
+}
+
+// scanAhead has store read the scanDepth blocks of scanBlock pages that
+// follow the one holding page end of volume vol (pages in all) ahead;
+// blocks already read ahead are left alone.
+func scanAhead(store *pagestore.Store, vol uint16, end, pages uint64) {
+	for b := end/scanBlock + 1; b <= end/scanBlock+scanDepth; b++ {
+		first := b * scanBlock
+		if first >= pages {
+			return
+		}
+		store.ReadAhead(pageid.MakeKey(vol, first), int(min(scanBlock, pages-first)))
+	}
 }
 
 // streamSet is a file's streams: one per open handle, so that a change
@@ -137,6 +193,7 @@ func newReadAhead(ctx context.Context, read func(ctx context.Context, vol uint16
 // no window held it; read it yourself. c.io must be read-locked.
 func (ra *readAhead) take(ctx context.Context, c *inode, s *stream, vol uint16, off uint64, n int, size uint64) (res fuse.ReadResult, ok bool) {
 	s.mu.Lock()
+	s.scan, s.scanBytes = 0, 0
 	var w *window
 	seq := off == s.next
 	for i, x := range s.wins {

@@ -193,6 +193,31 @@ func TestStreamReadAheadIsNeverStale(t *testing.T) {
 	}
 }
 
+// uncachedFile writes size random bytes to file f of e's mount and opens
+// it, none of its pages in the kernel's cache.
+func uncachedFile(t *testing.T, e *env, size int) ([]byte, *os.File) {
+	t.Helper()
+	want := randomBytes(size)
+	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
+	f, err := os.Open(e.path("f"))
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	require.NoError(t, f.Sync())
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	return want, f
+}
+
+// readBy4K reads f's size bytes 4 KiB at a time, from start to end.
+func readBy4K(t *testing.T, f *os.File, size int) []byte {
+	t.Helper()
+	got := make([]byte, size)
+	for off := 0; off < size; off += 4096 {
+		_, err := f.ReadAt(got[off:off+4096], int64(off))
+		require.NoError(t, err)
+	}
+	return got
+}
+
 // TestKernelReadsAheadOneREADsWorth: a buffered reader of a file no longer
 // in the page cache, reading 4 KiB at a time from start to end, is sent
 // READs of up to 1 MiB (the mount's max_read) by the kernel's read-ahead,
@@ -204,21 +229,10 @@ func TestKernelReadsAheadOneREADsWorth(t *testing.T) {
 	assert.Equal(t, fs.KernelReadAhead, ra)
 
 	const size = 8 << 20
-	want := randomBytes(size)
-	require.NoError(t, os.WriteFile(e.path("f"), want, 0o644))
-	f, err := os.Open(e.path("f"))
-	require.NoError(t, err)
-	defer f.Close()
-	require.NoError(t, f.Sync())
-	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	want, f := uncachedFile(t, e, size)
 
 	before := e.fs.Stats()
-	got := make([]byte, size)
-	for off := 0; off < size; off += 4096 {
-		_, err := f.ReadAt(got[off:off+4096], int64(off))
-		require.NoError(t, err)
-	}
-	require.True(t, bytes.Equal(want, got))
+	require.True(t, bytes.Equal(want, readBy4K(t, f, size)))
 	st := e.fs.Stats()
 	reads := st.Reads - before.Reads
 	require.NotZero(t, reads)
@@ -229,4 +243,33 @@ func TestKernelReadsAheadOneREADsWorth(t *testing.T) {
 	bytesRead := st.ReadBytes - before.ReadBytes
 	assert.LessOrEqual(t, reads, uint64(32), "READs for %d MiB (%d bytes)", size>>20, bytesRead)
 	assert.Greater(t, bytesRead/reads, uint64(256<<10), "mean READ of %d READs", reads)
+}
+
+// TestScanThroughCachedPagesIsReadAhead: a sequential reader of a file
+// part of whose pages the kernel still caches (16 KiB of every 64 KiB)
+// is sent READs of the 48 KiB between them; from the third in a row the
+// page store reads the blocks ahead of them from the node, and the READs
+// take their pages from its windows. The reader gets the file's bytes.
+func TestScanThroughCachedPagesIsReadAhead(t *testing.T) {
+	e := mount(t, startNode(t, 0), "", 1<<20) // a cache of 1 MiB: the file is at the node
+	const size = 8 << 20
+	want, f := uncachedFile(t, e, size)
+	// Another handle, without the kernel's read-ahead, caches 16 KiB of
+	// every 64 KiB.
+	r, err := os.Open(e.path("f"))
+	require.NoError(t, err)
+	require.NoError(t, unix.Fadvise(int(r.Fd()), 0, 0, unix.FADV_RANDOM))
+	for off := 0; off < size; off += 64 << 10 {
+		_, err := r.ReadAt(make([]byte, 16<<10), int64(off))
+		require.NoError(t, err)
+	}
+	require.NoError(t, r.Close())
+
+	before, sbefore := e.fs.Stats(), e.st.Stats()
+	require.True(t, bytes.Equal(want, readBy4K(t, f, size)))
+	st, sst := e.fs.Stats(), e.st.Stats()
+	reads, hits := st.Reads-before.Reads, sst.ReadAheadHits-sbefore.ReadAheadHits
+	t.Logf("%d READs of %d bytes; %d pages from read-ahead windows", reads, st.ReadBytes-before.ReadBytes, hits)
+	require.Greater(t, reads, uint64(64), "the kernel's cached pages broke the scan into small READs")
+	assert.Greater(t, hits, uint64(size/4096/2), "the READs took their pages from the store's windows")
 }

@@ -97,7 +97,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("cache_writebacks_total", "Dirty pages written back to the memory node.", func(s stats) uint64 { return s.WriteBacks }),
 		counter("cache_loadingzone_hits_total", "Misses served from the Loading Zone.", func(s stats) uint64 { return s.PrefetchHits }),
 		counter("cache_remote_reads_total", "Misses read from the memory node by the host.", func(s stats) uint64 { return s.RemoteReads }),
-		counter("cache_readahead_pages_total", "Pages read ahead into the host's windows for stream reads to come (NBD reads the agent predicts).", func(s stats) uint64 { return s.ReadAheadPages }),
+		counter("cache_readahead_pages_total", "Pages read ahead into the host's windows for stream reads to come (NBD reads the agent predicts, scans through the mount of files the kernel caches in part).", func(s stats) uint64 { return s.ReadAheadPages }),
 		counter("cache_readahead_hits_total", "Pages stream reads took from read-ahead windows.", func(s stats) uint64 { return s.ReadAheadHits }),
 		counter("cache_readahead_dropped_total", "Pages read ahead and dropped unread (the window replaced, or written to).", func(s stats) uint64 { return s.ReadAheadDropped }),
 		counter("cache_async_loads_total", "Pages read from the remote without blocking (NBD reads of up to 16 pages run by the connection reader).", func(s stats) uint64 { return s.AsyncLoads }),
