@@ -209,11 +209,12 @@ func TestTrackerFollowsKernelPageCache(t *testing.T) {
 
 // TestTrackerMutesFilesTheMountReadsAhead: a file read as a stream through
 // the mount, which then reads it ahead itself, is muted in the kernel: its
-// events stop at the tracepoints, and Host View holds none of its pages.
-// Once its stream's windows are gone the file is heard again.
+// events stop at the tracepoints, and Host View holds none of its pages
+// while the stream's windows are held. Once they are gone (the reader
+// closed the file) the file is heard again.
 func TestTrackerMutesFilesTheMountReadsAhead(t *testing.T) {
 	ctx, h, dir := trackedHost(t)
-	const size = 8 << 20
+	const size = 16 << 20
 	p, ino := zeroFile(t, dir, size)
 	f, err := os.Open(p)
 	require.NoError(t, err)
@@ -236,21 +237,28 @@ func TestTrackerMutesFilesTheMountReadsAhead(t *testing.T) {
 
 	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
 	buf := make([]byte, 1<<20)
-	for off := int64(0); off < size; off += int64(len(buf)) {
+	// A quarter of the file: the windows after it stay held (the reader
+	// has not closed it or sought elsewhere), so the file stays muted.
+	for off := int64(0); off < size/4; off += int64(len(buf)) {
 		_, err := f.ReadAt(buf, off)
 		require.NoError(t, err)
 	}
 	sync()
 	require.NotZero(t, h.Tracker.Mutes.Load(), "the stream muted the file")
+	require.Equal(t, 1, h.Tracker.MutedFiles())
 	assert.Zero(t, heldPages(), "Host View holds pages of a muted file")
 	hr, _, _ := h.FS.ReadAheadStats()
 	require.NotZero(t, hr, "the mount read the file ahead")
 
-	// At the end of the file the stream has no windows left: heard again.
+	// The reader closes the file: its windows go, and it is heard again.
+	require.NoError(t, f.Close())
 	require.Eventually(t, func() bool { return h.Tracker.MutedFiles() == 0 }, 10*time.Second, time.Millisecond, "the file is unmuted")
-	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	g, err := os.Open(p)
+	require.NoError(t, err)
+	defer g.Close()
+	require.NoError(t, unix.Fadvise(int(g.Fd()), 0, 0, unix.FADV_DONTNEED))
 	sync()
-	_, err = f.ReadAt(buf[:4096], 3<<20)
+	_, err = g.ReadAt(buf[:4096], 12<<20)
 	require.NoError(t, err)
 	sync()
 	assert.NotZero(t, heldPages(), "a read after the stream reached Host View")
