@@ -271,5 +271,7 @@ func TestScanThroughCachedPagesIsReadAhead(t *testing.T) {
 	reads, hits := st.Reads-before.Reads, sst.ReadAheadHits-sbefore.ReadAheadHits
 	t.Logf("%d READs of %d bytes; %d pages from read-ahead windows", reads, st.ReadBytes-before.ReadBytes, hits)
 	require.Greater(t, reads, uint64(64), "the kernel's cached pages broke the scan into small READs")
-	assert.Greater(t, hits, uint64(size/4096/2), "the READs took their pages from the store's windows")
+	// 1 052–1 292 of the 1 536 pages read came from windows in runs on
+	// a loaded machine; none without the scan's read-ahead.
+	assert.Greater(t, hits, uint64(size/4096/4), "the READs took their pages from the store's windows")
 }
