@@ -109,9 +109,7 @@ func (v *View) Event(e Event) {
 			v.Set.Add(uint64(pageid.MakeKey(vol, base+i)))
 		}
 	case e.Kind == Deleted:
-		for i := uint64(0); i < n; i++ {
-			v.Set.Delete(uint64(pageid.MakeKey(vol, base+i)))
-		}
+		v.forget(first, n)
 	}
 	if e.Kind == Accessed && v.OnRead != nil {
 		v.OnRead(first, int(n))
@@ -163,12 +161,18 @@ func (v *View) Mute(ino uint64) bool {
 			v.OnRange(false, k, int(n))
 		}
 		if v.Set != nil {
-			for i := uint64(0); i < n; i++ {
-				v.Set.Delete(uint64(pageid.MakeKey(k.Volume(), k.Page()+i)))
-			}
+			v.forget(k, n)
 		}
 	}
 	return true
+}
+
+// forget takes the n pages from first out of v.Set.
+func (v *View) forget(first pageid.Key, n uint64) {
+	vol, base := first.Volume(), first.Page()
+	for i := uint64(0); i < n; i++ {
+		v.Set.Delete(uint64(pageid.MakeKey(vol, base+i)))
+	}
 }
 
 // Files returns the counters of every file seen, by inode number.
