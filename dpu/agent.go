@@ -152,12 +152,26 @@ func (s *stream) Observe(b []byte) {
 	}
 	if parsed := len(out); parsed > 0 {
 		if acc := s.predict(out); len(acc) > 0 {
-			s.a.push(acc, true, parsed)
+			s.a.push(acc, prefetches(acc), parsed)
 		} else {
 			s.a.Parsed.Add(uint64(parsed)) // nothing to prefetch: counted all the same
 		}
 	}
 	s.buf = out[:0]
+}
+
+// prefetches reports whether acc holds a read for the prefetcher. Writes
+// and deletions alone only change Host View for the next prefetch
+// decision, which comes with a read that wakes the prefetcher anyway (and
+// is processed after them), so they wait for it, as eviction notices do,
+// rather than cost a thread wake-up per write (docs/decisions.md, 40).
+func prefetches(acc []parse.Access) bool {
+	for _, a := range acc {
+		if a.Kind == parse.Read {
+			return true
+		}
+	}
+	return false
 }
 
 // predict returns acc with, after each run of consecutive page reads in

@@ -99,8 +99,11 @@ func TestFlushKeepsPagesInHostView(t *testing.T) {
 		require.NoError(t, c.Put(ctx, pageid.MakeKey(1, i), p))
 	}
 	// Let the agent apply the PUTs (Host View adds) before the flush, so a
-	// write-back that dropped keys would drop these.
-	require.Eventually(t, func() bool { return h.Agent.Parsed.Load() >= pages }, 5*time.Second, time.Millisecond)
+	// write-back that dropped keys would drop these. Writes alone do not
+	// wake the prefetcher; a read does, and it finds them applied first:
+	// the page it reads was written, so it is not prefetched.
+	require.NoError(t, c.Get(ctx, pageid.MakeKey(1, 0), p))
+	require.Eventually(t, func() bool { return h.Agent.Parsed.Load() >= pages+1 }, 5*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool { return h.HostView.Contains(uint64(pageid.MakeKey(1, pages-1))) }, 5*time.Second, time.Millisecond)
 	require.NoError(t, c.Sync(ctx))
 	require.EqualValues(t, pages, h.Store.Stats().WriteBacks, "SYNC wrote every page back")
