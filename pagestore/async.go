@@ -68,8 +68,7 @@ func (s *Store) GetAsync(k pageid.Key, dst []byte, done func(error)) (finished b
 	}
 	s.misses.Add(1)
 	page := s.page(f)
-	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, page) == pageid.Size {
-		s.lzHits.Add(1)
+	if s.prefetched(k, page) {
 		s.async.Add(-1)
 		s.loaded(k, f, dst)
 		return true, nil

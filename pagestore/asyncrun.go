@@ -118,12 +118,11 @@ func (s *Store) getPagesAsync(first pageid.Key, dst []byte, done func(error)) (b
 		l.frames[i] = f
 	}
 	counted()
-	if lz := s.opt.Prefetched; lz != nil {
+	if s.mayBePrefetched() {
 		for i := range n {
-			if !missing[i] || lz.CheckAndReturn(key(i), s.page(l.frames[i])) != pageid.Size {
+			if !missing[i] || !s.prefetched(key(i), s.page(l.frames[i])) {
 				continue
 			}
-			s.lzHits.Add(1)
 			s.async.Add(-1)
 			s.loaded(key(i), l.frames[i], dst[i*pageid.Size:(i+1)*pageid.Size])
 			missing[i] = false

@@ -32,8 +32,9 @@
 // and the rest read from the Remote straight into the caller's buffer.
 // ReadAhead reads a predicted stream's next pages the same way into
 // windows of the store's own, which the stream reads that follow copy
-// from; any write, zeroing or removal of a page drops the windows that
-// hold it (docs/decisions.md, 33).
+// from, and so does a miss of any smaller read, once the window has been
+// read (docs/decisions.md, 41); any write, zeroing or removal of a page
+// drops the windows that hold it (docs/decisions.md, 33).
 //
 // # Writes and durability
 //

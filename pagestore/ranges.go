@@ -261,12 +261,9 @@ func (s *Store) loadRun(ctx context.Context, pr PagesReader, first pageid.Key, m
 		return nil
 	}
 	var fromLZ [maxRun]bool
-	if lz := s.opt.Prefetched; lz != nil {
+	if s.mayBePrefetched() {
 		for i, f := range frames[:got] {
-			if lz.CheckAndReturn(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f)) == pageid.Size {
-				fromLZ[i] = true
-				s.lzHits.Add(1)
-			}
+			fromLZ[i] = s.prefetched(pageid.MakeKey(first.Volume(), first.Page()+uint64(i)), s.page(f))
 		}
 	}
 	buf := s.runBufs.Get().(*[maxRun * pageid.Size]byte)

@@ -12,7 +12,8 @@ import (
 // Stream read-ahead (docs/decisions.md, 33): a predictor that expects a
 // stream's next pages has them read from the remote into windows of the
 // store's own, each one request straight into its buffer, and the stream
-// read (ReadStream) that comes for them copies them out. The Loading Zone
+// read (ReadStream) that comes for them copies them out, as does a cache
+// miss of a smaller read once the window is read (prefetched). The Loading Zone
 // would take the same pages through a copy in, an index of its own and a
 // copy out; a window costs the one copy out.
 //
@@ -212,6 +213,51 @@ func (s *Store) fromWindow(ctx context.Context, vol uint16, first uint64, p []by
 		ra.mu.Unlock()
 	}
 	return int(n), next
+}
+
+// mayBePrefetched reports whether a miss may find its page prefetched:
+// in the Loading Zone or in a read-ahead window.
+func (s *Store) mayBePrefetched() bool { return s.opt.Prefetched != nil || s.ra.live.Load() > 0 }
+
+// prefetched copies page k into dst if it was fetched ahead of need (the
+// Loading Zone, or a read-ahead window already read) and reports whether
+// it was: a miss of the cache that needs no round trip. A window's pages
+// are taken by small reads too (docs/decisions.md, 41): a scan through a
+// file of which the client caches some pages reads the rest in pieces,
+// some too small for a stream read, and those would otherwise fetch pages
+// again that a window holds.
+func (s *Store) prefetched(k pageid.Key, dst []byte) bool {
+	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, dst) == pageid.Size {
+		s.lzHits.Add(1)
+		return true
+	}
+	ra := &s.ra
+	if ra.live.Load() == 0 {
+		return false
+	}
+	vol, page := k.Volume(), k.Page()
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	for i, w := range ra.wins {
+		if w.vol != vol || page < w.first || page >= w.first+w.n {
+			continue
+		}
+		select {
+		case <-w.done:
+		default:
+			return false // on its way: never wait on a miss's path
+		}
+		if w.err != nil || w.stale.Load() {
+			return false
+		}
+		copy(dst[:pageid.Size], w.buf[(page-w.first)*pageid.Size:])
+		ra.hits.Add(1)
+		if w.taken.Add(1) >= w.n {
+			ra.removeLocked(i)
+		}
+		return true
+	}
+	return false
 }
 
 // readWindowed is ReadStream with windows: the pages windows hold are

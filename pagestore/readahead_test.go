@@ -162,3 +162,51 @@ func TestReadAheadRacesWrites(t *testing.T) {
 	wg.Wait()
 	t.Logf("read ahead %d pages, %d taken, %d dropped", s.Stats().ReadAheadPages, s.Stats().ReadAheadHits, s.Stats().ReadAheadDropped)
 }
+
+// TestSmallReadsTakeWindowPages: a miss of a page a window holds — a
+// read too small for a stream read, by Get, GetAsync or a run of them,
+// or one through ReadRange — copies it from the window, with no read of
+// the remote, and the window is freed once every page is taken; a write
+// to a page drops the window, so no later miss finds the old copy.
+func TestSmallReadsTakeWindowPages(t *testing.T) {
+	ctx := context.Background()
+	rem := newAsyncRemote(0) // GetAsync of a run would block on a remote that cannot read asynchronously
+	for p := range uint64(256) {
+		k := pageid.MakeKey(1, p)
+		require.NoError(t, rem.WritePages(ctx, []pageid.Key{k}, [][]byte{fill(k, 1)}))
+	}
+	s := newTestStore(t, rem, 16, "s3fifo", 256)
+	t.Cleanup(s.StopReadAhead)
+	require.True(t, s.ReadAhead(pageid.MakeKey(1, 64), 8))
+	s.ra.fill.Wait()
+	reads := s.Stats().RemoteReads
+	buf := make([]byte, 4*pageid.Size)
+	require.NoError(t, s.Get(ctx, pageid.MakeKey(1, 64), buf[:pageid.Size]))
+	assert.Equal(t, fill(pageid.MakeKey(1, 64), 1), buf[:pageid.Size])
+	finished, err := s.GetAsync(pageid.MakeKey(1, 65), buf[:pageid.Size], func(error) { t.Error("no round trip to wait for") })
+	require.NoError(t, err)
+	assert.True(t, finished, "answered at once")
+	assert.Equal(t, fill(pageid.MakeKey(1, 65), 1), buf[:pageid.Size])
+	require.NoError(t, s.ReadRange(ctx, 1, 66*pageid.Size, buf[:2*pageid.Size]))
+	assert.Equal(t, fill(pageid.MakeKey(1, 67), 1), buf[pageid.Size:2*pageid.Size])
+	finished, err = s.GetAsync(pageid.MakeKey(1, 68), buf, func(error) { t.Error("no round trip to wait for") })
+	require.NoError(t, err)
+	assert.True(t, finished, "a run of four answered at once")
+	for i := range uint64(4) {
+		assert.Equal(t, fill(pageid.MakeKey(1, 68+i), 1), buf[i*pageid.Size:(i+1)*pageid.Size])
+	}
+	st := s.Stats()
+	assert.Equal(t, reads, st.RemoteReads, "nothing read from the remote")
+	assert.EqualValues(t, 8, st.ReadAheadHits)
+	assert.Zero(t, s.ra.live.Load(), "the window taken page by page is freed")
+
+	require.True(t, s.ReadAhead(pageid.MakeKey(1, 80), 4))
+	s.ra.fill.Wait()
+	k := pageid.MakeKey(1, 81)
+	require.NoError(t, s.Put(ctx, k, fill(k, 2)))
+	require.NoError(t, s.Flush(ctx))
+	s.discard(k) // out of the cache: the next read is a miss
+	require.NoError(t, s.Get(ctx, k, buf[:pageid.Size]))
+	assert.Equal(t, fill(k, 2), buf[:pageid.Size], "the write, not the window's copy")
+	assert.Equal(t, fill(k, 2), rem.mem.Page(k))
+}

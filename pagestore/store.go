@@ -320,8 +320,7 @@ func (s *Store) Get(ctx context.Context, k pageid.Key, dst []byte) error {
 }
 
 func (s *Store) load(ctx context.Context, k pageid.Key, p []byte) error {
-	if lz := s.opt.Prefetched; lz != nil && lz.CheckAndReturn(k, p) == pageid.Size {
-		s.lzHits.Add(1)
+	if s.prefetched(k, p) {
 		return nil
 	}
 	s.remoteReads.Add(1)
