@@ -131,7 +131,7 @@ func Suites() []Suite {
 			Unit: "transactions or reads a second; the scan in ms",
 			About: "ext4 on a loop device over nbdfuse over each NBD export; the application (PostgreSQL 15 with pgbench scale 20, about 320 MB; fio on a 512 MiB file) and the page cache it fills held to 96 MiB by a memory cgroup; the servers outside it. " +
 				"`nbdkit-memory` is the ceiling (data in the server's RAM); `relay` is nbdkit's nbd plugin to a second `nbdkit memory`, no cache: the plain remote peer. " +
-				"`pd3-noagent`, `pd3-leap` and `pd3`: host (64 MiB cache) and memory node, without a prefetcher, with Leap, with the embedded agent (which has the host read predicted streams ahead into windows of its own, docs/decisions.md 33). " +
+				"`pd3-noagent`, `pd3-leap` and `pd3`: host (64 MiB cache) and memory node, without a prefetcher, with Leap, with the embedded agent (which has the host read predicted streams ahead into windows of its own, which the stream's reads of every size take their pages from, docs/decisions.md 33 and 41). " +
 				"`pd3-cached`: the same host with a cache as large as the export, so that no read waits for the memory node: what a perfect prefetcher could reach on these cores. " +
 				"nbdkit's cache filter is no peer here: with `cache-max-size` it corrupts PostgreSQL's data (`invalid page in block`, amcheck fails).",
 			Goals: []Goal{
