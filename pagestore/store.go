@@ -167,6 +167,12 @@ type frame struct {
 
 // New returns a store whose misses go to remote.
 func New(remote Remote, opt Options) (*Store, error) {
+	return newStore(remote, opt, framesInHeap)
+}
+
+// newStore is New with the cache's frames in the Go heap or outside it
+// (frames.go).
+func newStore(remote Remote, opt Options, inHeap bool) (*Store, error) {
 	if opt.CacheBytes == 0 {
 		opt.CacheBytes = DefaultCacheBytes
 	}
@@ -183,10 +189,12 @@ func New(remote Remote, opt Options) (*Store, error) {
 		opt:       opt,
 		frames:    make([]frame, n),
 		dirtyBits: make([]atomic.Uint64, (n+63)/64),
-		data:      make([]byte, n*pageid.Size),
 		pol:       pol,
 		free:      make([]int32, n),
 		volumes:   make(map[uint16]pageid.VolumeInfo),
+	}
+	if s.data, err = frameMemory(s, n*pageid.Size, inHeap); err != nil {
+		return nil, err
 	}
 	for i := range s.free {
 		s.free[i] = int32(n - 1 - i)
