@@ -29,6 +29,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
+	"github.com/pd3-go/pd3/internal/scrape"
 	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/pd3-go/pd3/internal/testutil"
 	"github.com/pd3-go/pd3/internal/tlsfiles"
@@ -348,13 +349,26 @@ func TestSplitAgentKilledMidRun(t *testing.T) {
 			assert.NoError(t, hist.Run(c, linearize.PageClient{C: cl, Vol: 1}, 48, 77, stop, 0), "client-visible error while the agent churns")
 		}()
 	}
+	// The link's counters say when the host has attached to an agent and
+	// when it has found it dead: each kill hits an attached agent, and the
+	// ops after it run on the path the test means.
+	linkAt := func(name string, n int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			mfs, err := scrape.Families(ctx, host.Addrs["metrics"])
+			return err == nil && scrape.Sum(mfs, name) >= float64(n)
+		}, 30*time.Second, 10*time.Millisecond, "waiting for %s to reach %d", name, n)
+	}
 	for round := 0; round < 2; round++ {
+		linkAt("pd3_link_attaches_total", round+1)
 		waitOps(t, hist, 300) // through the agent
 		p, _ := os.FindProcess(agent.Pid)
 		require.NoError(t, p.Signal(syscall.SIGKILL))
+		linkAt("pd3_link_agent_deaths_total", round+1)
 		waitOps(t, hist, 300) // the host went direct
 		agent = start(t, []string{"dpu agent"}, agentArgs...)
 	}
+	linkAt("pd3_link_attaches_total", 3)
 	waitOps(t, hist, 300)
 	close(stop)
 	wg.Wait()
