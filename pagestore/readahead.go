@@ -13,9 +13,9 @@ import (
 // stream's next pages has them read from the remote into windows of the
 // store's own, each one request straight into its buffer, and the stream
 // read (ReadStream) that comes for them copies them out, as does a cache
-// miss of a smaller read once the window is read (prefetched). The Loading Zone
-// would take the same pages through a copy in, an index of its own and a
-// copy out; a window costs the one copy out.
+// miss of a smaller read once the window is read (prefetched). The
+// Loading Zone would take the same pages through a copy in, an index of
+// its own and a copy out; a window costs the one copy out.
 //
 // A window is never stale: a write, a zeroing or a removal of any of its
 // pages drops it (dropping also one still being read), and it is filled by
@@ -173,14 +173,11 @@ func (s *Store) fromWindow(ctx context.Context, vol uint16, first uint64, p []by
 	ra.mu.Lock()
 	var w *window
 	for _, x := range ra.wins {
-		if x.vol != vol {
-			continue
-		}
-		if x.first <= first && first < x.first+x.n {
+		if x.holds(vol, first) {
 			w = x
 			break
 		}
-		if x.first > first && x.first < first+want {
+		if x.vol == vol && x.first > first && x.first < first+want {
 			next = min(next, x.first)
 		}
 	}
@@ -196,13 +193,12 @@ func (s *Store) fromWindow(ctx context.Context, vol uint16, first uint64, p []by
 	case <-ctx.Done():
 		return 0, ^uint64(0)
 	}
-	if w.err != nil || w.stale.Load() {
+	if !w.good() {
 		return 0, ^uint64(0)
 	}
 	n := min(want, w.first+w.n-first)
 	copy(p[:n*pageid.Size], w.buf[(first-w.first)*pageid.Size:])
-	ra.hits.Add(n) // the cache's misses counted them as the window was read
-	if w.taken.Add(n) >= w.n {
+	if ra.took(w, n) {
 		ra.mu.Lock()
 		for i, x := range ra.wins {
 			if x == w {
@@ -213,6 +209,23 @@ func (s *Store) fromWindow(ctx context.Context, vol uint16, first uint64, p []by
 		ra.mu.Unlock()
 	}
 	return int(n), next
+}
+
+// holds reports whether w is for page page of volume vol.
+func (w *window) holds(vol uint16, page uint64) bool {
+	return w.vol == vol && w.first <= page && page < w.first+w.n
+}
+
+// good reports whether w, read (done closed), may be served: its read
+// succeeded and no write dropped it since.
+func (w *window) good() bool { return w.err == nil && !w.stale.Load() }
+
+// took counts n pages of w served (the cache's misses counted them as the
+// window was read) and reports whether every page of w now is: the
+// caller frees it.
+func (ra *readAhead) took(w *window, n uint64) bool {
+	ra.hits.Add(n)
+	return w.taken.Add(n) >= w.n
 }
 
 // mayBePrefetched reports whether a miss may find its page prefetched:
@@ -239,7 +252,7 @@ func (s *Store) prefetched(k pageid.Key, dst []byte) bool {
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
 	for i, w := range ra.wins {
-		if w.vol != vol || page < w.first || page >= w.first+w.n {
+		if !w.holds(vol, page) {
 			continue
 		}
 		select {
@@ -247,12 +260,11 @@ func (s *Store) prefetched(k pageid.Key, dst []byte) bool {
 		default:
 			return false // on its way: never wait on a miss's path
 		}
-		if w.err != nil || w.stale.Load() {
+		if !w.good() {
 			return false
 		}
 		copy(dst[:pageid.Size], w.buf[(page-w.first)*pageid.Size:])
-		ra.hits.Add(1)
-		if w.taken.Add(1) >= w.n {
+		if ra.took(w, 1) {
 			ra.removeLocked(i)
 		}
 		return true
