@@ -55,13 +55,12 @@ func benchCmd() *cobra.Command {
 		Use:   "report",
 		Short: "Run the results page's benchmarks and rewrite docs/BENCHMARKS.md from them",
 		Long: `Runs the benchmark of each section of the results page (nbd, fuse, page,
-cluster, ec, apps, apps-fuse, scale: a fixed pd3 bench command each, three
-rounds where the benchmark has rounds), keeps each run as DOCS/bench/NAME.json
-with its chart DOCS/img/bench-NAME.png, and
-rewrites DOCS/BENCHMARKS.md from the runs kept: per section the command, the
+cluster, ec, apps, apps-budgets, apps-fuse, scale: a fixed pd3 bench command
+each, three rounds where the benchmark has rounds), keeps each run as
+DOCS/bench/NAME.json with its chart DOCS/img/bench-NAME.png, and rewrites DOCS/BENCHMARKS.md from the runs kept: per section the command, the
 machine and commit, one table, the chart and the goals met or not. A suite that
 fails keeps its previous run. Without --run it only rewrites the page. Root;
-all suites take about an hour on the 2-core machine.`,
+all suites take about two hours on the 2-core machine.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			suites := map[string]bench.Suite{}
