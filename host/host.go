@@ -75,8 +75,11 @@ type Config struct {
 	Volumes    []VolumeSpec // created when missing, reopened when present
 	CacheBytes int64
 	Policy     string
-	PageListen string // page-protocol address; "" = no page server
-	NBDListen  string // NBD address; "" = no NBD server
+	// ShadowReads is for measurement (pd3 bench apps's oracle systems):
+	// pagestore.Options.Shadow.
+	ShadowReads bool
+	PageListen  string // page-protocol address; "" = no page server
+	NBDListen   string // NBD address; "" = no NBD server
 	// NBDPollFor is how long an NBD connection polls for its next
 	// request after a hit before it sleeps (nbd.Server.PollFor); 0 sleeps
 	// at once.
@@ -281,7 +284,7 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 func (h *Host) openStore(ctx context.Context, cfg Config, conn dpu.Conn, direct pagestore.Remote) (*pagestore.Store, error) {
 	// A write-back that cannot reach the node is retried for one operation
 	// timeout before clients see EIO: a node restart inside it is invisible.
-	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log}
+	opt := pagestore.Options{CacheBytes: cfg.CacheBytes, Policy: cfg.Policy, RetryFor: cfg.OpTimeout, Log: cfg.Log, Shadow: cfg.ShadowReads}
 	remote, err := h.missPath(cfg, &opt, conn, direct)
 	if err != nil {
 		return nil, err

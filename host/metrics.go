@@ -100,6 +100,7 @@ func (h *Host) Registry() *prometheus.Registry {
 		counter("cache_readahead_pages_total", "Pages read ahead into the host's windows for stream reads to come (NBD reads the agent predicts, scans through the mount of files the kernel caches in part).", func(s stats) uint64 { return s.ReadAheadPages }),
 		counter("cache_readahead_hits_total", "Pages stream reads took from read-ahead windows.", func(s stats) uint64 { return s.ReadAheadHits }),
 		counter("cache_readahead_dropped_total", "Pages read ahead and dropped unread (the window replaced, or written to).", func(s stats) uint64 { return s.ReadAheadDropped }),
+		counter("cache_shadow_pages_total", "Pages read again from the memory nodes and dropped, to measure a perfect prefetcher's cost (--shadow-reads).", func(s stats) uint64 { return s.ShadowPages }),
 		counter("cache_async_loads_total", "Pages read from the remote without blocking (NBD reads of up to 16 pages run by the connection reader).", func(s stats) uint64 { return s.AsyncLoads }),
 		counter("cache_eviction_writebacks_total", "Write-backs a miss waited for because its victim was dirty (the background write-back fell behind).", func(s stats) uint64 { return s.EvictionWriteBacks }),
 		counter("cache_fresh_writes_total", "Partial-page writes past a file's written bytes that started from zeroes instead of a read of the memory node.", func(s stats) uint64 { return s.FreshWrites }),

@@ -35,6 +35,14 @@ func (s *Store) maxAsync() int64 { return int64(max(1, len(s.frames)/4)) }
 // completion without a worker: hits cost no hand-off at all, misses one
 // callback from the remote's reader instead of two goroutine wake-ups.
 func (s *Store) GetAsync(k pageid.Key, dst []byte, done func(error)) (finished bool, err error) {
+	finished, err = s.getAsync(k, dst, done)
+	if s.opt.Shadow && finished && err == nil {
+		s.shadowRead(k.Volume(), k.Page()*pageid.Size, len(dst))
+	}
+	return finished, err
+}
+
+func (s *Store) getAsync(k pageid.Key, dst []byte, done func(error)) (finished bool, err error) {
 	if len(dst) != pageid.Size {
 		return s.getPagesAsync(k, dst, done)
 	}

@@ -18,6 +18,14 @@ import (
 // round trip, not 256 in a row; they are copied out as they arrive, the
 // cached ones afterwards.
 func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	err := s.readRange(ctx, vol, off, p)
+	if s.opt.Shadow && err == nil {
+		s.shadowRead(vol, off, len(p))
+	}
+	return err
+}
+
+func (s *Store) readRange(ctx context.Context, vol uint16, off uint64, p []byte) error {
 	var done []bool // pages already copied, by index from off's page
 	if first, last := off/pageid.Size, (off+uint64(len(p))-1)/pageid.Size; len(p) > 0 && last > first {
 		done = make([]bool, last-first+1)
@@ -65,20 +73,25 @@ func (s *Store) ReadRange(ctx context.Context, vol uint16, off uint64, p []byte)
 //
 // Pages a read-ahead window holds (ReadAhead) are copied from it.
 func (s *Store) ReadStream(ctx context.Context, vol uint16, off uint64, p []byte) error {
+	var err error
 	if s.ra.live.Load() > 0 && off%pageid.Size == 0 && len(p)%pageid.Size == 0 {
-		if err := s.checkRange(vol, off, uint64(len(p))); err != nil {
-			return err
+		if err = s.checkRange(vol, off, uint64(len(p))); err == nil {
+			err = s.readWindowed(ctx, vol, off, p)
 		}
-		return s.readWindowed(ctx, vol, off, p)
+	} else {
+		err = s.readStream(ctx, vol, off, p)
 	}
-	return s.readStream(ctx, vol, off, p)
+	if s.opt.Shadow && err == nil {
+		s.shadowRead(vol, off, len(p))
+	}
+	return err
 }
 
 // readStream is ReadStream without the read-ahead windows.
 func (s *Store) readStream(ctx context.Context, vol uint16, off uint64, p []byte) error {
 	pr, ok := s.remote.(PagesReader)
 	if !ok || off%pageid.Size != 0 || len(p)%pageid.Size != 0 || len(p) < 2*pageid.Size {
-		return s.ReadRange(ctx, vol, off, p)
+		return s.readRange(ctx, vol, off, p)
 	}
 	read, took := pr.ReadPages, func(pageid.Key) {}
 	if sr, ok := s.remote.(StreamReader); ok {

@@ -41,6 +41,12 @@ type Options struct {
 	// Log receives the background write-back's failures and recoveries
 	// (nil: slog.Default()).
 	Log *slog.Logger
+	// Shadow is for measurement only: every read the Store serves also
+	// reads its pages from the remote into a scratch buffer and drops
+	// them, without waiting. With a cache that holds every page, the
+	// Store then pays each page's transfer as a perfect prefetcher would,
+	// and never waits for one (pd3 bench apps's oracle systems).
+	Shadow bool
 }
 
 // DefaultCacheBytes is the default cache capacity.
@@ -72,6 +78,8 @@ type Stats struct {
 	// ReadAheadHits those a stream read took from them, ReadAheadDropped
 	// those dropped unread (a window replaced, or written to).
 	ReadAheadPages, ReadAheadHits, ReadAheadDropped uint64
+	// ShadowPages counts the pages Options.Shadow read again.
+	ShadowPages uint64
 }
 
 // Store serves pages of volumes through a bounded local cache. It is safe
@@ -143,6 +151,8 @@ type Store struct {
 	dirtyBits []atomic.Uint64
 
 	ra readAhead
+
+	shadow shadow // Options.Shadow's buffers and count
 	asyncState
 }
 
@@ -583,6 +593,7 @@ func (s *Store) Stats() Stats {
 		WritebackFailures: s.wbFailures.Load(), EvictionWriteBacks: s.evictWBs.Load(),
 		FreshWrites: s.freshWrites.Load(), Frames: len(s.frames), UncachedReads: s.uncached.Load(),
 		ReadAheadPages: s.ra.placed.Load(), ReadAheadHits: s.ra.hits.Load(), ReadAheadDropped: s.ra.dropped.Load(),
+		ShadowPages: s.shadow.pages.Load(),
 	}
 	st.DirtyPages = s.dirtyCount()
 	for i := range s.shards {

@@ -75,18 +75,25 @@ type AppsOptions struct {
 //   - pd3-cached: pd3 with a host cache as large as the export, so every
 //     read after the load is a hit: the ceiling of pd3's own serving, to
 //     tell its cost from the memory node's;
-//   - pd3-mount, pd3-mount-noagent, pd3-mount-cached and bindfs:
-//     filesystems (fsSystems), for the sqlite, fio and tree workloads.
-var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "pd3", "pd3-cached", "pd3-mount", "pd3-mount-noagent", "pd3-mount-cached", "bindfs"}
+//   - pd3-oracle: pd3-cached without the agent, each read also fetching
+//     its pages from the memory node and dropping them, unwaited
+//     (--shadow-reads): a perfect prefetcher, which pays every page's
+//     transfer and never waits for one — the most any prefetcher could
+//     add on these cores;
+//   - pd3-mount, pd3-mount-noagent, pd3-mount-cached, pd3-mount-oracle
+//     and bindfs: filesystems (fsSystems), for the sqlite, fio and tree
+//     workloads.
+var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd3-leap", "pd3", "pd3-cached", "pd3-oracle", "pd3-mount", "pd3-mount-noagent", "pd3-mount-cached", "pd3-mount-oracle", "bindfs"}
 
 // fsSystems are the filesystems AppsSystems compares for the file
 // workloads (sqlite, fio, trees): the pd3 mount with and without its
 // agent, the mount with a host cache as large as the export
 // (pd3-mount-cached: every read after the load a hit, the ceiling of the
-// mount's own serving, to tell its cost from the memory node's), and
-// bindfs over tmpfs (a plain passthrough FUSE filesystem whose data is in
+// mount's own serving, to tell its cost from the memory node's), the
+// same paying every read's transfer unwaited (pd3-mount-oracle: a perfect
+// prefetcher), and bindfs over tmpfs (a plain passthrough FUSE filesystem whose data is in
 // the server's RAM: the FUSE ceiling). They run no PostgreSQL.
-var fsSystems = map[string]string{"pd3-mount": "pd3", "pd3-mount-noagent": "pd3-noprefetch", "pd3-mount-cached": "pd3-cached", "bindfs": "bindfs"}
+var fsSystems = map[string]string{"pd3-mount": "pd3", "pd3-mount-noagent": "pd3-noprefetch", "pd3-mount-cached": "pd3-cached", "pd3-mount-oracle": "pd3-oracle", "bindfs": "bindfs"}
 
 // AppsWorkloads are what runs on each system, on ext4 on a loop device
 // (direct I/O) over nbdfuse over the export: PostgreSQL (pg-scan times a

@@ -75,14 +75,14 @@ func startAppStack(ctx context.Context, opt AppsOptions, sys string) (_ *appStac
 		}
 		s.undo = append(s.undo, front.Stop)
 		s.proc, s.nodes, uri = front, Nodes{remote}, "nbd://"+addr
-	case "pd3", "pd3-noagent", "pd3-leap", "pd3-cached":
+	case "pd3", "pd3-noagent", "pd3-leap", "pd3-cached", "pd3-oracle":
 		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, append([]string{"memnode", "--listen", "127.0.0.1:0"}, opt.NodeArgs...)...)
 		if err != nil {
 			return nil, err
 		}
 		s.undo = append(s.undo, node.Stop)
 		cache := opt.Cache
-		if sys == "pd3-cached" {
+		if sys == "pd3-cached" || sys == "pd3-oracle" {
 			cache = opt.Size + 64<<20
 		}
 		args := []string{"serve", "--memnode", node.Addrs["memory node"], "--volume", "disk0:" + size,
@@ -92,6 +92,8 @@ func startAppStack(ctx context.Context, opt AppsOptions, sys string) (_ *appStac
 			args = append(args, "--dpu", "embedded")
 		case "pd3-noagent":
 			args = append(args, "--dpu", "none")
+		case "pd3-oracle":
+			args = append(args, "--dpu", "none", "--shadow-reads")
 		case "pd3-leap":
 			args = append(args, "--dpu", "none", "--prefetch", "leap")
 		}

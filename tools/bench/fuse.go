@@ -40,11 +40,14 @@ type FUSEOptions struct {
 // over tmpfs (a plain passthrough FUSE filesystem: the local ceiling of a
 // FUSE file system) and tmpfs (no FUSE at all). pd3-cached is pd3 with a
 // host cache larger than the file: every FUSE READ a host hit, the
-// ceiling of pd3's FUSE path at any cache size.
+// ceiling of pd3's FUSE path at any cache size. pd3-oracle is pd3-cached
+// without the agent whose every read also fetches its pages from the
+// memory node, unwaited (--shadow-reads): a perfect prefetcher, which
+// pays each page's transfer and never waits for one.
 // go-fuse-nbdkit is a Go FUSE server that only relays each request to
 // nbdkit memory (ServeFUSERelay): the ceiling of a miss through a Go FUSE
 // server, one hop from its data.
-var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "go-fuse-nbdkit", "bindfs", "tmpfs", "pd3-cached", "pd3-r1", "pd3-r2"}
+var FUSESystems = []string{"pd3", "pd3-noprefetch", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "go-fuse-nbdkit", "bindfs", "tmpfs", "pd3-cached", "pd3-oracle", "pd3-r1", "pd3-r2"}
 
 // fuseDefaultSystems leave out pd3's own variants.
 var fuseDefaultSystems = []string{"pd3", "nbdfuse-cache-nbd", "nbdfuse-nbdkit", "go-fuse-nbdkit", "bindfs", "tmpfs"}
@@ -259,22 +262,24 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 		os.RemoveAll(dir)
 	}
 	switch sys {
-	case "pd3", "pd3-noprefetch", "pd3-cached":
+	case "pd3", "pd3-noprefetch", "pd3-cached", "pd3-oracle":
 		node, err := StartChild(ctx, opt.Exe, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
 		if err != nil {
 			cleanup()
 			return "", nil, nil, nil, err
 		}
-		dpu, cache := "embedded", opt.Cache
+		dpu, cache, extra := "embedded", opt.Cache, []string(nil)
 		switch sys {
 		case "pd3-noprefetch":
 			dpu = "none"
 		case "pd3-cached":
 			cache = opt.Size + 64<<20 // the file, the metadata and room to spare
+		case "pd3-oracle":
+			dpu, cache, extra = "none", opt.Size+64<<20, []string{"--shadow-reads"}
 		}
-		host, err := StartChild(ctx, opt.Exe, []string{"metrics"}, "serve", "--memnode", node.Addrs["memory node"], "--mount", mnt,
+		host, err := StartChild(ctx, opt.Exe, []string{"metrics"}, append([]string{"serve", "--memnode", node.Addrs["memory node"], "--mount", mnt,
 			"--volume", "disk0:4MiB", "--cache", strconv.FormatUint(cache, 10), "--nbd", "", "--page", "", "--dpu", dpu,
-			"--metrics", "127.0.0.1:0")
+			"--metrics", "127.0.0.1:0"}, extra...)...)
 		if err != nil {
 			node.Stop()
 			cleanup()

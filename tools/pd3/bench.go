@@ -351,8 +351,10 @@ the same frames and do nothing else).`,
 (remote) and over nbdkit memory, go-fuse-nbdkit (a Go FUSE server that
 only relays each request to nbdkit memory: the ceiling of a miss through a
 Go FUSE server one hop from its data), bindfs over tmpfs, and tmpfs.
---systems adds pd3 without prefetching and pd3-cached (the whole file in
-the host cache: the FUSE path's ceiling).
+--systems adds pd3 without prefetching, pd3-cached (the whole file in
+the host cache: the FUSE path's ceiling) and pd3-oracle (pd3-cached whose
+every read also fetches its pages from the memory node, unwaited: a
+perfect prefetcher's cost).
 
 The jobs: 1 MiB sequential reads (direct and buffered), 4 KiB random reads
 by 1 and 4 threads, a 1 MiB sequential write then fsync, dbench;

@@ -42,6 +42,7 @@ type hostFlags struct {
 	workers   int
 	opTimeout time.Duration
 	local     bool
+	shadow    bool
 	dpu       host.AgentMode
 	lz        uint64
 	metrics   string
@@ -101,6 +102,8 @@ func (f *hostFlags) add(cmd *cobra.Command, memnodeHelp string) {
 	pagesVar(fl, &f.repair, "repair-rate", "256MiB", "with --replicas: copy at most this much a second to restore the replicas a lost node held")
 	fl.BoolVar(&f.local, "local", false, "keep volumes in host memory instead of a memory node (benchmark baseline)")
 	fl.MarkHidden("local")
+	fl.BoolVar(&f.shadow, "shadow-reads", false, "every read also fetches its pages from the memory nodes and drops them, unwaited (with a cache as large as the data: a perfect prefetcher's cost, the benchmarks' oracle)")
+	fl.MarkHidden("shadow-reads")
 }
 
 func (f *hostFlags) config(log *slog.Logger) (host.Config, error) {
@@ -114,7 +117,7 @@ func (f *hostFlags) config(log *slog.Logger) (host.Config, error) {
 		NBDListen: f.nbd, NBDReadOnly: f.nbdRO, NBDPollFor: f.nbdPoll, NBDStreamFrom: uint32(min(f.nbdStream, 1<<31)), LoneProcs: f.loneProcs, Writeback: f.writeback,
 		NBDTLS: f.tls, NBDTLSCertificates: f.tlsCerts, RequireClientCert: f.tlsVerify,
 		Mount: f.mount, FSName: f.fsName, FSLease: f.fsLease, VolumeLease: f.volLease,
-		Stages: stageRecorder(), Replicas: f.replicas, EC: f.ec, RepairRate: int64(f.repair),
+		Stages: stageRecorder(), Replicas: f.replicas, EC: f.ec, RepairRate: int64(f.repair), ShadowReads: f.shadow,
 	}
 	cfg.LZBytes, cfg.CacheBytes = int64(f.lz), int64(f.cache)
 	cfg.Volumes = f.volumes
