@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -228,6 +229,11 @@ type SuiteRun struct {
 	Err     string    `json:"error,omitempty"`
 }
 
+// suiteStopWait is how long a cancelled suite has to clean up before it
+// is killed: a pd3 host flushing to a memory node that is gone retries
+// for its operation timeout (30 s) first.
+const suiteStopWait = 2 * time.Minute
+
 // RunSuite runs s with the pd3 binary exe, drawing its chart to img; its
 // progress goes to progress.
 func RunSuite(ctx context.Context, exe string, s Suite, img string, progress io.Writer) SuiteRun {
@@ -235,6 +241,11 @@ func RunSuite(ctx context.Context, exe string, s Suite, img string, progress io.
 	run := SuiteRun{Suite: s.Name, Command: "pd3 " + strings.Join(s.Args, " "), Date: time.Now().UTC(), Commit: gitCommit()}
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, exe, args...)
+	// Stopped, the benchmark is asked to stop (SIGTERM), so that it
+	// unmounts, detaches its loop devices and removes its cgroups; killed
+	// only if it has not done so in time.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = suiteStopWait
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, progress
 	err := cmd.Run()

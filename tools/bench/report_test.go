@@ -1,7 +1,11 @@
 package bench
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,4 +71,33 @@ func TestScaleSizeRatios(t *testing.T) {
 	scaleSizeRatios(rep)
 	assert.InDelta(t, 1.05, rep.Ratios["host_rss:size=16GiB/size=1GiB"], 1e-9)
 	assert.InDelta(t, 771.0/768, rep.Ratios["memnode_rss_added/stored_added:size=16GiB/size=256MiB"], 1e-9)
+}
+
+// TestCancelledSuiteIsAskedToStop: a suite whose run is cancelled gets
+// SIGTERM, so that it can unmount and detach what it set up, not SIGKILL.
+func TestCancelledSuiteIsAskedToStop(t *testing.T) {
+	dir := t.TempDir()
+	exe, asked := filepath.Join(dir, "suite"), filepath.Join(dir, "asked")
+	script := "#!/bin/sh\ntrap 'touch " + asked + "; exit 1' TERM\necho started >&2\nwhile :; do sleep 0.05; done\n"
+	require.NoError(t, os.WriteFile(exe, []byte(script), 0o755))
+	ctx, cancel := context.WithCancel(context.Background())
+	started := &firstWrite{ch: make(chan struct{})}
+	done := make(chan SuiteRun, 1)
+	go func() { done <- RunSuite(ctx, exe, Suite{Name: "s"}, filepath.Join(dir, "img.png"), started) }()
+	<-started.ch // its trap is set
+	cancel()
+	run := <-done
+	assert.NotEmpty(t, run.Err, "a cancelled suite failed")
+	assert.FileExists(t, asked, "the suite was asked to stop")
+}
+
+// firstWrite closes ch at its first write.
+type firstWrite struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.ch) })
+	return len(p), nil
 }
