@@ -33,8 +33,8 @@ func (r *runRecorder) ReadPagesAsync(first pageid.Key, p []byte, done func(error
 
 // TestShadowReadsFetchWhatWasServed: with Options.Shadow every read the
 // store serves from its cache — through GetAsync, ReadRange and
-// ReadStream — reads the same pages from the remote once more, and
-// nothing else does; without it the remote is not asked.
+// ReadStream — has its pages read from the remote once more, nearby
+// reads together; without it the remote is not asked.
 func TestShadowReadsFetchWhatWasServed(t *testing.T) {
 	for _, shadow := range []bool{false, true} {
 		ctx := context.Background()
@@ -61,14 +61,45 @@ func TestShadowReadsFetchWhatWasServed(t *testing.T) {
 		rem.wg.Wait()
 
 		if !shadow {
+			s.shadowFlush()
+			rem.wg.Wait()
 			assert.Empty(t, rem.runs, "without Shadow a hit asks the remote nothing")
 			assert.Zero(t, s.Stats().ShadowPages)
 			continue
 		}
-		assert.Equal(t, [][2]uint64{{2, 4}, {7, 1}, {8, 4}, {16, 8}}, rem.runs, "each read's pages, the partial ones whole, once")
+		assert.Empty(t, rem.runs, "the reads make one run, not read yet")
+		s.shadowFlush()
+		rem.wg.Wait()
+		assert.Equal(t, [][2]uint64{{2, 22}}, rem.runs, "the reads' pages, the partial ones whole, and the few between them, in one request")
 		st := s.Stats()
-		assert.EqualValues(t, 17, st.ShadowPages)
+		assert.EqualValues(t, 22, st.ShadowPages)
 		assert.Equal(t, misses, st.Misses, "every read was served from the cache")
 		assert.NoError(t, s.Check())
 	}
 }
+
+// TestShadowRunsFollowStreams: reads that continue a pending run extend
+// it and leave in runs of shadowRunPages; a read elsewhere starts a run
+// of its own, and the run extended least recently is read when a new one
+// needs its slot.
+func TestShadowRunsFollowStreams(t *testing.T) {
+	var sh shadow
+	var ready []shadowRun
+	for p := uint64(0); p < 320; p += 32 {
+		ready = sh.note(1, p, p+32, ready)
+	}
+	assert.Equal(t, []shadowRun{{vol: 1, first: 0, end: shadowRunPages}}, ready, "a sequential stream: one run a MiB")
+	ready = sh.note(2, 320, 330, ready[:0])
+	assert.Empty(t, ready, "another volume's pages start a run of their own")
+	for i := range uint64(shadowRuns - 2) {
+		ready = sh.note(1, 10_000*(i+1), 10_000*(i+1)+1, ready)
+	}
+	assert.Empty(t, ready, "eight streams pending at once")
+	ready = sh.note(1, 320+shadowGap, 320+shadowGap+1, ready)
+	assert.Empty(t, ready, "a read a little past a run's end extends it")
+	ready = sh.note(1, 99_999, 100_000, ready)
+	require.Len(t, ready, 1, "a ninth stream takes the slot extended least recently")
+	assert.Equal(t, shadowRun{vol: 2, first: 320, end: 330}, ready[0].withoutTick())
+}
+
+func (r shadowRun) withoutTick() shadowRun { r.lastExtends = 0; return r }

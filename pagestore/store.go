@@ -41,11 +41,13 @@ type Options struct {
 	// Log receives the background write-back's failures and recoveries
 	// (nil: slog.Default()).
 	Log *slog.Logger
-	// Shadow is for measurement only: every read the Store serves also
-	// reads its pages from the remote into a scratch buffer and drops
-	// them, without waiting. With a cache that holds every page, the
+	// Shadow is for measurement only: the pages of every read the Store
+	// serves are read again from the remote, in runs as a prefetcher
+	// would fetch them (shadow.go), into scratch buffers that are
+	// dropped, without waiting. With a cache that holds every page, the
 	// Store then pays each page's transfer as a perfect prefetcher would,
-	// and never waits for one (pd3 bench apps's oracle systems).
+	// and never waits for one (pd3 bench apps's oracle systems;
+	// docs/decisions.md, 43).
 	Shadow bool
 }
 

@@ -1848,8 +1848,10 @@ func TestBenchAppsSmoke(t *testing.T) {
 	require.Positive(t, zipf["cache_misses_total"], "the reads reached pd3: %v", zipf)
 	assert.Less(t, zipf["predict_requests_pages_total"], 0.1*zipf["cache_misses_total"], "random reads, few guesses: %v", zipf)
 
-	// sqlite and fio on the pd3 mount (and bindfs over tmpfs, if there).
-	systems := "pd3-mount"
+	// sqlite and fio on the pd3 mount, on the mount as a perfect
+	// prefetcher would serve it (decision 43), and on bindfs over tmpfs,
+	// if there.
+	systems := "pd3-mount,pd3-mount-oracle"
 	if _, err := exec.LookPath("bindfs"); err == nil {
 		systems += ",bindfs"
 	}
@@ -1861,13 +1863,19 @@ func TestBenchAppsSmoke(t *testing.T) {
 	rep = bench.Report{}
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Len(t, rep.Results, 5*len(strings.Split(systems, ",")))
+	shadowed := 0.0
 	for _, r := range rep.Results {
 		assert.Positive(t, r.OpsPerSec, r.System+" "+r.Config)
 		assert.Equal(t, "ok", r.Integrity, r.System+" "+r.Config)
 		if r.System == "pd3-mount" {
 			assert.Contains(t, r.Counters, "cache_misses_total", "the mount's counters are read: "+r.Config)
 		}
+		shadowed += r.Counters["cache_shadow_pages_total"]
 	}
+
+	// The oracle's reads were fetched again (in runs, some of them still
+	// pending when a workload ends).
+	assert.Positive(t, shadowed, "the oracle fetched what it served")
 
 	out, err = run(t, "", "bench", "apps", "--local-memory", "1MiB")
 	require.Error(t, err)
