@@ -77,9 +77,9 @@ type AppsOptions struct {
 //     tell its cost from the memory node's;
 //   - pd3-oracle: pd3-cached without the agent, each read also fetching
 //     its pages from the memory node and dropping them, unwaited
-//     (--shadow-reads): a perfect prefetcher, which pays every page's
-//     transfer and never waits for one — the most any prefetcher could
-//     add on these cores;
+//     (--shadow-reads): a prefetcher that never lets a read wait and
+//     pays every page's transfer (a host whose cache holds some pages
+//     pays fewer; docs/decisions.md, 43);
 //   - pd3-mount, pd3-mount-noagent, pd3-mount-cached, pd3-mount-oracle
 //     and bindfs: filesystems (fsSystems), for the sqlite, fio and tree
 //     workloads.

@@ -133,7 +133,7 @@ func Suites() []Suite {
 			About: "ext4 on a loop device over nbdfuse over each NBD export; the application (PostgreSQL 15 with pgbench scale 20, about 320 MB; fio on a 512 MiB file) and the page cache it fills held to 96 MiB by a memory cgroup; the servers outside it. " +
 				"`nbdkit-memory` is the ceiling (data in the server's RAM); `relay` is nbdkit's nbd plugin to a second `nbdkit memory`, no cache: the plain remote peer. " +
 				"`pd3-noagent`, `pd3-leap` and `pd3`: host (64 MiB cache) and memory node, without a prefetcher, with Leap, with the embedded agent (which has the host read predicted streams ahead into windows of its own, which the stream's reads of every size take their pages from, docs/decisions.md 33 and 41). " +
-				"`pd3-oracle`: a perfect prefetcher, measured: the host with a cache as large as the export and no agent, whose every read also fetches its pages from the memory node and drops them, unwaited (`--shadow-reads`): each page's transfer paid, none waited for; the most any prefetcher could add on these cores (docs/decisions.md, 43). " +
+				"`pd3-oracle`: a prefetcher that never lets a read wait, measured: the host with a cache as large as the export and no agent, whose every read also fetches its pages from the memory node, unwaited, and drops them (`--shadow-reads`, docs/decisions.md 43): every transfer paid, none waited for. A host whose 64 MiB cache holds some pages fetches fewer, so pd3 can come out above it; where the transfers are what limits the run (the streams), nothing can. " +
 				"`pd3-cached`: the same host without the transfers: what pd3's own serving costs. " +
 				"nbdkit's cache filter is no peer here: with `cache-max-size` it corrupts PostgreSQL's data (`invalid page in block`, amcheck fails).",
 			Goals: []Goal{
@@ -143,7 +143,7 @@ func Suites() []Suite {
 				{Ratio: "pd3-cached/relay@pg-scan@96MiB", Ceiling: true, What: "pd3 with every page in the host against the relay, scan"},
 				{Ratio: "pd3-cached/relay@pg-tpcb@96MiB", Ceiling: true, What: "the same, TPC-B"},
 				{Ratio: "pd3-cached/relay@pg-select@96MiB", Ceiling: true, What: "the same, select-only"},
-				{Ratio: "pd3-oracle/pd3-noagent@pg-scan@96MiB", Ceiling: true, What: "a perfect prefetcher against agent-off, scan: the most any prefetcher adds here"},
+				{Ratio: "pd3-oracle/pd3-noagent@pg-scan@96MiB", Ceiling: true, What: "no read waiting, every page fetched (the oracle), against agent-off, scan"},
 				{Ratio: "pd3-oracle/pd3-noagent@fio-seq4@96MiB", Ceiling: true, What: "the same, sequential streams"},
 				{Ratio: "pd3/nbdkit-memory@pg-scan@96MiB", Min: 1.0, What: "PostgreSQL scan: the ceiling's time"},
 				{Ratio: "pd3/nbdkit-memory@pg-tpcb@96MiB", Min: 1.0, What: "TPC-B: the ceiling's rate"},
@@ -180,15 +180,15 @@ func Suites() []Suite {
 			Args: []string{"bench", "apps", "--systems", "bindfs,pd3-mount-noagent,pd3-mount,pd3-mount-oracle,pd3-mount-cached", "--workloads", "sqlite-point,sqlite-scan,tree-tar,tree-grep", "--rounds", "3", "--duration", "10s"},
 			Unit: "lookups or rows or files a second; the scans and trees in ms",
 			About: "A sqlite table of 300 000 rows of 1 KiB and a tree of 20 000 files of 1–16 KiB, written with no budget; then read by processes held to 96 MiB. " +
-				"`bindfs` is bindfs over tmpfs under the same budget (the ceiling of a FUSE filesystem); `pd3-mount` the pd3 mount (64 MiB host cache, memory node in its own process), `pd3-mount-noagent` the same with `--dpu none`, `pd3-mount-oracle` a perfect prefetcher, measured: the mount with a host cache larger than the data and no agent, whose every read also fetches its pages from the memory node and drops them, unwaited (each transfer paid, none waited for: the most any prefetcher could add here, docs/decisions.md, 43); `pd3-mount-cached` the same without the transfers (the ceiling of pd3's own serving). " +
+				"`bindfs` is bindfs over tmpfs under the same budget (the ceiling of a FUSE filesystem); `pd3-mount` the pd3 mount (64 MiB host cache, memory node in its own process), `pd3-mount-noagent` the same with `--dpu none`, `pd3-mount-oracle` a prefetcher that never lets a read wait, measured: the mount with a host cache larger than the data and no agent, whose every read also fetches its pages from the memory node, unwaited, and drops them (every transfer paid, none waited for, docs/decisions.md 43); `pd3-mount-cached` the same without the transfers (the ceiling of pd3's own serving). " +
 				"The pd3 mount sets the kernel's read-ahead of its device to 1 MiB (docs/decisions.md, 34); bindfs keeps the kernel's 128 KiB (at 1 MiB its scan took 430–500 ms against 552–698 ms, decision 34). " +
 				"With the agent, the kernel page-cache tracker follows the page cache for Host View, but not of a file while the mount reads it ahead (docs/decisions.md, 36 and 37). The lookups leave pages of the table in the kernel's cache, so the scan after them is sent READs of the runs between those pages; the mount reads such a scan ahead through the page store's windows, with or without the agent: that is the prefetching counted for pd3-mount-noagent below (docs/decisions.md, 38).",
 			Goals: []Goal{
 				{Ratio: "pd3-mount/bindfs@sqlite-point@96MiB", Min: 0.9, What: "sqlite point lookups: 0.9× bindfs"},
 				{Ratio: "pd3-mount/bindfs@sqlite-scan@96MiB", Min: 0.8, What: "sqlite scan: 0.8× bindfs"},
 				{Ratio: "pd3-mount/pd3-mount-noagent@sqlite-scan@96MiB", Min: 1.3, What: "the agent on a scan: 1.3× agent-off"},
-				{Ratio: "pd3-mount-oracle/bindfs@sqlite-scan@96MiB", Ceiling: true, What: "a perfect prefetcher on the mount against bindfs, scan"},
-				{Ratio: "pd3-mount-oracle/pd3-mount-noagent@sqlite-scan@96MiB", Ceiling: true, What: "a perfect prefetcher against agent-off, scan: the most any prefetcher adds here"},
+				{Ratio: "pd3-mount-oracle/bindfs@sqlite-scan@96MiB", Ceiling: true, What: "no read waiting, every page fetched (the oracle), on the mount against bindfs, scan"},
+				{Ratio: "pd3-mount-oracle/pd3-mount-noagent@sqlite-scan@96MiB", Ceiling: true, What: "the same against agent-off, scan"},
 				{Ratio: "pd3-mount-cached/bindfs@sqlite-point@96MiB", Ceiling: true, What: "the mount with every page in the host against bindfs, point lookups"},
 				{Ratio: "pd3-mount-cached/bindfs@sqlite-scan@96MiB", Ceiling: true, What: "the same, scan"},
 			},
