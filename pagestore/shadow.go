@@ -32,9 +32,9 @@ type shadow struct {
 // shadowRun is the pages [first, end) of vol, waiting to be read; end is
 // 0 for a free slot.
 type shadowRun struct {
-	vol         uint16
-	first, end  uint64
-	lastExtends uint64
+	vol        uint16
+	first, end uint64
+	touched    uint64 // shadow.tick when a read last extended it
 }
 
 // shadowRead notes that the n bytes at byte offset off of volume vol were
@@ -69,7 +69,7 @@ func (sh *shadow) note(vol uint16, first, end uint64, ready []shadowRun) []shado
 	if slot < 0 {
 		slot = 0
 		for i := range sh.runs {
-			if sh.runs[i].end == 0 || sh.runs[i].lastExtends < sh.runs[slot].lastExtends {
+			if sh.runs[i].end == 0 || sh.runs[i].touched < sh.runs[slot].touched {
 				slot = i
 				if sh.runs[i].end == 0 {
 					break
@@ -82,7 +82,7 @@ func (sh *shadow) note(vol uint16, first, end uint64, ready []shadowRun) []shado
 		sh.runs[slot] = shadowRun{vol: vol, first: first, end: first}
 	}
 	r := &sh.runs[slot]
-	r.end, r.lastExtends = max(r.end, end), sh.tick
+	r.end, r.touched = max(r.end, end), sh.tick
 	for r.end-r.first >= shadowRunPages {
 		ready = append(ready, shadowRun{vol: vol, first: r.first, end: r.first + shadowRunPages})
 		r.first += shadowRunPages
@@ -93,7 +93,7 @@ func (sh *shadow) note(vol uint16, first, end uint64, ready []shadowRun) []shado
 	return ready
 }
 
-// flush hands every pending run to fetch (tests).
+// shadowFlush reads every pending run now (tests).
 func (s *Store) shadowFlush() {
 	s.shadow.mu.Lock()
 	runs := s.shadow.runs

@@ -102,4 +102,4 @@ func TestShadowRunsFollowStreams(t *testing.T) {
 	assert.Equal(t, shadowRun{vol: 2, first: 320, end: 330}, ready[0].withoutTick())
 }
 
-func (r shadowRun) withoutTick() shadowRun { r.lastExtends = 0; return r }
+func (r shadowRun) withoutTick() shadowRun { r.touched = 0; return r }

@@ -89,10 +89,11 @@ var AppsSystems = []string{"local", "nbdkit-memory", "relay", "pd3-noagent", "pd
 // workloads (sqlite, fio, trees): the pd3 mount with and without its
 // agent, the mount with a host cache as large as the export
 // (pd3-mount-cached: every read after the load a hit, the ceiling of the
-// mount's own serving, to tell its cost from the memory node's), the
-// same paying every read's transfer unwaited (pd3-mount-oracle: a perfect
-// prefetcher), and bindfs over tmpfs (a plain passthrough FUSE filesystem whose data is in
-// the server's RAM: the FUSE ceiling). They run no PostgreSQL.
+// mount's own serving, to tell its cost from the memory node's), the same
+// paying every read's transfer unwaited (pd3-mount-oracle: a prefetcher
+// that never lets a read wait), and bindfs over tmpfs (a plain
+// passthrough FUSE filesystem whose data is in the server's RAM: the FUSE
+// ceiling). They run no PostgreSQL.
 var fsSystems = map[string]string{"pd3-mount": "pd3", "pd3-mount-noagent": "pd3-noprefetch", "pd3-mount-cached": "pd3-cached", "pd3-mount-oracle": "pd3-oracle", "bindfs": "bindfs"}
 
 // AppsWorkloads are what runs on each system, on ext4 on a loop device

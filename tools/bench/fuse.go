@@ -42,8 +42,8 @@ type FUSEOptions struct {
 // host cache larger than the file: every FUSE READ a host hit, the
 // ceiling of pd3's FUSE path at any cache size. pd3-oracle is pd3-cached
 // without the agent whose every read also fetches its pages from the
-// memory node, unwaited (--shadow-reads): a perfect prefetcher, which
-// pays each page's transfer and never waits for one.
+// memory node, unwaited (--shadow-reads): a prefetcher that never lets a
+// read wait and pays each page's transfer.
 // go-fuse-nbdkit is a Go FUSE server that only relays each request to
 // nbdkit memory (ServeFUSERelay): the ceiling of a miss through a Go FUSE
 // server, one hop from its data.
