@@ -41,14 +41,14 @@ type shadowRun struct {
 // served, and reads the runs that complete, without waiting for them. A
 // remote that cannot read runs asynchronously is not shadowed.
 func (s *Store) shadowRead(vol uint16, off uint64, n int) {
-	if _, ok := s.remote.(AsyncPagesReader); !ok || n <= 0 {
+	pr, ok := s.remote.(AsyncPagesReader)
+	if !ok || n <= 0 {
 		return
 	}
 	first, end := off/pageid.Size, (off+uint64(n)+pageid.Size-1)/pageid.Size
 	var out [shadowRuns + 2]shadowRun
-	ready := s.shadow.note(vol, first, end, out[:0])
-	for _, r := range ready {
-		s.shadowFetch(r)
+	for _, r := range s.shadow.note(vol, first, end, out[:0]) {
+		s.shadowFetch(pr, r)
 	}
 }
 
@@ -93,22 +93,24 @@ func (sh *shadow) note(vol uint16, first, end uint64, ready []shadowRun) []shado
 	return ready
 }
 
-// shadowFlush reads every pending run now (tests).
+// shadowFlush reads every pending run now (tests). Runs are pending only
+// at a remote shadowRead reads from.
 func (s *Store) shadowFlush() {
+	pr, _ := s.remote.(AsyncPagesReader)
 	s.shadow.mu.Lock()
 	runs := s.shadow.runs
 	s.shadow.runs = [shadowRuns]shadowRun{}
 	s.shadow.mu.Unlock()
 	for _, r := range runs {
 		if r.end != 0 {
-			s.shadowFetch(r)
+			s.shadowFetch(pr, r)
 		}
 	}
 }
 
-// shadowFetch reads run r from the remote into a scratch buffer and drops
-// it, without waiting.
-func (s *Store) shadowFetch(r shadowRun) {
+// shadowFetch reads run r through pr into a scratch buffer and drops it,
+// without waiting.
+func (s *Store) shadowFetch(pr AsyncPagesReader, r shadowRun) {
 	bp, _ := s.shadow.bufs.Get().(*[]byte)
 	if bp == nil {
 		b := make([]byte, shadowRunPages*pageid.Size)
@@ -116,5 +118,5 @@ func (s *Store) shadowFetch(r shadowRun) {
 	}
 	n := r.end - r.first
 	s.shadow.pages.Add(n)
-	s.remote.(AsyncPagesReader).ReadPagesAsync(pageid.MakeKey(r.vol, r.first), (*bp)[:n*pageid.Size], func(error) { s.shadow.bufs.Put(bp) })
+	pr.ReadPagesAsync(pageid.MakeKey(r.vol, r.first), (*bp)[:n*pageid.Size], func(error) { s.shadow.bufs.Put(bp) })
 }
