@@ -158,7 +158,10 @@ func (s *Sequential) AccessCovered(src int, first pageid.Key, n int, end uint64,
 }
 
 func (s *Sequential) access(src int, first pageid.Key, n int, end uint64, out []pageid.Key) (_ []pageid.Key, covered bool) {
-	if n <= 0 {
+	if n <= 0 || first.Page() == 0 && end > 0 && uint64(n) >= end {
+		// A whole file in one read (a small file's READ, the kernel's
+		// read of it): nothing lies past it, and no stream of it to
+		// keep (docs/decisions.md, 44).
 		return out, false
 	}
 	maxW := s.MaxWindow

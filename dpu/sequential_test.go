@@ -34,6 +34,21 @@ func TestSequential(t *testing.T) {
 	assert.Equal(t, []pageid.Key{f(2), f(3), f(4)}, s.Access(0, f(1), 1, 5, nil), "nothing at or past the file's end (page 5)")
 }
 
+// TestSequentialKeepsNoStreamOfAWholeFile: reads that take a whole file
+// at once (a tree of small files) leave the predictor no stream to keep,
+// and a stream elsewhere keeps its place and window among them.
+func TestSequentialKeepsNoStreamOfAWholeFile(t *testing.T) {
+	var s Sequential
+	k := func(p uint64) pageid.Key { return pageid.MakeKey(1, p) }
+	s.Access(0, k(0), 4, 0, nil)
+	s.Access(0, k(4), 4, 0, nil)
+	for v := uint16(2); v < 2+2*maxStreams; v++ {
+		assert.Empty(t, s.Access(0, pageid.MakeKey(v, 0), 4, 4, nil))
+	}
+	assert.Len(t, s.streams, 1, "streams of whole files kept")
+	assert.NotEmpty(t, s.Access(0, k(8), 4, 0, nil), "the stream was dropped")
+}
+
 // One stream whose requests come over several connections (NBD
 // multi-conn) arrives out of order, and two streams interleave: both are
 // followed, nearly every prediction is used, and none is called wasted.

@@ -118,6 +118,7 @@ type FS struct {
 	snapshotDue bool
 	vols        map[uint16]pageid.VolumeInfo
 	byVol       map[uint16]*inode // regular files by data volume id
+	follower    Follower          // SetFollower
 
 	storedCache storedCache // st_blocks and statfs
 

@@ -75,6 +75,8 @@ type inode struct {
 
 	vol   uint16 // the data volume's id in this run
 	opens int    // open handles; an unlinked file is freed at the last close
+	// followed: its page cache is followed (follow.go), under FS.mu.
+	followed bool
 	// peak is the furthest any write of this run reached, whether it
 	// succeeded or not (a failed write may leave pages cached past Size;
 	// truncation drops the pages past the new size itself): no page at

@@ -169,6 +169,7 @@ func (h *Host) Registry() *prometheus.Registry {
 			counter("pagecache_lost_total", "Kernel page-cache events dropped because the tracker's ring was full.", func(t *pagecache.Tracker) uint64 { return t.Lost() }),
 			counter("pagecache_mutes_total", "Times a file's page-cache events were muted in the kernel because the mount read it ahead itself.", func(t *pagecache.Tracker) uint64 { return t.Mutes.Load() }),
 			gauge("pagecache_muted_files", "Files whose page-cache events are muted now.", func(t *pagecache.Tracker) float64 { return float64(t.MutedFiles()) }),
+			gauge("pagecache_followed_files", "Files whose page cache the tracker follows: those of 1 MiB or more the kernel holds.", func(t *pagecache.Tracker) float64 { return float64(t.FollowedFiles()) }),
 		))
 	}
 	if c := h.control; c != nil {

@@ -100,11 +100,15 @@ func (h *Host) mount(ctx context.Context, cfg Config) error {
 	} else {
 		view.OnRange = h.Link.KernelRange
 	}
-	tr, err := pagecache.Start(m.Dev, view)
+	// Only files of fs.FollowFrom bytes or more: a tree of small files
+	// would cost more to follow than the agent saves (docs/decisions.md,
+	// 44).
+	tr, err := pagecache.StartFollowing(m.Dev, view)
 	if err != nil {
 		h.TrackerErr = err
 		return nil
 	}
+	f.SetFollower(tr)
 	if kv != nil {
 		h.Agent.SetKernelView(kv)
 	}

@@ -263,3 +263,54 @@ func TestTrackerMutesFilesTheMountReadsAhead(t *testing.T) {
 	sync()
 	assert.NotZero(t, heldPages(), "a read after the stream reached Host View")
 }
+
+// TestTrackerFollowsLargeFilesOnly: the tracker follows the files of
+// fs.FollowFrom bytes or more, from the write that grows a file there or
+// its open; reading a smaller file sends the tracker nothing. A file the
+// kernel forgets is no longer followed, and is again from its next open.
+func TestTrackerFollowsLargeFilesOnly(t *testing.T) {
+	ctx, h, dir := trackedHost(t)
+	sync := func() {
+		sctx, c := context.WithTimeout(ctx, 10*time.Second)
+		defer c()
+		require.NoError(t, h.Tracker.Sync(sctx))
+	}
+	readCold := func(p string, n int) {
+		f, err := os.Open(p)
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+		_, err = f.ReadAt(make([]byte, n), 0)
+		require.NoError(t, err)
+	}
+	small := dir + "/small"
+	require.NoError(t, os.WriteFile(small, make([]byte, 64<<10), 0o644))
+	sync()
+	require.Zero(t, h.Tracker.FollowedFiles(), "a file below fs.FollowFrom")
+	events := h.Tracker.Events.Load()
+	readCold(small, 64<<10)
+	sync()
+	assert.Equal(t, events, h.Tracker.Events.Load(), "reading a small file sent events")
+
+	// Grown past FollowFrom by a write: followed from then on.
+	f, err := os.OpenFile(small, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(make([]byte, 4096), fs.FollowFrom)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	assert.Equal(t, 1, h.Tracker.FollowedFiles(), "a file grown past fs.FollowFrom")
+	events = h.Tracker.Events.Load()
+	readCold(small, 64<<10)
+	sync()
+	assert.Greater(t, h.Tracker.Events.Load(), events, "reading a followed file sent no events")
+
+	// The kernel forgets the file (drop_caches 2: dentries and inodes,
+	// once nothing holds it): not followed until it is opened again.
+	syscall.Sync()
+	require.Eventually(t, func() bool {
+		require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0))
+		return h.Tracker.FollowedFiles() == 0
+	}, 10*time.Second, 50*time.Millisecond, "the forgotten file is still followed")
+	readCold(small, 4096)
+	assert.Equal(t, 1, h.Tracker.FollowedFiles(), "followed again from its open")
+}

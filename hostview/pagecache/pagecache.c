@@ -53,6 +53,19 @@ struct {
 	__type(value, __u8);
 } muted SEC(".maps");
 
+// With follow_chosen set by the loader, only the files in followed (by
+// inode number, set from user space) are traced: a mount's small files,
+// which no prefetcher has anything to do for, then cost one lookup here
+// per event, not a record in the ring (docs/decisions.md, 44).
+volatile const __u32 follow_chosen = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 16);
+	__type(key, __u64);
+	__type(value, __u8);
+} followed SEC(".maps");
+
 // counters[0] counts events dropped because the ring was full,
 // counters[1] events submitted (so user space can wait for all of them).
 struct {
@@ -91,7 +104,11 @@ struct range_ctx { // mm_filemap_get_pages, mm_filemap_fault (no last_index)
 // user space.
 static __always_inline int wanted(__u32 s_dev, __u64 ino)
 {
-	return s_dev == target_dev && !bpf_map_lookup_elem(&muted, &ino);
+	if (s_dev != target_dev)
+		return 0;
+	if (follow_chosen && !bpf_map_lookup_elem(&followed, &ino))
+		return 0;
+	return !bpf_map_lookup_elem(&muted, &ino);
 }
 
 static __always_inline int emit(__u32 kind, __u64 ino, __u64 first, __u64 last)

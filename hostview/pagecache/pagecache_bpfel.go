@@ -28,11 +28,13 @@ type pagecacheEvent struct {
 const (
 	pagecacheMapCounters     = "counters"
 	pagecacheMapEvents       = "events"
+	pagecacheMapFollowed     = "followed"
 	pagecacheMapMuted        = "muted"
 	pagecacheProgPageAdded   = "page_added"
 	pagecacheProgPageDeleted = "page_deleted"
 	pagecacheProgPageFault   = "page_fault"
 	pagecacheProgPagesRead   = "pages_read"
+	pagecacheVarFollowChosen = "follow_chosen"
 	pagecacheVarTargetDev    = "target_dev"
 	pagecacheVarUnusedEvent  = "unused_event"
 )
@@ -91,6 +93,7 @@ type pagecacheProgramSpecs struct {
 type pagecacheMapSpecs struct {
 	Counters *ebpf.MapSpec `ebpf:"counters"`
 	Events   *ebpf.MapSpec `ebpf:"events"`
+	Followed *ebpf.MapSpec `ebpf:"followed"`
 	Muted    *ebpf.MapSpec `ebpf:"muted"`
 }
 
@@ -98,8 +101,9 @@ type pagecacheMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pagecacheVariableSpecs struct {
-	TargetDev   *ebpf.VariableSpec `ebpf:"target_dev"`
-	UnusedEvent *ebpf.VariableSpec `ebpf:"unused_event"`
+	FollowChosen *ebpf.VariableSpec `ebpf:"follow_chosen"`
+	TargetDev    *ebpf.VariableSpec `ebpf:"target_dev"`
+	UnusedEvent  *ebpf.VariableSpec `ebpf:"unused_event"`
 }
 
 // pagecacheObjects contains all objects after they have been loaded into the kernel.
@@ -124,6 +128,7 @@ func (o *pagecacheObjects) Close() error {
 type pagecacheMaps struct {
 	Counters *ebpf.Map `ebpf:"counters"`
 	Events   *ebpf.Map `ebpf:"events"`
+	Followed *ebpf.Map `ebpf:"followed"`
 	Muted    *ebpf.Map `ebpf:"muted"`
 }
 
@@ -131,6 +136,7 @@ func (m *pagecacheMaps) Close() error {
 	return _PagecacheClose(
 		m.Counters,
 		m.Events,
+		m.Followed,
 		m.Muted,
 	)
 }
@@ -139,8 +145,9 @@ func (m *pagecacheMaps) Close() error {
 //
 // It can be passed to loadPagecacheObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pagecacheVariables struct {
-	TargetDev   *ebpf.Variable `ebpf:"target_dev"`
-	UnusedEvent *ebpf.Variable `ebpf:"unused_event"`
+	FollowChosen *ebpf.Variable `ebpf:"follow_chosen"`
+	TargetDev    *ebpf.Variable `ebpf:"target_dev"`
+	UnusedEvent  *ebpf.Variable `ebpf:"unused_event"`
 }
 
 // pagecachePrograms contains all programs after they have been loaded into the kernel.

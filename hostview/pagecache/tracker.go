@@ -77,6 +77,14 @@ type Tracker struct {
 	// nmuted is len(muted), for other goroutines.
 	nmuted atomic.Int64
 
+	// chosen: only the files given to Follow are traced (StartFollowing);
+	// followed holds them, under fmu, until closed (the maps are gone:
+	// a mount still serving may call Follow and Unfollow after Close).
+	chosen   bool
+	fmu      sync.Mutex
+	followed map[uint64]struct{}
+	closed   bool
+
 	// The reader's goroutine only: pend is a run of events not yet given
 	// to the sink, npend of them; muted the files muted in the kernel,
 	// asked about again after checked+muteCheck.
@@ -150,8 +158,16 @@ func checkLayout(name string) error {
 }
 
 // Start loads the programs for the filesystem whose device (kernel
-// encoding, MAJOR<<20|MINOR) is dev and feeds sink until Close.
-func Start(dev uint32, sink Sink) (*Tracker, error) {
+// encoding, MAJOR<<20|MINOR) is dev and feeds sink with the events of
+// every file until Close.
+func Start(dev uint32, sink Sink) (*Tracker, error) { return start(dev, sink, false) }
+
+// StartFollowing is Start for the files given to Follow only: the events
+// of the others stop in the kernel, before the ring (docs/decisions.md,
+// 44).
+func StartFollowing(dev uint32, sink Sink) (*Tracker, error) { return start(dev, sink, true) }
+
+func start(dev uint32, sink Sink, chosen bool) (*Tracker, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: needs root", ErrUnavailable)
 	}
@@ -173,7 +189,12 @@ func Start(dev uint32, sink Sink) (*Tracker, error) {
 	if err := spec.Variables["target_dev"].Set(dev); err != nil {
 		return nil, fmt.Errorf("pagecache: %w", err)
 	}
-	t := &Tracker{done: make(chan struct{}), muted: make(map[uint64]struct{})}
+	if chosen {
+		if err := spec.Variables["follow_chosen"].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("pagecache: %w", err)
+		}
+	}
+	t := &Tracker{done: make(chan struct{}), muted: make(map[uint64]struct{}), chosen: chosen, followed: make(map[uint64]struct{})}
 	t.muter, _ = sink.(Muter)
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		return nil, fmt.Errorf("%w: loading: %v", ErrUnavailable, err)
@@ -345,6 +366,48 @@ func (t *Tracker) recheck() {
 	t.nmuted.Store(int64(len(t.muted)))
 }
 
+// Follow makes a tracker started by StartFollowing deliver inode ino's
+// events from now on; pages the kernel already held are not reported.
+// It fails once the tracker follows as many files as its map holds (the
+// file is then not followed). A tracker started by Start follows every
+// file already.
+func (t *Tracker) Follow(ino uint64) error {
+	if !t.chosen {
+		return nil
+	}
+	t.fmu.Lock()
+	defer t.fmu.Unlock()
+	if _, ok := t.followed[ino]; ok || t.closed {
+		return nil
+	}
+	if err := t.objs.Followed.Put(ino, uint8(1)); err != nil {
+		return fmt.Errorf("pagecache: following inode %d (%d files followed): %w", ino, len(t.followed), err)
+	}
+	t.followed[ino] = struct{}{}
+	return nil
+}
+
+// Unfollow stops Follow's events of inode ino: for a file that is gone,
+// whose pages the kernel dropped (and reported) before. Events already in
+// the ring are still delivered.
+func (t *Tracker) Unfollow(ino uint64) {
+	t.fmu.Lock()
+	defer t.fmu.Unlock()
+	if _, ok := t.followed[ino]; !ok || t.closed {
+		return
+	}
+	t.objs.Followed.Delete(ino)
+	delete(t.followed, ino)
+}
+
+// FollowedFiles returns how many files Follow named and Unfollow did not
+// (0 for a tracker that follows every file).
+func (t *Tracker) FollowedFiles() int {
+	t.fmu.Lock()
+	defer t.fmu.Unlock()
+	return len(t.followed)
+}
+
 // MutedFiles returns how many files' events are muted now.
 func (t *Tracker) MutedFiles() int { return int(t.nmuted.Load()) }
 
@@ -392,6 +455,9 @@ func (t *Tracker) Close() error {
 		}
 		t.rd.Close()
 		<-t.done
+		t.fmu.Lock()
+		t.closed = true
+		t.fmu.Unlock()
 		t.closeObjs()
 	})
 	return nil

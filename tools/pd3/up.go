@@ -368,7 +368,7 @@ func runHost(ctx context.Context, cfg host.Config, metrics string) error {
 	if h.Mounted != nil {
 		log.Info(fmt.Sprintf("filesystem %q mounted at %s (NBD volumes under %s/volumes)", cfg.FSName, h.Mounted.Dir, h.Mounted.Dir))
 		if h.Tracker != nil {
-			log.Info("page-cache tracker on: the agent skips pages the kernel caches")
+			log.Info("page-cache tracker on: the agent skips pages the kernel caches of files of 1MiB or more")
 		} else {
 			log.Info(fmt.Sprintf("page-cache tracker off: %v", h.TrackerErr))
 		}
