@@ -20,8 +20,9 @@ type Follower interface {
 // SetFollower gives the mount the follower of its files' page cache: a
 // regular file is followed from the first open, or the first write,
 // truncation or allocation that finds it at FollowFrom bytes or more,
-// until the kernel forgets it. Set once, after Mount (the tracker needs the mount's
-// device); a file open before then is followed from its next open.
+// until the kernel forgets it. Set once, after Mount (the tracker needs
+// the mount's device); a file open before then is followed from its next
+// open.
 func (f *FS) SetFollower(fl Follower) {
 	f.mu.Lock()
 	f.follower = fl
