@@ -6,7 +6,7 @@
 package bench
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -229,8 +229,16 @@ type Child struct {
 	Addrs map[string]string // "memory node", "page server" → address
 	Pid   int
 
-	mu  sync.Mutex
-	out strings.Builder // stdout so far
+	// exited is closed once the child has exited and everything it
+	// printed is in out.
+	exited chan struct{}
+
+	mu       sync.Mutex
+	out      strings.Builder // stderr so far, in lines
+	partial  []byte          // a line not yet ended
+	want     []string
+	found    chan struct{} // closed once every role in want has its address
+	reported bool
 }
 
 // Output returns what the child has printed on stdout so far.
@@ -306,48 +314,37 @@ func StartChildEnv(ctx context.Context, exe string, env []string, want []string,
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
+	c := &Child{cmd: cmd, Addrs: map[string]string{}, want: want, exited: make(chan struct{}), found: make(chan struct{})}
 	// pd3 logs on stderr ("pd3: ..." lines): the child's notices are kept
-	// for Output and its warnings and errors passed on to ours.
+	// for Output and its warnings and errors passed on to ours. exec
+	// copies them to childLog and Wait returns once the copy is done, so
+	// a child's last lines are never lost to its reaping (a pipe read by
+	// a goroutine of ours lost them: Wait closes such a pipe); WaitDelay
+	// bounds the copy if a process the child started keeps the pipe open.
 	cmd.Stdout = os.Stderr
-	out, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
+	cmd.Stderr = childLog{c}
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s %v: %w", exe, args, err)
 	}
-	c := &Child{cmd: cmd, Addrs: map[string]string{}, Pid: cmd.Process.Pid}
-	found := make(chan error, 1)
+	c.Pid = cmd.Process.Pid
 	go func() {
-		sc := bufio.NewScanner(out)
-		reported := false
-		for sc.Scan() {
-			line := sc.Text()
-			c.mu.Lock()
-			c.out.WriteString(line + "\n")
-			c.mu.Unlock()
-			if strings.HasPrefix(line, clilog.Prefix+"warning: ") || strings.HasPrefix(line, clilog.Prefix+"error: ") {
-				fmt.Fprintln(os.Stderr, line)
-			}
-			for _, role := range want {
-				if rest, ok := strings.CutPrefix(line, clilog.Prefix+role+" listening on "); ok {
-					c.Addrs[role] = strings.Fields(rest)[0]
-				}
-			}
-			if !reported && len(c.Addrs) == len(want) {
-				reported = true
-				found <- nil
-			}
+		cmd.Wait()
+		c.mu.Lock()
+		if len(c.partial) > 0 {
+			c.lineLocked(string(c.partial))
+			c.partial = nil
 		}
-		if !reported {
-			found <- fmt.Errorf("%s %v exited before listening:\n%s", exe, args, c.Output())
-		}
+		c.mu.Unlock()
+		close(c.exited)
 	}()
 	select {
-	case err := <-found:
-		if err != nil {
-			cmd.Wait()
-			return nil, err
+	case <-c.found:
+	case <-c.exited:
+		select {
+		case <-c.found: // said where it listens, then exited: the caller finds out
+		default:
+			return nil, fmt.Errorf("%s %v exited before listening:\n%s", exe, args, c.Output())
 		}
 	case <-time.After(2 * time.Minute):
 		c.Stop()
@@ -357,6 +354,51 @@ func StartChildEnv(ctx context.Context, exe string, env []string, want []string,
 		return nil, ctx.Err()
 	}
 	return c, nil
+}
+
+// adoptChild makes a Child of a process started elsewhere, whose output
+// is not kept (a peer's server, a FUSE daemon): Stop and Kill reap it.
+func adoptChild(cmd *exec.Cmd) *Child {
+	c := &Child{cmd: cmd, Pid: cmd.Process.Pid, Addrs: map[string]string{}, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(c.exited) }()
+	return c
+}
+
+// childLog takes a child's stderr in lines (StartChildEnv).
+type childLog struct{ c *Child }
+
+func (l childLog) Write(p []byte) (int, error) {
+	c := l.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.partial = append(c.partial, p...)
+	for {
+		i := bytes.IndexByte(c.partial, '\n')
+		if i < 0 {
+			break
+		}
+		c.lineLocked(string(c.partial[:i]))
+		c.partial = c.partial[i+1:]
+	}
+	c.partial = append(c.partial[:0:0], c.partial...) // let the consumed bytes go
+	return len(p), nil
+}
+
+// lineLocked takes one line the child printed (c.mu held).
+func (c *Child) lineLocked(line string) {
+	c.out.WriteString(line + "\n")
+	if strings.HasPrefix(line, clilog.Prefix+"warning: ") || strings.HasPrefix(line, clilog.Prefix+"error: ") {
+		fmt.Fprintln(os.Stderr, line)
+	}
+	for _, role := range c.want {
+		if rest, ok := strings.CutPrefix(line, clilog.Prefix+role+" listening on "); ok {
+			c.Addrs[role] = strings.Fields(rest)[0]
+		}
+	}
+	if !c.reported && len(c.Addrs) == len(c.want) {
+		c.reported = true
+		close(c.found)
+	}
 }
 
 // WaitOutput waits until the child has printed s.
@@ -381,20 +423,18 @@ func (c *Child) CPU() time.Duration { d, _ := procstat.CPU(c.Pid); return d }
 // Stop ends the child with SIGTERM (SIGKILL after 30s) and reaps it.
 func (c *Child) Stop() {
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { c.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-c.exited:
 	case <-time.After(30 * time.Second):
 		c.cmd.Process.Kill()
-		<-done
+		<-c.exited
 	}
 }
 
 // Kill ends the child at once (SIGKILL), as a crash would.
 func (c *Child) Kill() {
 	c.cmd.Process.Kill()
-	c.cmd.Wait()
+	<-c.exited
 }
 
 // Populate writes the pattern to every page of vol at the memory node,

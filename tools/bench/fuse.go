@@ -333,7 +333,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			cleanup()
 			return "", nil, nil, nil, err
 		}
-		fuseChild := &Child{cmd: fuse, Pid: fuse.Process.Pid, Addrs: map[string]string{}}
+		fuseChild := adoptChild(fuse)
 		stop := func() {
 			exec.Command("fusermount3", "-u", mnt).Run()
 			fuseChild.Stop()
@@ -399,7 +399,7 @@ func startFUSESystem(ctx context.Context, opt FUSEOptions, sys string) (string, 
 			stop()
 			return "", nil, nil, nil, err
 		}
-		bChild := &Child{cmd: b, Pid: b.Process.Pid, Addrs: map[string]string{}}
+		bChild := adoptChild(b)
 		stopAll := func() { exec.Command("fusermount3", "-u", mnt).Run(); bChild.Stop(); stop() }
 		if err := waitMounted(mnt); err != nil {
 			stopAll()

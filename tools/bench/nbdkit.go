@@ -29,7 +29,7 @@ func startNbdkit(ctx context.Context, env []string, args ...string) (*Child, str
 	if err := cmd.Start(); err != nil {
 		return nil, "", err
 	}
-	c := &Child{cmd: cmd, Pid: cmd.Process.Pid, Addrs: map[string]string{}}
+	c := adoptChild(cmd)
 	for i := 0; ; i++ {
 		if nc, err := net.Dial("tcp", addr); err == nil {
 			nc.Close()
