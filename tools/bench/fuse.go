@@ -197,7 +197,7 @@ func oneFile(sys string) bool { return strings.HasPrefix(sys, "nbdfuse") || sys 
 // reports its throughput: MB/s as OpsPerSec (what the ratios compare).
 func runDbench(ctx context.Context, dir, clients string, d time.Duration) (Result, error) {
 	if _, err := exec.LookPath("dbench"); err != nil {
-		return Result{}, errors.New("dbench is not installed (make deps-system)")
+		return Result{}, errors.New("dbench is not installed: apt-get install dbench (make bench-fuse installs it)")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Result{}, err
