@@ -241,7 +241,8 @@ type Child struct {
 	reported bool
 }
 
-// Output returns what the child has printed on stdout so far.
+// Output returns what the child has printed on stderr so far (pd3 logs
+// there), in whole lines.
 func (c *Child) Output() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
