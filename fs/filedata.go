@@ -39,11 +39,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		return nil, 0, syscall.EISDIR
 	}
 	c.opens++
-	follow := f.toFollow(c)
-	f.mu.Unlock()
-	if follow {
-		f.follow(c)
-	}
+	f.unlockFollowing(c)
 	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		if e := n.truncate(ctx, 0); e != 0 {
 			n.Release(ctx, nil)
@@ -207,11 +203,7 @@ func (n *node) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off in
 		c.Size = max(c.Size, end)
 		c.touch(nowNs())
 		n.f.changedLocked(c)
-		follow := n.f.toFollow(c)
-		n.f.mu.Unlock()
-		if follow {
-			n.f.follow(c)
-		}
+		n.f.unlockFollowing(c)
 	}
 	c.io.RUnlock()
 	if err == nil && len(data) > 0 && n.f.cfg.OnWrite != nil {
@@ -328,10 +320,6 @@ func (n *node) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64
 	}
 	c.touch(nowNs())
 	n.f.changedLocked(c)
-	follow := n.f.toFollow(c)
-	n.f.mu.Unlock()
-	if follow {
-		n.f.follow(c)
-	}
+	n.f.unlockFollowing(c)
 	return 0
 }

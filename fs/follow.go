@@ -29,25 +29,23 @@ func (f *FS) SetFollower(fl Follower) {
 	f.mu.Unlock()
 }
 
-// toFollow reports whether file c is to be followed now (f.mu held): the
-// caller passes it to follow once it has let go of f.mu.
-func (f *FS) toFollow(c *inode) bool {
-	if f.follower == nil || c.followed || c.Size < FollowFrom || !c.isReg() {
-		return false
+// unlockFollowing releases f.mu, held for writing by a change that may
+// have brought file c to FollowFrom bytes, and then has c followed if it
+// is to be from now on (the follower's map update is a syscall, made
+// outside the lock). A follower that cannot follow more files leaves c
+// unfollowed: Host View then lacks its pages, which costs a redundant
+// prefetch at worst; c is not offered again.
+func (f *FS) unlockFollowing(c *inode) {
+	fl := f.follower
+	if fl == nil || c.followed || c.Size < FollowFrom || !c.isReg() {
+		f.mu.Unlock()
+		return
 	}
 	c.followed = true
-	return true
-}
-
-// follow has file c followed (after toFollow). A follower that cannot
-// follow more files leaves c unfollowed: Host View then lacks its pages,
-// which costs a redundant prefetch at worst; c is not offered again.
-func (f *FS) follow(c *inode) {
-	f.mu.RLock()
-	fl := f.follower
-	f.mu.RUnlock()
-	if err := fl.Follow(c.Ino); err != nil {
-		f.cfg.Log.Debug("page cache of a file not followed", "ino", c.Ino, "err", err)
+	ino := c.Ino
+	f.mu.Unlock()
+	if err := fl.Follow(ino); err != nil {
+		f.cfg.Log.Debug("page cache of a file not followed", "ino", ino, "err", err)
 	}
 }
 

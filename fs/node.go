@@ -270,11 +270,7 @@ func (n *node) truncate(ctx context.Context, size uint64) syscall.Errno {
 	c.Size = size
 	c.touch(nowNs())
 	f.changedLocked(c)
-	follow := f.toFollow(c)
-	f.mu.Unlock()
-	if follow {
-		f.follow(c)
-	}
+	f.unlockFollowing(c)
 	return 0
 }
 
