@@ -45,7 +45,8 @@ type Server struct {
 	// for the next request before it sleeps in poll(2) (sockio.Reader.Spin;
 	// DefaultPollFor is what pd3 runs with); 0 sleeps at once. A
 	// connection that goes quiet polls once, for PollFor, then sleeps,
-	// and only one connection of the server polls at a time.
+	// and only one connection of the server polls at a time, none while
+	// it serves more than one (busy).
 	PollFor time.Duration
 	// Stages, if set, is stamped as requests pass (the miss-path
 	// breakdown); nil in production.
@@ -55,7 +56,13 @@ type Server struct {
 	// spinners: one connection at a time polls (PollFor); the others
 	// sleep at once.
 	spinners sockio.Spinners
-	stats    serverStats
+	// busy counts the connections served. With more than one, none
+	// waits in poll(2) or polls for its next request: each blocked
+	// thread would keep a P the other connections' requests need, for
+	// the runtime's monitor to take back every 20 µs (docs/decisions.md,
+	// 4 and 45).
+	busy  sockio.Busy
+	stats serverStats
 }
 
 // DefaultPollFor is the polling window pd3's memory nodes run with: long
@@ -150,10 +157,13 @@ func (s *Server) serveConn(nc net.Conn) error {
 		return err
 	}
 	served = true
+	s.busy.AddConn(1)
+	defer s.busy.AddConn(-1)
 	if fast != nil {
-		// This goroutine plays the NIC: it waits for requests in poll(2)
-		// and answers them with no scheduler hop (see sockio).
-		fast.Direct()
+		// This goroutine plays the NIC: while it serves the node's only
+		// connection it waits for requests in poll(2) and answers them
+		// with no scheduler hop (see sockio).
+		fast.DirectIf(&s.busy)
 		fast.Spin(s.PollFor, &s.spinners)
 	}
 	var h ReqHeader

@@ -497,7 +497,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 	tlsFilesVar(cmd.Flags(), &tlsFiles, "", true)
 	etcd = addEtcdFlags(cmd.Flags(), "register with the control plane: etcd client URLs (comma-separated); the node is up while it renews its lease")
 	pagesVar(cmd.Flags(), &capBytes, "capacity", "0", "page memory limit (0 = unlimited)")
-	cmd.Flags().DurationVar(&pollFor, "poll-for", memnode.DefaultPollFor, "how long a connection whose requests ran dry polls for the next one before it sleeps (0: sleep at once, as on a machine whose few cores the node shares with several busy hosts, docs/decisions.md 32; a quiet connection polls once, then sleeps)")
+	cmd.Flags().DurationVar(&pollFor, "poll-for", memnode.DefaultPollFor, "how long a connection whose requests ran dry polls for the next one before it sleeps (0: sleep at once; a quiet connection polls once, then sleeps; while the node serves more than one connection none polls, docs/decisions.md 45)")
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9101)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
