@@ -58,7 +58,11 @@
 //
 // frame.mu → shard.mu → evictMu. The index is 64 shards of open-addressing
 // tables keyed by page id (index.go: one cache line per lookup, where a Go
-// map touched two or three). The eviction policy runs under evictMu and
+// map touched two or three). A frame's key and valid flag change only under
+// its write lock, together with its index entry, so a frame read-locked
+// and holding page k valid is k's one cached copy: a stream read tries the
+// frame after the last page's before the index (docs/decisions.md, 46).
+// The eviction policy runs under evictMu and
 // claims a victim frame only with TryLock, so it never waits on a frame
 // while holding evictMu.
 // A frame whose Flush write-back is in flight (frame.wb) cannot be evicted:

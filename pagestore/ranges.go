@@ -130,13 +130,23 @@ func (s *Store) readStream(ctx context.Context, vol uint16, off uint64, p []byte
 	}
 	lz := s.opt.Prefetched
 	var err error
+	prev := int32(-1) // the frame of the last page, if cached
 	for i := 0; i < pages && err == nil; i++ {
 		k := pageid.MakeKey(vol, first+uint64(i))
 		dst := p[i*pageid.Size : (i+1)*pageid.Size]
-		switch {
-		case s.Resident(k):
+		if prev >= 0 && s.nextFrame(k, prev, dst) {
+			// The frame after the last page's holds this one.
 			flush(i)
-			err = s.Get(ctx, k, dst)
+			prev++
+			continue
+		}
+		f, cached := s.lookup(k)
+		prev = -1
+		switch {
+		case cached:
+			flush(i)
+			err = s.getFound(ctx, k, f, dst)
+			prev = f
 		case lz != nil && lz.CheckAndReturn(k, dst) == pageid.Size:
 			flush(i)
 			s.misses.Add(1) // a miss of the cache, as in Get

@@ -281,6 +281,44 @@ func (s *Store) Resident(k pageid.Key) bool {
 	return ok
 }
 
+// copyOut copies page k out of frame f, which the caller has read-locked,
+// if f holds it, counting a hit; it unlocks f and reports whether it
+// copied.
+func (s *Store) copyOut(k pageid.Key, f int32, dst []byte) bool {
+	fr := &s.frames[f]
+	ok := fr.key == k && fr.valid
+	if ok {
+		copy(dst, s.page(f))
+	}
+	fr.mu.RUnlock()
+	if ok {
+		s.pol.hit(f)
+		s.hits.Add(1)
+	}
+	return ok
+}
+
+// getFound is Get of page k, checked, that a lookup just found in frame
+// f: one lookup of the index where Resident and Get make two. A frame
+// being loaded or evicted, or given to another page since, is left to
+// Get.
+func (s *Store) getFound(ctx context.Context, k pageid.Key, f int32, dst []byte) error {
+	if s.frames[f].mu.TryRLock() && s.copyOut(k, f, dst) {
+		return nil
+	}
+	return s.Get(ctx, k, dst)
+}
+
+// nextFrame copies page k into dst if the frame after f holds it: pages
+// read in order were often cached in order, and a frame's own key,
+// checked under its lock, says what it holds, with no lookup of the
+// index, a cache miss of its own for every page of a stream
+// (docs/decisions.md, 46).
+func (s *Store) nextFrame(k pageid.Key, f int32, dst []byte) bool {
+	f++
+	return int(f) < len(s.frames) && s.frames[f].mu.TryRLock() && s.copyOut(k, f, dst)
+}
+
 // Get copies page k into dst.
 func (s *Store) Get(ctx context.Context, k pageid.Key, dst []byte) error {
 	if len(dst) != pageid.Size {
@@ -297,14 +335,9 @@ func (s *Store) Get(ctx context.Context, k pageid.Key, dst []byte) error {
 				s.waits.Add(1)
 				fr.mu.RLock()
 			}
-			if fr.key == k && fr.valid {
-				copy(dst, s.page(f))
-				fr.mu.RUnlock()
-				s.pol.hit(f)
-				s.hits.Add(1)
+			if s.copyOut(k, f, dst) {
 				return nil
 			}
-			fr.mu.RUnlock()
 			runtime.Gosched()
 			continue
 		}
