@@ -625,7 +625,7 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 	require.NotNil(t, sc.fast)
 
 	cookie := uint64(0)
-	late := func(typ nbdproto.Cmd, payload []byte, poll bool) {
+	late := func(typ nbdproto.Cmd, flags nbdproto.CmdFlags, payload []byte, poll bool) {
 		t.Helper()
 		if poll {
 			require.Eventually(t, func() bool { return busy.Polls() > 0 }, 10*time.Second, 50*time.Microsecond,
@@ -641,34 +641,37 @@ func TestReaderLeavesItsPToTheWorkerItHandedARequest(t *testing.T) {
 		case nbdproto.CmdFlush:
 			off = 0 // a FLUSH has neither offset nor length
 		}
-		c.send(typ, 0, cookie, off, n, payload)
+		c.send(typ, flags, cookie, off, n, payload)
 		errno, got, _ := c.simple(t, reply)
 		require.Zero(t, errno)
 		require.Equal(t, cookie, got)
 	}
-	late(nbdproto.CmdRead, nil, true) // the reader is drained: its next read waits
-	// A WRITE of more than pagestore.MaxAsyncPages goes to a worker; one
-	// of one page the cache can take at once is written by the reader
-	// itself (writePage).
-	big := pagestore.MaxAsyncPages + 1
+	late(nbdproto.CmdRead, 0, nil, true) // the reader is drained: its next read waits
+	// A WRITE with FUA goes to a worker (it waits for a write-back); one
+	// without, of a page the cache can take at once, is written by the
+	// reader itself (writePage). One page each: the reader may wait in
+	// poll(2) for the rest of a request it is still reading (a payload of
+	// more than one loopback segment), which hands nothing to anyone.
+	fua := nbdproto.CmdFlagFUA
 	for _, tc := range []struct {
 		name  string
 		typ   nbdproto.Cmd
+		flags nbdproto.CmdFlags
 		pages int
 		poll  bool
 	}{
-		{"READ", nbdproto.CmdRead, 0, true},
-		{"WRITE after a READ", nbdproto.CmdWrite, big, true},
-		{"READ after a WRITE", nbdproto.CmdRead, 0, false},
-		{"READ after a READ", nbdproto.CmdRead, 0, true},
-		{"FLUSH", nbdproto.CmdFlush, 0, true},
-		{"WRITE after a FLUSH", nbdproto.CmdWrite, big, false},
-		{"one-page WRITE after a WRITE", nbdproto.CmdWrite, 1, false},
-		{"READ after a one-page WRITE", nbdproto.CmdRead, 0, true},
+		{"READ", nbdproto.CmdRead, 0, 0, true},
+		{"FUA WRITE after a READ", nbdproto.CmdWrite, fua, 1, true},
+		{"READ after a FUA WRITE", nbdproto.CmdRead, 0, 0, false},
+		{"READ after a READ", nbdproto.CmdRead, 0, 0, true},
+		{"FLUSH", nbdproto.CmdFlush, 0, 0, true},
+		{"FUA WRITE after a FLUSH", nbdproto.CmdWrite, fua, 1, false},
+		{"one-page WRITE after a FUA WRITE", nbdproto.CmdWrite, 0, 1, false},
+		{"READ after a one-page WRITE", nbdproto.CmdRead, 0, 0, true},
 	} {
 		payload := bytes.Repeat([]byte{7}, tc.pages*4096)
 		before := sc.fast.Wakeups.Load()
-		late(tc.typ, payload, tc.poll)
+		late(tc.typ, tc.flags, payload, tc.poll)
 		if tc.poll {
 			assert.Greater(t, sc.fast.Wakeups.Load(), before, "%s: the reader did not wait in poll(2)", tc.name)
 		} else {
