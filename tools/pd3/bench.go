@@ -28,6 +28,8 @@ func benchCmd() *cobra.Command {
 	var plotPath string
 	cmd := &cobra.Command{Use: "bench", Short: "Measure pd3 against baselines in one run (ratios)"}
 	cmd.PersistentFlags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	class := schedValue("batch")
+	cmd.PersistentFlags().Var(&class, "sched", "the --sched of the pd3 processes the benchmark starts (batch or normal); its clients and peers keep the kernel's default class")
 	cmd.PersistentFlags().StringVar(&plotPath, "plot", "", "also draw the results into FILE (.png or .svg): throughput per system with ratios, latency percentiles, sweeps as lines")
 	// emit prints a report, and draws it with --plot.
 	emit := func(rep *bench.Report) error {

@@ -70,7 +70,7 @@ socket, as a NIC mirroring packets to a DPU would; run the host with
 	pagesVar(fl, &cacheBytes, "cache", "64MiB", "the host's cache size (sizes Host View)")
 	fl.StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR")
 	fl.StringArrayVar(&captures, "packet", nil, "watch the requests to a host server: page=ADDR or nbd=ADDR (repeatable; needs CAP_NET_RAW)")
-	return cmd
+	return serving(cmd)
 }
 
 func parseCaptures(specs []string) ([]host.Capture, error) {

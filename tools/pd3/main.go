@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/pd3-go/pd3/internal/sched"
 	"github.com/spf13/cobra"
 )
 
@@ -50,7 +51,8 @@ func newRoot() *cobra.Command {
 	}
 	var procs int
 	root.PersistentFlags().IntVar(&procs, "procs", 0, "OS threads running Go code at once, in this process and the pd3 processes a benchmark starts (GOMAXPROCS; 0: one per CPU). Where pd3 shares a few cores with its memory node and clients, 1 saves the Go scheduler's cross-thread wake-ups (docs/decisions.md, 23)")
-	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		enterSched(cmd)
 		if procs < 0 {
 			return fmt.Errorf("--procs %d: want 0 (one per CPU) or more", procs)
 		}
@@ -68,6 +70,54 @@ func newRoot() *cobra.Command {
 	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 	markUsageErrors(root)
 	return root
+}
+
+// schedValue is the --sched flag: batch or normal.
+type schedValue string
+
+func (v *schedValue) String() string { return string(*v) }
+func (v *schedValue) Type() string   { return "class" }
+func (v *schedValue) Set(s string) error {
+	if s != "batch" && s != "normal" {
+		return fmt.Errorf("%q is no scheduling class of pd3's: want batch or normal", s)
+	}
+	*v = schedValue(s)
+	return nil
+}
+
+// servingKey is the annotation of the commands that serve.
+const servingKey = "pd3.serving"
+
+// serving marks cmd as a serving command and gives it --sched.
+func serving(cmd *cobra.Command) *cobra.Command {
+	cmd.Annotations = map[string]string{servingKey: "true"}
+	class := schedValue("batch")
+	cmd.Flags().Var(&class, "sched", "scheduling class of this process: batch (SCHED_BATCH: a request one pd3 process hands another on shared cores does not preempt the sender, which goes on to its next requests; docs/decisions.md, 47) or normal")
+	return cmd
+}
+
+// enterSched puts a serving command's process in the scheduling class
+// of its --sched. A benchmark's --sched reaches the pd3 processes it
+// starts through $PD3_SCHED, unless their own --sched says otherwise. A
+// process that cannot change its class serves in the one it has.
+func enterSched(cmd *cobra.Command) {
+	f := cmd.Flags().Lookup("sched")
+	if f == nil {
+		return
+	}
+	class := f.Value.(*schedValue)
+	if env := os.Getenv("PD3_SCHED"); env != "" && !f.Changed {
+		if err := class.Set(env); err != nil {
+			logger().Warn("$PD3_SCHED: " + err.Error())
+		}
+	}
+	os.Setenv("PD3_SCHED", string(*class))
+	if *class != "batch" || cmd.Annotations[servingKey] == "" {
+		return
+	}
+	if _, err := sched.Batch(); err != nil {
+		logger().Warn("serving in the normal scheduling class", "err", err)
+	}
 }
 
 // usageError is a command line cobra could not take (an unknown command

@@ -29,6 +29,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/internal/linearize"
 	"github.com/pd3-go/pd3/internal/nbdclient"
+	"github.com/pd3-go/pd3/internal/sched"
 	"github.com/pd3-go/pd3/internal/scrape"
 	"github.com/pd3-go/pd3/internal/testetcd"
 	"github.com/pd3-go/pd3/internal/testutil"
@@ -39,6 +40,7 @@ import (
 	"github.com/pd3-go/pd3/tools/bench"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 var pd3Bin string
@@ -1924,4 +1926,41 @@ func TestMemnodeServesMetrics(t *testing.T) {
 	} {
 		assert.Contains(t, m, want+"\n")
 	}
+}
+
+// A serving process runs every thread in SCHED_BATCH (docs/decisions.md,
+// 47); --sched normal, or a benchmark's $PD3_SCHED, keeps the normal
+// class.
+func TestServingProcessesRunInTheBatchClass(t *testing.T) {
+	classes := func(pid int) map[uint32]int {
+		t.Helper()
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		require.NoError(t, err)
+		out := map[uint32]int{}
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			require.NoError(t, err)
+			if p, err := sched.Policy(tid); err == nil {
+				out[p]++
+			}
+		}
+		return out
+	}
+	node := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	got := classes(node.Pid)
+	assert.Positive(t, got[unix.SCHED_BATCH])
+	assert.Zero(t, got[unix.SCHED_NORMAL], "threads left in the normal class")
+
+	normal := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0", "--sched", "normal")
+	got = classes(normal.Pid)
+	assert.Zero(t, got[unix.SCHED_BATCH])
+
+	t.Setenv("PD3_SCHED", "normal") // as `pd3 bench --sched normal` passes it on
+	inherited := start(t, []string{"memory node"}, "memnode", "--listen", "127.0.0.1:0")
+	got = classes(inherited.Pid)
+	assert.Zero(t, got[unix.SCHED_BATCH])
+
+	out, err := run(t, "", "memnode", "--sched", "idle")
+	require.Error(t, err)
+	assert.Contains(t, out, `"idle" is no scheduling class of pd3's: want batch or normal`)
 }

@@ -172,7 +172,7 @@ back to the memory node first.`,
 	f.add(cmd, "use the memory node at ADDR instead of an embedded one")
 	setDefault(cmd, "mount", "./pd3-mnt", &f.mount)
 	e.add(cmd.Flags(), "make the embedded memory node durable in DIR (acknowledged writes survive crashes)")
-	return cmd
+	return serving(cmd)
 }
 
 // embedFlags configure what pd3 up and pd3 mount start besides the host
@@ -271,7 +271,7 @@ DIR/volumes/NAME.`,
 	setDefault(cmd, "page", "", &f.page)
 	setDefault(cmd, "nbd", "", &f.nbd)
 	e.add(cmd.Flags(), "make the embedded memory node durable in DIR")
-	return cmd
+	return serving(cmd)
 }
 
 func serveCmd() *cobra.Command {
@@ -311,7 +311,7 @@ func serveCmd() *cobra.Command {
 		},
 	}
 	f.add(cmd, "memory node address (host:port or unix:/path); without it, --etcd places the volumes over the cluster's nodes")
-	return cmd
+	return serving(cmd)
 }
 
 func runHost(ctx context.Context, cfg host.Config, metrics string) error {
@@ -501,7 +501,7 @@ that CA signed (--memnode-tls-cert, --memnode-tls-key): mutual TLS.`,
 	cmd.Flags().StringVar(&persist, "persist", "", "directory that makes the node durable (log + page files)")
 	cmd.Flags().StringVar(&metrics, "metrics", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9101)")
 	cmd.Flags().StringArrayVar(&grants, "grant", nil, "TOKEN=PATTERN[,PATTERN...]: a token that reaches only the volumes matching a pattern (repeatable; with grants, an empty --token accepts only their tokens)")
-	return cmd
+	return serving(cmd)
 }
 
 // parseGrants parses --grant values.
