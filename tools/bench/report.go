@@ -34,6 +34,22 @@ type Goal struct {
 	// same ratio for a design that does no work of its own, measured in the
 	// same run (Min and Max unset).
 	Ceiling bool
+	// OrCeiling names the ceiling's ratio in the same run for a goal the
+	// cores may not allow: where that ratio is below Min, the goal is to
+	// reach it instead.
+	OrCeiling string
+}
+
+// wanted is g's bound in rep: Max, or Min, or the ceiling's ratio where
+// OrCeiling names one below Min. ceiling reports the last.
+func wanted(g Goal, rep *Report) (bound float64, ceiling bool) {
+	if g.Max > 0 {
+		return g.Max, false
+	}
+	if c, ok := rep.Ratios[g.OrCeiling]; g.OrCeiling != "" && ok && c < g.Min {
+		return c, true
+	}
+	return g.Min, false
 }
 
 // Suite is one section of the results page.
@@ -202,13 +218,13 @@ func Suites() []Suite {
 			About: "Every configuration in fresh processes on loopback: `pd3 coord`, the memory nodes and the hosts (`pd3 serve --etcd`, no `--memnode`: the control plane places the volumes), 64 MiB host cache, no agent. " +
 				"The nodes sweep runs one host at R=2 over 1, 2, 4 and 8 nodes (R=1 over one); the hosts sweep 1, 2 and 4 hosts at once over 4 nodes, each with a 512 MiB volume of its own, beside as many `nbdkit memory` servers (the ceiling of any NBD server on these cores). " +
 				"The size sweep opens one sparse volume of 256 MiB to 16 GiB and writes 1 GiB of it (all of a smaller one) with fio, read back and checked; the volumes sweep opens 1, 64 and 1 024 volumes of 16 MiB on one host. " +
-				"Where several busy hosts share memory nodes on these two cores (nine busy processes), pd3's reads in all fall as hosts are added: the requests to the nodes and their answers stop leaving together, and the Go runtime's monitor takes back the P of every thread preempted inside a system call. A node serving several hosts waits for their requests in the network poller and does not poll (docs/decisions.md, 32 and 45).",
+				"Two cores shared by up to thirteen processes give four hosts no more reads in all than one: the `nbdkit memory` rows measure how many fewer in the same run, and pd3's four hosts are held to that ceiling, not to 3×. pd3's processes run in SCHED_BATCH, so a request one hands another does not preempt the sender and requests and answers leave together with several hosts as with one (docs/decisions.md, 47); a node serving several hosts waits for their requests in the network poller and does not poll (32 and 45).",
 			Table: renderScale,
 			Goals: []Goal{
 				{Ratio: "host_cpu_per_op:nodes=8/nodes=1@randread-q32t1", Max: 1.15, What: "host CPU per random read, 8 nodes against 1"},
 				{Ratio: "host_cpu_per_op:nodes=8/nodes=1@randwrite-q32-flush32", Max: 1.15, What: "host CPU per random write with FLUSH, 8 nodes against 1"},
 				{Ratio: "aggregate:nbdkit-memory hosts=4/hosts=1@randread-q32t1", Ceiling: true, What: "4 nbdkit memory servers against 1 on the same cores"},
-				{Ratio: "aggregate:pd3 hosts=4/hosts=1@randread-q32t1", Min: 3, What: "random reads of 4 hosts against 1 (or the ceiling above)"},
+				{Ratio: "aggregate:pd3 hosts=4/hosts=1@randread-q32t1", Min: 3, OrCeiling: "aggregate:nbdkit-memory hosts=4/hosts=1@randread-q32t1", What: "random reads of 4 hosts against 1 (or the ceiling above, where the cores cannot give 3×)"},
 				{Ratio: "host_rss:size=16GiB/size=256MiB", Max: 1.1, What: "host RSS with a 16 GiB volume against 256 MiB (1 GiB written against 256 MiB)"},
 				{Ratio: "host_rss:size=16GiB/size=1GiB", Max: 1.1, What: "host RSS with a 16 GiB volume against 1 GiB, 1 GiB written to each"},
 				{Ratio: "memnode_rss/stored:size=16GiB", Max: 1.05, What: "node RSS per byte stored, 16 GiB volume"},
@@ -315,7 +331,10 @@ with their range. On these shared 2-core VMs one run swings by a fifth or
 more, so compare ratios within a section, and read a goal whose ratio lies
 within the runs' spread as neither met nor missed. What was tried and
 dropped is in [decisions.md](decisions.md); the measurements behind earlier
-changes are in the commit messages.
+changes are in the commit messages. pd3's serving processes run in the
+kernel's SCHED_BATCH class, as they ship since 0a8b186 (sections run at an
+earlier commit had them in the default class; docs/decisions.md, 47); the
+clients and the peers run in the default class.
 
 `)
 	for _, s := range Suites() {
@@ -509,18 +528,19 @@ func renderGoals(b *strings.Builder, rep *Report, goals []Goal) {
 			continue
 		}
 		goalsN++
+		w, atCeiling := wanted(g, rep)
 		verdict := "not measured"
 		if ok {
-			met := v >= g.Min
+			met := v >= w
 			if g.Max > 0 {
-				met = v <= g.Max
+				met = v <= w
 			}
 			verdict = "met"
 			if !met {
 				verdict = "**not met**"
 				missed++
 			}
-			if sp := ratioSpread(rep, g.Ratio); sp > 0 && v > 0 && math.Abs(goalValue(g)/v-1) < sp {
+			if sp := ratioSpread(rep, g.Ratio); sp > 0 && v > 0 && math.Abs(w/v-1) < sp {
 				verdict += fmt.Sprintf(" (within the runs' spread, ±%.0f %%)", 100*sp)
 			}
 		}
@@ -528,20 +548,16 @@ func renderGoals(b *strings.Builder, rep *Report, goals []Goal) {
 		if ok {
 			value = fmt.Sprintf("%.2f", v)
 		}
-		bound := fmt.Sprintf("≥ %.2f", g.Min)
-		if g.Max > 0 {
-			bound = fmt.Sprintf("≤ %.2f", g.Max)
+		bound := fmt.Sprintf("≥ %.2f", w)
+		switch {
+		case g.Max > 0:
+			bound = fmt.Sprintf("≤ %.2f", w)
+		case atCeiling:
+			bound = fmt.Sprintf("≥ %.2f, the ceiling (%.2f asked)", w, g.Min)
 		}
 		fmt.Fprintf(&rows, "| %s | `%s` | %s | %s | %s |\n", g.What, g.Ratio, bound, value, verdict)
 	}
 	fmt.Fprintf(b, "Goals: %d of %d not met in this run.\n\n| goal | ratio | wanted | this run | |\n|---|---|---|---|---|\n%s\n", missed, goalsN, rows.String())
-}
-
-func goalValue(g Goal) float64 {
-	if g.Max > 0 {
-		return g.Max
-	}
-	return g.Min
 }
 
 // ratioSpread is how far, relative to itself, a ratio A/B@CONFIG of rates

@@ -101,3 +101,22 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 	w.once.Do(func() { close(w.ch) })
 	return len(p), nil
 }
+
+// A goal the cores may not allow is read against the ceiling in the same
+// run where the ceiling is below it, and against itself where not.
+func TestGoalOrTheCeiling(t *testing.T) {
+	g := Goal{Ratio: "aggregate:pd3 hosts=4/hosts=1@r", Min: 3, OrCeiling: "aggregate:nbdkit-memory hosts=4/hosts=1@r", What: "4 hosts"}
+	render := func(pd3, ceiling float64) string {
+		rep := &Report{Ratios: map[string]float64{g.Ratio: pd3, g.OrCeiling: ceiling}}
+		var b strings.Builder
+		renderGoals(&b, rep, []Goal{g})
+		return b.String()
+	}
+	assert.Contains(t, render(0.91, 0.88), "| ≥ 0.88, the ceiling (3.00 asked) | 0.91 | met |")
+	assert.Contains(t, render(0.80, 0.88), "| ≥ 0.88, the ceiling (3.00 asked) | 0.80 | **not met** |")
+	assert.Contains(t, render(2.5, 3.6), "| ≥ 3.00 | 2.50 | **not met** |")
+	rep := &Report{Ratios: map[string]float64{g.Ratio: 3.2}} // no ceiling measured
+	var b strings.Builder
+	renderGoals(&b, rep, []Goal{g})
+	assert.Contains(t, b.String(), "| ≥ 3.00 | 3.20 | met |")
+}
