@@ -33,7 +33,7 @@ func Batch() (int, error) {
 	// The Go runtime may start a thread from one not yet moved while the
 	// list is read; a pass that moves nothing has seen every thread.
 	for range 16 {
-		n, err := batchPass()
+		n, err := movePass(unix.SCHED_NORMAL, unix.SCHED_BATCH)
 		moved += n
 		if err != nil || n == 0 {
 			return moved, err
@@ -42,7 +42,9 @@ func Batch() (int, error) {
 	return moved, nil
 }
 
-func batchPass() (int, error) {
+// movePass moves every thread of the process in class from to class to,
+// once over the list of threads.
+func movePass(from, to uint32) (int, error) {
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return 0, fmt.Errorf("sched: listing the process's threads: %w", err)
@@ -53,7 +55,7 @@ func batchPass() (int, error) {
 		if err != nil {
 			continue
 		}
-		ok, err := batchThread(tid)
+		ok, err := moveThread(tid, from, to)
 		if err != nil {
 			return moved, err
 		}
@@ -64,9 +66,9 @@ func batchPass() (int, error) {
 	return moved, nil
 }
 
-// batchThread moves thread tid to SCHED_BATCH if it runs in the normal
-// class; it reports whether it moved it.
-func batchThread(tid int) (bool, error) {
+// moveThread moves thread tid to class to if it runs in class from,
+// keeping its nice value; it reports whether it moved it.
+func moveThread(tid int, from, to uint32) (bool, error) {
 	a, err := unix.SchedGetAttr(tid, 0)
 	if errors.Is(err, unix.ESRCH) {
 		return false, nil // it exited
@@ -74,15 +76,15 @@ func batchThread(tid int) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("sched: reading thread %d's scheduling class: %w", tid, err)
 	}
-	if a.Policy != unix.SCHED_NORMAL {
+	if a.Policy != from {
 		return false, nil
 	}
-	set := unix.SchedAttr{Policy: unix.SCHED_BATCH, Nice: a.Nice, Flags: a.Flags & unix.SCHED_FLAG_RESET_ON_FORK}
+	set := unix.SchedAttr{Policy: to, Nice: a.Nice, Flags: a.Flags & unix.SCHED_FLAG_RESET_ON_FORK}
 	if err := unix.SchedSetAttr(tid, &set, 0); err != nil {
 		if errors.Is(err, unix.ESRCH) {
 			return false, nil
 		}
-		return false, fmt.Errorf("sched: moving thread %d to SCHED_BATCH: %w", tid, err)
+		return false, fmt.Errorf("sched: moving thread %d from scheduling class %d to %d: %w", tid, from, to, err)
 	}
 	return true, nil
 }
