@@ -13,8 +13,9 @@ import (
 	"strconv"
 
 	"github.com/coreos/go-systemd/v22/daemon"
-	"github.com/pd3-go/pd3/internal/sched"
 	"github.com/spf13/cobra"
+
+	"github.com/pd3-go/pd3/internal/sched"
 )
 
 func main() {
