@@ -20,6 +20,7 @@ import (
 	"github.com/pd3-go/pd3/fs"
 	"github.com/pd3-go/pd3/hostview"
 	"github.com/pd3-go/pd3/hostview/pagecache"
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/stages"
@@ -184,6 +185,10 @@ type Host struct {
 	// busy counts the requests the front ends serve: the memory-node
 	// clients' readers wait in poll(2) only while it is lone (sockio).
 	busy *sockio.Busy
+	// cork is shared by the memory-node sessions and held by the NBD
+	// server over a burst of requests (pipeline.Cork); nil for a host
+	// without memory nodes.
+	cork *pipeline.Cork
 	// procs runs the process with cfg.LoneProcs Ps through runs of lone
 	// hits (nil: no governor).
 	procs *procgov.Governor
@@ -231,8 +236,8 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 		cfg.Replicas = 1
 		return startReplicated(ctx, cfg)
 	}
-	busy := new(sockio.Busy)
-	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages, Busy: busy}
+	busy, cork := new(sockio.Busy), new(pipeline.Cork)
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, Stages: cfg.Stages, Busy: busy, Cork: cork}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -240,7 +245,7 @@ func Start(ctx context.Context, cfg Config) (_ *Host, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	h := &Host{Client: c, busy: busy, done: make(chan error, 1)}
+	h := &Host{Client: c, busy: busy, cork: cork, done: make(chan error, 1)}
 	h.onClose(c.Close)
 	defer func() {
 		if err != nil {

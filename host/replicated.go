@@ -13,6 +13,7 @@ import (
 	"github.com/pd3-go/pd3/dpu"
 	"github.com/pd3-go/pd3/ec"
 	"github.com/pd3-go/pd3/fs"
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/units"
 	"github.com/pd3-go/pd3/memnode"
@@ -33,7 +34,7 @@ var (
 // its extents, and serves it through a replica.Remote whose dropped
 // replicas are recorded in etcd.
 func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
-	h := &Host{busy: new(sockio.Busy), done: make(chan error, 1)}
+	h := &Host{busy: new(sockio.Busy), cork: new(pipeline.Cork), done: make(chan error, 1)}
 	defer func() {
 		if err != nil {
 			h.Close(context.WithoutCancel(ctx))
@@ -45,7 +46,7 @@ func startReplicated(ctx context.Context, cfg Config) (_ *Host, err error) {
 	}
 	h.onClose(cli.Close)
 	h.etcd = cli
-	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second, Busy: h.busy}
+	copt := memnode.ClientOptions{Token: cfg.Token, OpTimeout: cfg.OpTimeout, DialTimeout: 3 * time.Second, Busy: h.busy, Cork: h.cork}
 	if copt.TLS, err = memnodeTLS(cfg.MemnodeTLS); err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}

@@ -115,7 +115,7 @@ func (h *Host) serve(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("host: NBD server: %w", err)
 		}
 		h.NBD = &nbd.Server{Backend: h.Store, Log: cfg.Log, Mirror: nbdMir, Stages: cfg.Stages, Latency: h.lat.observeNBD,
-			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == TLSRequire, PollFor: cfg.NBDPollFor, StreamFrom: cfg.NBDStreamFrom, Busy: h.busy, Procs: h.procs}
+			TLS: tlsCfg, TLSRequired: cfg.NBDTLS == TLSRequire, PollFor: cfg.NBDPollFor, StreamFrom: cfg.NBDStreamFrom, Busy: h.busy, Cork: h.cork, Procs: h.procs}
 
 		for _, v := range h.Volumes {
 			h.NBD.Exports = append(h.NBD.Exports, nbd.Export{

@@ -46,6 +46,10 @@ type ClientOptions struct {
 	// the network poller (pipeline.Options.Busy). nil always waits in
 	// poll(2).
 	Busy *sockio.Busy
+	// Cork, if set, is the host's: while a front end holds it, requests
+	// wait for its release and leave with the others for this node
+	// (pipeline.Cork).
+	Cork *pipeline.Cork
 }
 
 // Client talks to one memory node. It is safe for concurrent use: requests
@@ -217,6 +221,24 @@ func Dial(ctx context.Context, addr string, opt ClientOptions) (*Client, error) 
 	return c, nil
 }
 
+// Cork returns the cork the client's requests share (ClientOptions.Cork;
+// nil if none): a caller that sends a batch of requests and then waits for
+// them holds it over the sending.
+func (c *Client) Cork() *pipeline.Cork { return c.opt.Cork }
+
+// RequestWrites counts the write system calls that carried requests on
+// the client's current connection (0 before one is made): requests sent
+// over it divided by this is the batching achieved.
+func (c *Client) RequestWrites() uint64 {
+	c.mu.Lock()
+	s := c.sess
+	c.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	return s.Writer().Writes.Load()
+}
+
 // Addr returns the node's address.
 func (c *Client) Addr() string { return c.addr }
 
@@ -230,6 +252,9 @@ func splitAddr(addr string) (network, a string) {
 func (c *Client) dial(ctx context.Context) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opt.DialTimeout)
 	defer cancel()
+	// The caller may hold the cork, and the HELLO below is waited for.
+	c.opt.Cork.Suspend()
+	defer c.opt.Cork.Resume()
 	network, a := splitAddr(c.addr)
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, network, a)
@@ -244,7 +269,7 @@ func (c *Client) dial(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 	}
-	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight, Busy: c.opt.Busy})
+	s := pipeline.New(nc, wireProto{}, pipeline.Options{OpTimeout: c.opt.OpTimeout, MaxInFlight: c.opt.MaxInFlight, Busy: c.opt.Busy, Cork: c.opt.Cork})
 	hello := make([]byte, 4+len(c.opt.Token))
 	binary.LittleEndian.PutUint32(hello, Version)
 	copy(hello[4:], c.opt.Token)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/procgov"
 	"github.com/pd3-go/pd3/internal/sockio"
 	"github.com/pd3-go/pd3/internal/testutil"
@@ -31,6 +32,7 @@ import (
 
 type rig struct {
 	addr  string
+	mc    *memnode.Client // the page store's client
 	node  *memnode.Client // direct view of the memory node
 	mem   *memnode.Store  // the node's memory, for accounting checks
 	store *pagestore.Store
@@ -51,13 +53,14 @@ func newRig(t *testing.T, size uint64, cache int64, configure ...func(*Server)) 
 	require.NoError(t, err)
 	msrv := &memnode.Server{Store: memnode.NewStore(0)}
 	go msrv.Serve(ctx, mln)
-	mc, err := memnode.Dial(ctx, mln.Addr().String(), memnode.ClientOptions{})
+	cork := new(pipeline.Cork) // as a host wires it
+	mc, err := memnode.Dial(ctx, mln.Addr().String(), memnode.ClientOptions{Cork: cork})
 	require.NoError(t, err)
 	direct, err := memnode.Dial(ctx, mln.Addr().String(), memnode.ClientOptions{})
 	require.NoError(t, err)
 	st, err := pagestore.New(memnode.Remote{C: mc}, pagestore.Options{CacheBytes: cache})
 	require.NoError(t, err)
-	srv := &Server{Backend: st}
+	srv := &Server{Backend: st, Cork: cork}
 	for _, v := range []struct {
 		name string
 		size uint64
@@ -81,7 +84,7 @@ func newRig(t *testing.T, size uint64, cache int64, configure ...func(*Server)) 
 		mc.Close()
 		msrv.Close()
 	})
-	return &rig{addr: ln.Addr().String(), node: direct, mem: msrv.Store, store: st, srv: srv}
+	return &rig{addr: ln.Addr().String(), mc: mc, node: direct, mem: msrv.Store, store: st, srv: srv}
 }
 
 func (r *rig) uri(export string) string { return "nbd://" + r.addr + "/" + export }
@@ -449,6 +452,53 @@ func TestConcurrentRequestsOutOfOrder(t *testing.T) {
 		errno, cookie, data := c.simple(t, 4096)
 		require.Zero(t, errno)
 		assert.Equal(t, bytes.Repeat([]byte{byte(cookie - 1000)}, 4096), data)
+	}
+}
+
+// TestABurstOfMissesLeavesInOneWrite: a burst of READs the connection
+// reads at once holds the cork until the reader runs out of requests, so
+// that their misses leave for the memory node in one write, not one each
+// (docs/decisions.md, 48).
+//
+// With a second connection open no reader holds it: their holds would
+// hold each other's requests.
+func TestABurstOfMissesLeavesInOneWrite(t *testing.T) {
+	for _, tc := range []struct {
+		corked bool
+		conns  int
+	}{{true, 1}, {false, 1}, {true, 2}} {
+		corked := tc.corked && tc.conns == 1
+		t.Run(fmt.Sprintf("cork=%v,conns=%d", tc.corked, tc.conns), func(t *testing.T) {
+			r := newRig(t, 4<<20, 64*4096, func(s *Server) {
+				if !tc.corked {
+					s.Cork = nil
+				}
+			})
+			c := dial(t, r.addr, "disk0", false)
+			if tc.conns == 2 {
+				dial(t, r.addr, "disk0", false)
+				require.Eventually(t, func() bool { return r.srv.transmittingConns.Load() == 2 }, 5*time.Second, time.Millisecond, "the second connection transmitting")
+			}
+			const n = 16
+			before := r.mc.RequestWrites()
+			var burst []byte
+			for i := range uint64(n) {
+				burst = (&nbdproto.Request{Cmd: nbdproto.CmdRead, Cookie: i, Offset: i * 4096, Length: 4096}).Append(burst)
+			}
+			_, err := c.nc.Write(burst)
+			require.NoError(t, err)
+			for range n {
+				errno, _, _ := c.simple(t, 4096)
+				require.Zero(t, errno)
+			}
+			assert.Equal(t, uint64(n), r.store.Stats().Misses, "every read a miss")
+			writes := r.mc.RequestWrites() - before
+			if corked {
+				assert.Equal(t, uint64(1), writes, "writes carrying the burst's %d misses", n)
+			} else {
+				assert.Greater(t, writes, uint64(1), "unheld, the first miss leaves alone")
+			}
+		})
 	}
 }
 

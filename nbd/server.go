@@ -149,6 +149,11 @@ type Server struct {
 	// second copy in the host's cache only evicts what the client lacks
 	// (docs/decisions.md, 1).
 	StreamFrom uint32
+	// Cork, if set, is the one the backend's memory-node sessions share:
+	// a connection holds it while more requests are buffered behind the
+	// one it handles, so that a burst's requests for one node leave in
+	// one write (docs/decisions.md, 48).
+	Cork *pipeline.Cork
 
 	group netsrv.Group
 	// spinners: the one place to poll (PollFor).
@@ -261,6 +266,8 @@ type conn struct {
 	// no other request in flight is written at once on the goroutine
 	// that made it; others are queued for the writer, which batches.
 	inflight atomic.Int32
+	// corked: the reader holds the server's Cork (hold); reader only.
+	corked bool
 }
 
 // maxConnAsync bounds one connection's reads in flight on the reader's

@@ -93,6 +93,7 @@ func (c *conn) transmit() error {
 
 func (c *conn) readRequests(work chan<- *request) error {
 	s := c.s
+	defer c.release()
 	var h [nbdproto.RequestHeaderLen]byte
 	for {
 		c.need(nbdproto.RequestHeaderLen)
@@ -126,6 +127,7 @@ func (c *conn) readRequests(work chan<- *request) error {
 				// Refuse it, but keep the stream in step if we can.
 				r.errno = nbdproto.EOVERFLOW
 				if n := r.length; n > maxDiscard {
+					c.release()
 					c.answer(r, false) // recycles r
 					s.ProtocolViolations.Add(1)
 					return fmt.Errorf("%w: WRITE of %d bytes", errProtocol, n)
@@ -149,9 +151,11 @@ func (c *conn) readRequests(work chan<- *request) error {
 		}
 		if r.errno != 0 {
 			s.Procs.Other()
+			c.release() // answer may wait for the client
 			c.answer(r, true)
 			continue
 		}
+		c.hold()
 		if r.typ == nbdproto.CmdRead {
 			r.buf = c.data(r, int(r.length))
 			if c.readPage(r) {
@@ -162,7 +166,12 @@ func (c *conn) readRequests(work chan<- *request) error {
 		if r.typ == nbdproto.CmdWrite && c.writePage(r) {
 			continue
 		}
-		work <- r
+		select {
+		case work <- r:
+		default:
+			c.release() // the workers may wait for what the cork holds
+			work <- r
+		}
 		if c.fast != nil {
 			// The worker is queued on this thread's P: the next wait
 			// must not hold it (sockio.Reader.Handed).
@@ -283,16 +292,41 @@ func (c *conn) pageDone(r *request, err error, later bool) {
 	c.answerFromReader(r, later)
 }
 
-// need writes the replies held back so far if the next n bytes of input
-// are not buffered yet: the read may wait, and no reply may wait behind
-// it. Replies made on the reader are held back while requests are
-// buffered, so a burst is answered with one write.
+// need writes the replies held back so far, and releases the Cork, if
+// the next n bytes of input are not buffered yet: the read may wait, and
+// no reply or request may wait behind it. Replies made on the reader are
+// held back while requests are buffered, so a burst is answered with one
+// write.
 func (c *conn) need(n int) {
 	if c.r.Buffered() < n {
+		c.release()
 		if c.s.Stages != nil && c.bw.Queued() > 0 {
 			c.s.Stages.Stamp(stages.HostReplyWritten)
 		}
 		c.bw.Flush()
+	}
+}
+
+// hold holds the server's Cork while more requests are buffered behind
+// the one the reader handles: the requests this burst sends the memory
+// nodes leave together once the reader runs dry (need), one write per
+// node (docs/decisions.md, 48). A lone request leaves at once as before,
+// and so does every request while the server has other connections:
+// their readers' holds would hold each other's requests, each until the
+// next release of any, and one descheduled in a burst everyone's.
+func (c *conn) hold() {
+	if !c.corked && c.s.Cork != nil && c.r.Buffered() >= nbdproto.RequestHeaderLen && c.s.transmittingConns.Load() == 1 {
+		c.corked = true
+		c.s.Cork.Hold()
+	}
+}
+
+// release lets go of the Cork, writing what it held: before the reader
+// does anything that may wait.
+func (c *conn) release() {
+	if c.corked {
+		c.corked = false
+		c.s.Cork.Release()
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
 	"github.com/pd3-go/pd3/pagestore"
@@ -137,6 +138,17 @@ const suspectFor = 5 * time.Second
 
 // maxReplicas bounds R, so a request's replica list fits on the stack.
 const maxReplicas = 8
+
+// cork is the cork the nodes' clients share (memnode.ClientOptions.Cork:
+// the host's), or nil: a batch of requests holds it while it is sent.
+func (r *Remote) cork() *pipeline.Cork {
+	for _, n := range *r.nodes.Load() {
+		if n.c != nil {
+			return n.c.Cork()
+		}
+	}
+	return nil
+}
 
 // New returns a Remote over the memory nodes clients (by node id) serving
 // vols. ctl may be nil (see Control).

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pd3-go/pd3/cluster"
+	"github.com/pd3-go/pd3/internal/pipeline"
 	"github.com/pd3-go/pd3/internal/testnet"
 	"github.com/pd3-go/pd3/memnode"
 	"github.com/pd3-go/pd3/pageid"
@@ -80,6 +81,7 @@ func newRig(t testing.TB, pages, extentPages int, opTimeout time.Duration, wrap 
 		s.Extents = append(s.Extents, []string{ids[e%3], ids[(e+1)%3]})
 	}
 	r.vol = Volume{ID: 7, Name: "rv", Size: size, Stripes: s, Local: map[string]uint16{}}
+	cork := new(pipeline.Cork) // as a host wires its clients
 	for _, id := range ids {
 		srv := &memnode.Server{Store: memnode.NewStore(0)}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -90,7 +92,7 @@ func newRig(t testing.TB, pages, extentPages int, opTimeout time.Duration, wrap 
 		if w := wrap[id]; w != nil {
 			addr = w(addr)
 		}
-		c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{OpTimeout: opTimeout, DialTimeout: time.Second})
+		c, err := memnode.Dial(ctx, addr, memnode.ClientOptions{OpTimeout: opTimeout, DialTimeout: time.Second, Cork: cork})
 		require.NoError(t, err)
 		t.Cleanup(func() { c.Close() })
 		v, err := c.Create(ctx, "rv", size)
@@ -142,6 +144,22 @@ func readAll(t *testing.T, rem *Remote, pages int, seed byte) {
 		require.NoError(t, rem.ReadPage(context.Background(), pageid.MakeKey(7, uint64(i)), got), "page %d", i)
 		require.Equal(t, page(seed+byte(i)), got, "page %d", i)
 	}
+}
+
+// A batch of writes sends each node its requests in one write, not one
+// each (docs/decisions.md, 48).
+func TestABatchOfWritesLeavesInOneWritePerNode(t *testing.T) {
+	r := newRig(t, 3, 1, 5*time.Second, nil) // extents on ab, bc, ca: two pages a node
+	rem := r.remote(t)
+	before := map[string]uint64{}
+	for id, c := range r.clients {
+		before[id] = c.RequestWrites()
+	}
+	writeAll(t, rem, 3, 1)
+	for id, c := range r.clients {
+		assert.Equal(t, uint64(1), c.RequestWrites()-before[id], "writes to node %s carrying its two pages", id)
+	}
+	readAll(t, rem, 3, 1)
 }
 
 // A node that dies: reads fail over to the other replica, writes land on

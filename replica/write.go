@@ -93,6 +93,9 @@ func (r *Remote) WriteQueued(ctx context.Context, keys []pageid.Key, pages [][]b
 		}
 	}
 	locks.lock()
+	// The batch's requests for one node leave in one write (decision 48).
+	cork := r.cork()
+	cork.Hold()
 	for i, k := range keys {
 		v, err := r.volume(k.Volume())
 		if err != nil {
@@ -105,6 +108,7 @@ func (r *Remote) WriteQueued(ctx context.Context, keys []pageid.Key, pages [][]b
 			return c.WriteAsync(ctx, local, off, page)
 		})
 	}
+	cork.Release()
 	if queued != nil {
 		queued()
 	}

@@ -46,15 +46,20 @@ type BatchWriter struct {
 	stopped          chan struct{}
 	done             chan struct{}
 
-	// Writes and Bytes count write syscalls and the bytes they carried:
-	// Bytes/Writes is the batching achieved. Inline counts the writes
-	// made on a producer's goroutine (no hand-off).
+	// Writes and Bytes count write syscalls (each counted before it is
+	// made, an attempt a full socket refused included) and the bytes
+	// they carried: Bytes/Writes is the batching achieved. Inline counts
+	// the writes made on a producer's goroutine (no hand-off).
 	Writes, Bytes, Inline atomic.Uint64
 
 	// gate, if set, is waited on before a batch holding a token is
 	// written (the memory node's durable acknowledgements).
 	gate  func(token uint64) error
 	token uint64 // highest token in buf; guarded by mu
+
+	// corked: the writer is in a Cork's list of writers to flush;
+	// guarded by that Cork's mu.
+	corked bool
 }
 
 // inlineRounds bounds how many batches one producer writes before it
@@ -188,8 +193,9 @@ func (b *BatchWriter) EndPayload(buf, payload []byte, inFlight int) {
 	b.buf = buf
 	out := b.take()
 	b.mu.Unlock()
+	b.attempt()
 	n, err := b.raw.TryWrite2(out, payload)
-	b.count(n)
+	b.Bytes.Add(uint64(max(n, 0)))
 	if err == nil && n < len(out)+len(payload) {
 		// The socket is full: what it did not take is copied for the
 		// goroutine.
@@ -312,18 +318,17 @@ func (b *BatchWriter) release(out []byte) {
 
 // tryWrite makes one non-blocking write attempt of p.
 func (b *BatchWriter) tryWrite(p []byte) (int, error) {
+	b.attempt()
 	n, err := b.raw.TryWrite(p)
-	b.count(n)
+	b.Bytes.Add(uint64(max(n, 0)))
 	return n, err
 }
 
-// count counts an inline write that took n bytes.
-func (b *BatchWriter) count(n int) {
-	if n > 0 {
-		b.Writes.Add(1)
-		b.Inline.Add(1)
-		b.Bytes.Add(uint64(n))
-	}
+// attempt counts an inline write before it is made: whoever sees its
+// answer arrive sees it counted.
+func (b *BatchWriter) attempt() {
+	b.Writes.Add(1)
+	b.Inline.Add(1)
 }
 
 // Queued returns how many bytes wait to be written.

@@ -121,6 +121,10 @@ type Options struct {
 	// Either way, a reader that has woken a caller waiting in Wait since
 	// its last wait parks in the network poller.
 	Busy *sockio.Busy
+	// Cork, if set, is shared by the sessions of one host: while a
+	// front end holds it, requests wait for its release and leave
+	// together (Cork).
+	Cork *Cork
 }
 
 // ErrTimeout is wrapped by the error of calls failed by the watchdog.
@@ -219,6 +223,11 @@ func (s *Session) Send(c *Call, hdr, payload []byte) error {
 	buf = append(buf, hdr...)
 	// Tag the copy, not hdr: hdr then stays on the caller's stack.
 	s.proto.PutTag(buf[start:], tag)
+	if s.opt.Cork.holding() {
+		s.w.EndLater(append(buf, payload...))
+		s.opt.Cork.add(s.w)
+		return nil
+	}
 	s.w.EndInFlight(append(buf, payload...), inFlight)
 	return nil
 }
