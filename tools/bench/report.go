@@ -214,7 +214,7 @@ func Suites() []Suite {
 		},
 		{
 			Name: "scale", Title: "Scale: memory nodes, hosts, volume sizes and volume counts",
-			Args: []string{"bench", "scale"},
+			Args: []string{"bench", "scale", "--rounds", "3"},
 			About: "Every configuration in fresh processes on loopback: `pd3 coord`, the memory nodes and the hosts (`pd3 serve --etcd`, no `--memnode`: the control plane places the volumes), 64 MiB host cache, no agent. " +
 				"The nodes sweep runs one host at R=2 over 1, 2, 4 and 8 nodes (R=1 over one); the hosts sweep 1, 2 and 4 hosts at once over 4 nodes, each with a 512 MiB volume of its own, beside as many `nbdkit memory` servers (the ceiling of any NBD server on these cores). " +
 				"The size sweep opens one sparse volume of 256 MiB to 16 GiB and writes 1 GiB of it (all of a smaller one) with fio, read back and checked; the volumes sweep opens 1, 64 and 1 024 volumes of 16 MiB on one host. " +
@@ -456,7 +456,7 @@ func renderScale(b *strings.Builder, rep *Report) {
 	for _, r := range rep.Results {
 		switch {
 		case r.OpsPerSec > 0:
-			fmt.Fprintf(&io, "| %s | %s | %s | %s | %s | %s | %s |\n", r.Config, r.System, group(r.OpsPerSec), dash(r.P99us, 0),
+			fmt.Fprintf(&io, "| %s | %s | %s | %s | %s | %s | %s |\n", r.Config, r.System, cell(r), dash(r.P99us, 0),
 				dash(r.HostCPUusOp, 1), dash(r.MemnodeCPUusOp, 1), dash(r.EtcdReqPerSec, 1))
 		case r.CreateMillis > 0:
 			perByte := "–"

@@ -43,7 +43,12 @@ type ScaleOptions struct {
 	// NodeArgs are added to every memory node's command line.
 	NodeArgs []string
 	// Idle is how long etcd's requests are counted with the host idle.
-	Idle     time.Duration
+	Idle time.Duration
+	// Rounds runs the nodes and hosts sweeps this many times, the
+	// configurations taking turns in fresh processes, and reports each
+	// row's median run (by ops/s, whole: CPU and latency from the same
+	// run); the volumes and size sweeps run once.
+	Rounds   int
 	Progress Progress
 }
 
@@ -122,25 +127,60 @@ func Scale(ctx context.Context, opt ScaleOptions) (*Report, error) {
 			return nil, fmt.Errorf("bench: scale: unknown sweep %q (have %s)", s, strings.Join(ScaleSweeps, ", "))
 		}
 	}
-	pr := progressOr(opt.Progress)
-	pr.Begin(len(cfgs))
-	defer pr.End()
+	rounds := max(opt.Rounds, 1)
+	ios := 0
 	for _, c := range cfgs {
-		pr.Step(c.name)
 		if c.io != nil {
+			ios++
+		}
+	}
+	pr := progressOr(opt.Progress)
+	pr.Begin(len(cfgs) + (rounds-1)*ios)
+	defer pr.End()
+	// runs holds each I/O row's runs, by system and config, in the
+	// order the first round made them.
+	var order []string
+	runs := map[string][]Result{}
+	for round := 1; round <= rounds; round++ {
+		at := ""
+		if rounds > 1 {
+			at = fmt.Sprintf(" (round %d/%d)", round, rounds)
+		}
+		for _, c := range cfgs {
+			if c.io == nil {
+				continue
+			}
+			pr.Step(c.name + at)
 			rs, err := c.io()
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", c.name, err)
 			}
-			rep.Results = append(rep.Results, rs...)
+			for _, r := range rs {
+				k := r.System + "\x00" + r.Config
+				if runs[k] == nil {
+					order = append(order, k)
+				}
+				runs[k] = append(runs[k], r)
+			}
+		}
+	}
+	for _, c := range cfgs {
+		if c.io != nil {
 			continue
 		}
+		pr.Step(c.name)
 		r, err := scaleRun(ctx, opt, c.volumes, c.write)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
 		r.System, r.Config = "pd3", c.name
 		rep.Results = append(rep.Results, r)
+	}
+	for _, k := range order {
+		rep.Results = append(rep.Results, medianRun(runs[k]))
+	}
+	if rounds > 1 && len(order) > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("nodes and hosts rows: each the median run of %d (by ops/s, whole: latency and CPU from the same run), the configurations taking turns in fresh processes; the range of ops/s is the runs'", rounds))
 	}
 	for _, sw := range [][2]string{{"volumes", "volumes="}, {"size", "size="}} {
 		var first, last *Result
@@ -295,7 +335,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // size) and the I/O rows (nodes, hosts); a column a row does not measure
 // shows "-".
 func (r *Report) printScale(tw *tabwriter.Writer) {
-	fmt.Fprintln(tw, "system\tconfig\tops/s\tp99 µs\thost CPU µs/op\tnode CPU µs/op\tcreate ms\treopen ms\thost RSS MiB\tnode RSS MiB\tstored MiB\tnode RSS/stored\tetcd keys\tetcd req/s\trecord bytes\twritten GB/s\t")
+	fmt.Fprintln(tw, "system\tconfig\tops/s\truns ops/s\tp99 µs\thost CPU µs/op\tnode CPU µs/op\tcreate ms\treopen ms\thost RSS MiB\tnode RSS MiB\tstored MiB\tnode RSS/stored\tetcd keys\tetcd req/s\trecord bytes\twritten GB/s\t")
 	for _, x := range r.Results {
 		perByte := "-"
 		if v, ok := rssPerStored(x); ok {
@@ -311,8 +351,8 @@ func (r *Report) printScale(tw *tabwriter.Writer) {
 		if x.CreateMillis > 0 {
 			written = orDash(x.GBytesPerSec, 3)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			x.System, x.Config, orDash(x.OpsPerSec, 0), orDash(x.P99us, 0), orDash(x.HostCPUusOp, 2), orDash(x.MemnodeCPUusOp, 2),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			x.System, x.Config, orDash(x.OpsPerSec, 0), roundsRange(x), orDash(x.P99us, 0), orDash(x.HostCPUusOp, 2), orDash(x.MemnodeCPUusOp, 2),
 			orDash(x.CreateMillis, 0), orDash(x.OpenMillis, 0), orDash(mib(x.HostRSS), 1), orDash(mib(x.MemnodeRSS), 1), orDash(mib(x.MemnodeStored), 1), perByte,
 			keys, orDash(x.EtcdReqPerSec, 1), record, written)
 	}

@@ -550,6 +550,7 @@ second under the load.`,
 	pagesVar(scalec.Flags(), &sopt.Cache, "cache", "64MiB", "the host's --cache")
 	scalec.Flags().IntVar(&sopt.Nodes, "nodes", 2, "memory node processes")
 	scalec.Flags().DurationVar(&sopt.Idle, "idle", 5*time.Second, "how long etcd's requests are counted with the host idle")
+	scalec.Flags().IntVar(&sopt.Rounds, "rounds", 1, "run the nodes and hosts sweeps this many times, the configurations taking turns in fresh processes, and report each row's median run (ratios of medians)")
 	cmd.AddCommand(transport, page, hv, lzc, nbdc, fusec, gonbd, raw, crossing, relay, repairc, scalec, appsCmd(exe, sigctx, emit, &asJSON))
 	return cmd
 }
