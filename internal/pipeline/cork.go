@@ -7,10 +7,11 @@ import (
 
 // Cork lets a producer that knows more requests are coming hold back the
 // frames the sessions sharing it send, and write each session's frames
-// with one write when it lets go (docs/decisions.md, 48). A host's front
-// end holds it over a burst of requests it reads at once: the burst's
-// requests for one memory node leave together, instead of one write and
-// one wake-up of the node per request.
+// with one write when it lets go (docs/decisions.md, 48). A host's NBD
+// reader holds it over a burst of requests it reads at once, and a
+// write-back batch over its sends: their requests for one memory node
+// leave together, instead of one write and one wake-up of the node per
+// request.
 //
 // Whoever holds the cork must release it before anything that may wait
 // (for input, for a queue, for a response): a frame held while its
