@@ -33,11 +33,12 @@ func (r Remote) WritePages(ctx context.Context, keys []pageid.Key, pages [][]byt
 	for len(keys) > 0 {
 		n := min(len(keys), len(calls))
 		// The batch leaves in one write (pipeline.Cork).
-		r.C.Cork().Hold()
+		cork := r.C.Cork()
+		cork.Hold()
 		for i := 0; i < n; i++ {
 			calls[i] = r.C.WriteAsync(ctx, keys[i].Volume(), keys[i].Page()*pageid.Size, pages[i])
 		}
-		r.C.Cork().Release()
+		cork.Release()
 		for i := 0; i < n; i++ {
 			if err := calls[i].Wait(ctx); err != nil {
 				failed.Add(keys[i], err)

@@ -95,7 +95,7 @@ func (c *Cork) holding() bool {
 // release of a holder, or now if nobody holds the cork any more.
 func (c *Cork) add(w *BatchWriter) {
 	c.mu.Lock()
-	if c.held.Load() > 0 && c.suspended.Load() == 0 {
+	if c.holding() {
 		if !w.corked {
 			w.corked = true
 			c.dirty = append(c.dirty, w)
